@@ -1,0 +1,1 @@
+"""Topology: snapshot -> model, NCCL path types, fingerprint, NCCL XML write/read."""
