@@ -1,0 +1,177 @@
+"""NCCL topology XML (`NCCL_TOPO_FILE`): write NCCL's narrow dialect, read any NCCL file.
+
+NCCL parses topology files with a small hand-written parser (xml.cc), not a real XML parser:
+no `<?xml?>` declaration, no tabs, every tag and its attributes on one line, quoted values of
+at most 253 characters, at most 16 attributes per element and 256 elements per file, and
+`<system version="1">` at the root. The writer produces exactly that; `check_dialect` verifies
+any text against those rules, and the reader reports faults with file and line. This module is
+the only user of lxml.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lxml import etree
+
+from ..errors import InputError
+from .model import Topology, XNode, from_xml_tree
+
+MAX_ELEMENTS = 256  # NCCL_TOPO_XML_MAX_NODES
+MAX_ATTRS = 16
+MAX_VALUE_LEN = 253  # 254 fails: "value ... too long (max 255)"
+MAX_CHILDREN = 640
+# Elements NCCL's parser handles, by parent; anything else is skipped with its subtree.
+HANDLED = {
+    "system": {"cpu"},
+    "cpu": {"pci", "nic"},
+    "pci": {"pci", "gpu", "nic", "pcilink"},
+    "gpu": {"nvlink", "c2c"},
+    "nic": {"net"},
+}
+# Attributes NCCL rewrites on every init, or adds for the communicator; never a real difference.
+VOLATILE_ATTRS = {"host_hash", "rank", "keep"}
+# Attributes NCCL fills in when absent (so a re-dump may carry them while our file did not).
+FILLED_ATTRS = {"gdr", "mlopart", "latency", "maxconn", "net", "coll", "gin", "rma", "port",
+                "guid", "speed", "rail", "plane", "dev", "affinity", "vendor", "device",
+                "subsystem_vendor", "subsystem_device", "familyid", "modelid", "arch"}
+
+
+def _to_element(node: XNode) -> etree._Element:
+    el = etree.Element(node.tag)
+    for key, value in node.attrs.items():
+        el.set(key, value)
+    for child in node.children:
+        el.append(_to_element(child))
+    return el
+
+
+def render_xml(system: XNode) -> str:
+    """Serialise in NCCL's dialect (two-space indent, `/>` for leaf elements, no declaration)."""
+    text = etree.tostring(_to_element(system), pretty_print=True, encoding="unicode")
+    check_dialect(text, "<generated>")
+    return text
+
+
+def write_xml(topo: Topology, path: Path) -> str:
+    """Write the topology file atomically; returns the text written."""
+    from ..publish import atomic_write
+
+    text = render_xml(topo.system)
+    atomic_write(path, text)
+    return text
+
+
+_TAG_LINE = re.compile(r"^ *<(/?)([A-Za-z_][\w.-]*)((?: [A-Za-z_][\w.-]*=\"[^\"\n]*\")*)(/?)>$")
+_COMMENT = re.compile(r"^ *<!--.*-->$")
+
+
+def check_dialect(text: str, path: str) -> None:
+    """Check text against NCCL's parser rules (nccl-internals 1.2).
+
+    Raises:
+        InputError: the first rule broken, with its line (exit 78).
+    """
+    if "\t" in text:
+        line = text[: text.index("\t")].count("\n") + 1
+        raise InputError(path, "tab character: NCCL's XML parser rejects tabs", line=line)
+    if text.lstrip().startswith("<?xml"):
+        raise InputError(path, "XML declaration: NCCL fails with \"expected >, got '?'\"", line=1)
+    elements = 0
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or _COMMENT.match(line):
+            continue
+        m = _TAG_LINE.match(line.rstrip("\r"))
+        if not m:
+            raise InputError(path, f"not a one-line tag in NCCL's dialect: {line.strip()[:80]!r}", line=lineno)
+        if m.group(1):
+            continue
+        elements += 1
+        attrs = re.findall(r' ([A-Za-z_][\w.-]*)="([^"]*)"', m.group(3))
+        if len(attrs) > MAX_ATTRS:
+            raise InputError(path, f"<{m.group(2)}> has {len(attrs)} attributes; NCCL reads {MAX_ATTRS}",
+                             line=lineno)
+        for key, value in attrs:
+            if len(value) > MAX_VALUE_LEN or len(key) > MAX_VALUE_LEN:
+                raise InputError(path, f"attribute {key} is longer than NCCL's {MAX_VALUE_LEN} characters",
+                                 line=lineno)
+    if elements > MAX_ELEMENTS:
+        raise InputError(path, f"{elements} elements; NCCL reads at most {MAX_ELEMENTS} per file")
+
+
+def _from_element(el: etree._Element) -> XNode:
+    node = XNode(str(el.tag), {str(k): str(v) for k, v in el.attrib.items()}, line=el.sourceline)
+    for child in el:
+        if isinstance(child.tag, str):
+            node.children.append(_from_element(child))
+    return node
+
+
+def parse_xml(text: str, path: str = "<xml>") -> XNode:
+    """Parse an NCCL topology file and validate it the way NCCL would.
+
+    Raises:
+        InputError: not well-formed, outside NCCL's dialect or limits, wrong root or version,
+            or a required attribute missing; names the file and line (exit 78).
+    """
+    try:
+        parser = etree.XMLParser(remove_comments=True, resolve_entities=False, no_network=True)
+        root = etree.fromstring(text.encode(), parser)
+    except etree.XMLSyntaxError as exc:
+        line = exc.lineno if exc.lineno else None
+        raise InputError(path, f"malformed XML: {exc.msg}", line=line) from exc
+    check_dialect(text, path)
+    system = _from_element(root)
+    if system.tag != "system":
+        raise InputError(path, f"root element is <{system.tag}>, NCCL needs <system>", line=system.line)
+    if system.attrs.get("version") != "1":
+        raise InputError(path, f"<system version={system.attrs.get('version')!r}>: NCCL needs version=\"1\"",
+                         line=system.line)
+    _check_required(system, path)
+    return system
+
+
+def _check_required(system: XNode, path: str) -> None:
+    """Attributes whose absence NCCL cannot fill in from a file-only branch."""
+    for node in system.iter():
+        for child in node.children:
+            if child.tag not in HANDLED.get(node.tag, set()):
+                continue  # NCCL ignores it (logs "Ignoring element")
+        if node.tag == "cpu" and "numaid" not in node.attrs:
+            raise InputError(path, "<cpu> without numaid", line=node.line)
+        if node.tag == "pci" and "busid" not in node.attrs:
+            raise InputError(path, "<pci> without busid", line=node.line)
+        if node.tag == "pci":
+            busid = node.attrs["busid"]
+            if busid != busid.lower():
+                raise InputError(path, f"bus id {busid} is not lower case: NCCL compares bus ids as "
+                                       "strings and would create a second node", line=node.line)
+        if node.tag == "nvlink":
+            for attr in ("target", "count", "tclass"):
+                if attr not in node.attrs:
+                    raise InputError(path, f"<nvlink> without {attr}", line=node.line)
+            if not node.attrs["count"].isdigit():
+                raise InputError(path, f"<nvlink count={node.attrs['count']!r}> is not a number",
+                                 line=node.line)
+
+
+def load_xml(path: str | Path) -> Topology:
+    """Read an NCCL topology file into the model. Raises InputError (exit 78)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(str(p), "not a text file") from exc
+    return from_xml_tree(parse_xml(text, str(p)), source=f"xml:{p}")
+
+
+def looks_like_xml(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"<")

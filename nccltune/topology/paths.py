@@ -1,0 +1,329 @@
+"""NCCL path types and bandwidths between GPUs and NICs, computed the way NCCL computes them.
+
+This follows NCCL 2.28-2.30 `paths.cc:ncclTopoSetPaths` for *raw* paths (before P2P/GDR/PXN
+rerouting, which depends on runtime settings): a hop's type comes from its link (NVLink: NVL;
+a second NVLink hop through an intermediate GPU: NVB; PCI to or from a CPU: PHB; PCI between
+two switches: PXB; other PCI: PIX; CPU to CPU: SYS); a path's type is the worst hop; among
+paths NCCL prefers the lower type, then the higher bottleneck bandwidth, then fewer hops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import CLASS_NVLINK_CPU, Topology, XNode
+
+# Names are stable across NCCL versions, numbers are not (2.28+ numbering; nccl-internals 0.1).
+PATH_TYPES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS")
+RANK = {name: i for i, name in enumerate(PATH_TYPES)}
+
+LOC_BW = 5000.0
+# Per-lane rate in units of 100 Mbps (topo.h kvDictPciGen); "GB/s = width * rate / 80".
+_PCI_LANE = [("2.5 GT/s", 15), ("5 GT/s", 30), ("5.0 GT/s", 30), ("8.0 GT/s", 60), ("8 GT/s", 60),
+             ("16.0 GT/s", 120), ("16 GT/s", 120), ("32.0 GT/s", 240), ("32 GT/s", 240),
+             ("64.0 GT/s", 480), ("64 GT/s", 480)]
+
+
+def pci_lane_rate(speed: str) -> float:
+    """NCCL's per-lane value for a link_speed string; anything unknown falls back to Gen3 (60)."""
+    s = speed.strip()
+    for prefix, rate in _PCI_LANE:
+        if s == prefix or s == prefix + " PCIe":
+            return float(rate)
+    return 60.0
+
+
+def pci_bw_gbps(speed: str | None, width: str | int | None) -> float:
+    try:
+        w = int(width) if width not in (None, "") else 0
+    except (TypeError, ValueError):
+        w = 0
+    if w <= 0:
+        w = 16  # NCCL treats 0 or empty as x16
+    return w * pci_lane_rate(speed or "") / 80.0
+
+
+def nvlink_bw_per_link(sm: int | None) -> float:
+    """GB/s per NVLink as NCCL models it (topo.h ncclTopoNVLinkBw)."""
+    if sm is None:
+        return 20.0
+    if sm >= 100:
+        return 40.1
+    if sm >= 90:
+        return 20.6
+    if sm == 86:
+        return 12.0
+    if sm >= 70:
+        return 20.0
+    if sm >= 60:
+        return 18.0
+    return 20.0
+
+
+def inter_cpu_bw(cpu: XNode) -> float:
+    """Bandwidth NCCL models between two CPU sockets (topo.cc ncclTopoGetInterCpuBw)."""
+    arch = cpu.attrs.get("arch", "x86_64")
+    vendor = cpu.attrs.get("vendor", "")
+    if arch in ("arm64", "aarch64"):
+        return 6.0
+    if arch in ("ppc64", "ppc64le"):
+        return 32.0
+    if vendor == "GenuineIntel":
+        try:
+            model = int(cpu.attrs.get("modelid", "0"), 0)
+        except ValueError:
+            model = 0
+        if model >= 0xCF:
+            return 40.0
+        if model >= 0x8F:
+            return 22.0
+        if model >= 0x55:
+            return 10.0
+        return 6.0
+    if vendor == "AuthenticAMD":
+        return 16.0
+    if vendor in ("CentaurHauls", "  Shanghai  "):
+        return 6.0
+    # Any other vendor string leaves NCCL's default, which makes cross-socket links look free.
+    return LOC_BW
+
+
+@dataclass(frozen=True)
+class Path:
+    type: str
+    bw_gbps: float
+    hops: int
+    nvlinks: int = 0  # NVLinks on the narrowest NVLink hop, for "NV#" display
+
+
+@dataclass
+class _Node:
+    key: str
+    kind: str  # CPU, PCI, GPU, NIC, NVS
+    xnode: XNode | None = None
+    index: int | None = None
+
+
+@dataclass
+class _Link:
+    to: str
+    kind: str  # NVL, PCI, SYS, LOC
+    bw: float
+    count: int = 0
+
+
+class PathGraph:
+    """NCCL's node/link graph for a topology."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.nodes: dict[str, _Node] = {}
+        self.links: dict[str, list[_Link]] = {}
+        self.gpu_keys: dict[int, str] = {}
+        self.nic_keys: dict[str, str] = {}
+        self._build(topo)
+
+    def _add(self, node: _Node) -> None:
+        self.nodes[node.key] = node
+        self.links.setdefault(node.key, [])
+
+    def _connect(self, a: str, b: str, kind: str, bw: float, count: int = 0) -> None:
+        # Bandwidths of parallel links to the same node add up (ncclTopoConnectNodes).
+        for link in self.links[a]:
+            if link.to == b and link.kind == kind:
+                link.bw += bw
+                link.count += count
+                break
+        else:
+            self.links[a].append(_Link(b, kind, bw, count))
+
+    def _build(self, topo: Topology) -> None:
+        cpus = [c for c in topo.system.children if c.tag == "cpu"]
+        gpu_sm: dict[str, int | None] = {}
+        pending_nvlinks: list[tuple[str, XNode, int | None]] = []
+
+        def walk(parent_key: str, node: XNode) -> None:
+            for child in node.children:
+                if child.tag == "pci":
+                    busid = child.attrs.get("busid", "")
+                    gpu = next((c for c in child.children if c.tag == "gpu"), None)
+                    nic = next((c for c in child.children if c.tag == "nic"), None)
+                    bw = pci_bw_gbps(child.attrs.get("link_speed"), child.attrs.get("link_width"))
+                    if gpu is not None:
+                        idx = int(gpu.attrs.get("dev", len(self.gpu_keys)))
+                        key = f"GPU{idx}"
+                        self._add(_Node(key, "GPU", gpu, idx))
+                        self.gpu_keys[idx] = key
+                        sm = gpu.attrs.get("sm")
+                        gpu_sm[busid] = int(sm) if sm and sm.isdigit() else None
+                        pending_nvlinks.append((key, gpu, gpu_sm[busid]))
+                    elif nic is not None:
+                        for net in (c for c in nic.children if c.tag == "net"):
+                            self._add_nic(net, parent_key, bw)
+                        continue
+                    else:
+                        key = f"PCI:{busid}"
+                        self._add(_Node(key, "PCI", child))
+                    self._connect(parent_key, key, "PCI", bw)
+                    self._connect(key, parent_key, "PCI", bw)
+                    walk(key, child)
+                elif child.tag == "nic":
+                    for net in (c for c in child.children if c.tag == "net"):
+                        self._add_nic(net, parent_key, LOC_BW)
+
+        for i, cpu in enumerate(cpus):
+            key = f"CPU{i}"
+            self._add(_Node(key, "CPU", cpu))
+            walk(key, cpu)
+        for i, a in enumerate(cpus):
+            for j, _b in enumerate(cpus):
+                if i != j:
+                    self._connect(f"CPU{i}", f"CPU{j}", "SYS", inter_cpu_bw(a))
+
+        bus_to_gpu = {}
+        for idx, key in self.gpu_keys.items():
+            node = self.nodes[key]
+            assert node.xnode is not None
+            bus_to_gpu[_pci_busid_of(topo.system, node.xnode)] = key
+        for key, gpu, sm in pending_nvlinks:
+            per_link = nvlink_bw_per_link(sm)
+            for link in (c for c in gpu.children if c.tag == "nvlink"):
+                count = int(link.attrs.get("count", "0") or 0)
+                target = link.attrs.get("target", "")
+                tclass = link.attrs.get("tclass", "")
+                if tclass.startswith("0x03"):
+                    peer = bus_to_gpu.get(target)
+                    if peer is None:
+                        continue  # NCCL only links GPUs that are in the topology
+                    self._connect(key, peer, "NVL", count * per_link, count)
+                elif tclass == CLASS_NVLINK_CPU:
+                    cpu_key = self._cpu_of(key)
+                    if cpu_key:
+                        self._connect(key, cpu_key, "NVL", count * per_link, count)
+                        self._connect(cpu_key, key, "NVL", count * per_link, count)
+                else:
+                    # Every non-GPU, non-CPU target collapses into one NVS node (topo.cc).
+                    if "NVS" not in self.nodes:
+                        self._add(_Node("NVS", "NVS"))
+                    self._connect(key, "NVS", "NVL", count * per_link, count)
+                    self._connect("NVS", key, "NVL", count * per_link, count)
+
+    def _add_nic(self, net: XNode, parent_key: str, bw: float) -> None:
+        name = net.attrs.get("name", f"net{len(self.nic_keys)}")
+        key = f"NIC:{name}"
+        self._add(_Node(key, "NIC", net))
+        self.nic_keys[name] = key
+        self._connect(parent_key, key, "PCI", bw)
+        self._connect(key, parent_key, "PCI", bw)
+
+    def _cpu_of(self, key: str) -> str | None:
+        seen = {key}
+        frontier = [key]
+        while frontier:
+            nxt = []
+            for k in frontier:
+                for link in self.links[k]:
+                    if link.kind == "PCI" and link.to not in seen:
+                        if self.nodes[link.to].kind == "CPU":
+                            return link.to
+                        seen.add(link.to)
+                        nxt.append(link.to)
+            frontier = nxt
+        return None
+
+    def hop_type(self, a: str, link: _Link, prev_kind: str | None) -> str:
+        ka, kb = self.nodes[a].kind, self.nodes[link.to].kind
+        if link.kind == "NVL":
+            # A second NVLink hop through an intermediate GPU is NVB.
+            return "NVB" if ka == "GPU" and prev_kind == "NVL" else "NVL"
+        if link.kind == "SYS":
+            return "SYS"
+        if link.kind == "PCI":
+            if ka == "CPU" or kb == "CPU":
+                return "PHB"
+            if ka == "PCI" and kb == "PCI":
+                return "PXB"
+            return "PIX"
+        return "LOC"
+
+    def paths_from(self, src: str) -> dict[str, Path]:
+        """Best path from src to every node: Pareto labels on (type, bandwidth, hops)."""
+        # Label: (type rank, bw, hops, nvlinks, node, last link kind, visited)
+        best: dict[str, list[tuple[int, float, int, int]]] = {src: [(0, LOC_BW, 0, 0)]}
+        frontier: list[tuple[str, int, float, int, int, str | None, frozenset[str]]] = [
+            (src, 0, LOC_BW, 0, 0, None, frozenset([src]))
+        ]
+        while frontier:
+            nxt = []
+            for node, trank, bw, hops, nvl, last_kind, visited in frontier:
+                # Paths never go through NICs, and through a GPU only by NVLink on both sides.
+                if node != src and self.nodes[node].kind == "NIC":
+                    continue
+                for link in self.links[node]:
+                    if link.to in visited:
+                        continue
+                    if node != src and self.nodes[node].kind == "GPU" and not (
+                        last_kind == "NVL" and link.kind == "NVL"
+                    ):
+                        continue
+                    htype = self.hop_type(node, link, last_kind)
+                    label = (max(trank, RANK[htype]), min(bw, link.bw), hops + 1,
+                             min(nvl, link.count) if nvl and link.count else (link.count or nvl))
+                    if _dominated(label, best.get(link.to, [])):
+                        continue
+                    best[link.to] = [lb for lb in best.get(link.to, []) if not _dominates(label, lb)]
+                    best[link.to].append(label)
+                    nxt.append((link.to, label[0], label[1], label[2], label[3], link.kind,
+                                visited | {link.to}))
+            frontier = nxt
+        out = {}
+        for key, labels in best.items():
+            t, bw, hops, nvl = min(labels, key=lambda lb: (lb[0], -lb[1], lb[2]))
+            out[key] = Path(PATH_TYPES[t], round(bw, 1), hops, nvl)
+        return out
+
+
+def _dominates(a: tuple[int, float, int, int], b: tuple[int, float, int, int]) -> bool:
+    return a[0] <= b[0] and a[1] >= b[1] and a[2] <= b[2]
+
+
+def _dominated(label: tuple[int, float, int, int], labels: list[tuple[int, float, int, int]]) -> bool:
+    return any(_dominates(other, label) for other in labels)
+
+
+def _pci_busid_of(system: XNode, gpu: XNode) -> str:
+    for pci in system.iter("pci"):
+        if gpu in pci.children:
+            return pci.attrs.get("busid", "")
+    return ""
+
+
+@dataclass
+class PathMatrix:
+    """Raw NCCL paths: GPU index pairs, and GPU index to NIC name."""
+
+    gpu_gpu: dict[tuple[int, int], Path]
+    gpu_nic: dict[tuple[int, str], Path]
+    gpus: list[int]
+    nics: list[str]
+
+    def types_between_gpus(self, refused: set[tuple[int, int]] = frozenset()) -> set[str]:  # type: ignore[assignment]
+        return {p.type for (a, b), p in self.gpu_gpu.items() if a < b and (a, b) not in refused}
+
+
+def compute_paths(topo: Topology) -> PathMatrix:
+    graph = PathGraph(topo)
+    gpu_gpu: dict[tuple[int, int], Path] = {}
+    gpu_nic: dict[tuple[int, str], Path] = {}
+    for idx, key in sorted(graph.gpu_keys.items()):
+        paths = graph.paths_from(key)
+        for jdx, other in graph.gpu_keys.items():
+            gpu_gpu[(idx, jdx)] = Path("LOC", LOC_BW, 0) if idx == jdx else paths.get(
+                other, Path("DIS", 0.0, 0))
+        for name, nkey in graph.nic_keys.items():
+            p = paths.get(nkey, Path("DIS", 0.0, 0))
+            net = graph.nodes[nkey].xnode
+            speed = int(net.attrs.get("speed", "0") or 0) if net is not None else 0
+            # NCCL's GPU->NET bandwidth includes the NIC's own rate (speed in Mbps / 8000).
+            net_bw = (speed if speed > 0 else 10000) / 8000.0
+            gpu_nic[(idx, name)] = Path(p.type, round(min(p.bw_gbps, net_bw), 2), p.hops + 1)
+    return PathMatrix(gpu_gpu, gpu_nic, sorted(graph.gpu_keys), list(graph.nic_keys))

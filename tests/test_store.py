@@ -1,0 +1,423 @@
+"""The results store against real SQLite files in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nccltune import store as store_mod
+from nccltune.errors import EXIT_BUSY, EXIT_CONFIG, BusyError, InputError
+from nccltune.store import Measurement, Store
+
+
+class FakeClock:
+    """Advances one second per reading, so that start order is time order and names are known."""
+
+    def __init__(self, start: datetime = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        current = self.now
+        self.now += timedelta(seconds=1)
+        return current
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "history.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    with Store(db_path, clock=FakeClock()) as s:
+        yield s
+
+
+def _start(s: Store, fingerprint: str = "fp-a", kind: Any = "sweep") -> int:
+    return s.start_run(
+        kind=kind,
+        fingerprint=fingerprint,
+        backend="gloo",
+        demo=True,
+        profile="default",
+        nccl_version=None,
+        driver_version=None,
+        torch_version="2.3.0",
+        nccltune_version="0.1.0",
+        hostname="node1",
+        topology={"gpus": 2, "links": ["NV4"]},
+        config={"sweep": {"repeats": 3}},
+    )
+
+
+def _baseline_trial(s: Store, run_id: int, seq: int, busbw: dict[int, float], status: Any = "ok") -> int:
+    return s.add_trial(
+        run_id,
+        seq=seq,
+        phase="baseline",
+        label="defaults",
+        env={},
+        status=status,
+        measurements=[Measurement(size, 10.0, bw, bw) for size, bw in busbw.items()],
+    )
+
+
+def test_round_trip_run_trials_measurements(store: Store, db_path: Path) -> None:
+    run_id = _start(store)
+    ms = [
+        Measurement(1024, 12.5, 0.08, 0.08, algo="Ring", proto="LL", correct=True),
+        Measurement(1 << 20, 80.0, 13.1, 13.1, algo="Tree", proto="Simple"),
+    ]
+    t1 = store.add_trial(
+        run_id,
+        seq=1,
+        phase="screen",
+        label="NCCL_ALGO=Tree",
+        env={"NCCL_PROTO": "Simple", "NCCL_ALGO": "Tree"},
+        status="ok",
+        wall_s=3.25,
+        nccl={"version": "2.21.5", "transports": ["P2P"], "algo": {"1024": "Ring"}},
+        measurements=ms,
+    )
+    t0 = store.add_trial(
+        run_id, seq=0, phase="baseline", label="defaults", env={}, status="timeout", reason="rank 1 hung"
+    )
+    store.finish_run(
+        run_id,
+        status="ok",
+        summary={"gain": 1.07, "noise": 0.01},
+        chosen_env={"NCCL_ALGO": "Tree"},
+        published_generation=3,
+    )
+
+    run = store.run(run_id)
+    assert run is not None
+    assert (run.kind, run.status, run.backend, run.demo) == ("sweep", "ok", "gloo", True)
+    assert run.fingerprint == "fp-a" and run.profile == "default" and run.hostname == "node1"
+    assert run.nccl_version is None and run.torch_version == "2.3.0"
+    assert run.topology == {"gpus": 2, "links": ["NV4"]}
+    assert run.config == {"sweep": {"repeats": 3}}
+    assert run.summary == {"gain": 1.07, "noise": 0.01}
+    assert run.chosen_env == {"NCCL_ALGO": "Tree"}
+    assert run.published_generation == 3
+    assert run.started_at == "2024-05-01T12:00:00.000000+00:00"
+    assert run.finished_at is not None and run.finished_at > run.started_at
+
+    trials = store.trials(run_id)
+    assert [t.id for t in trials] == [t0, t1]  # seq order, not insertion order
+    assert trials[0].status == "timeout" and trials[0].reason == "rank 1 hung"
+    assert trials[0].measurements == () and trials[0].nccl is None and trials[0].wall_s is None
+    assert trials[1].env == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+    assert trials[1].nccl == {"version": "2.21.5", "transports": ["P2P"], "algo": {"1024": "Ring"}}
+    assert trials[1].wall_s == 3.25 and trials[1].phase == "screen"
+    assert trials[1].measurements == tuple(ms)
+
+    # Stored text: sorted keys, so equal environments compare equal as strings.
+    raw = sqlite3.connect(db_path)
+    env_json = raw.execute("SELECT env_json FROM trials WHERE id = ?", (t1,)).fetchone()[0]
+    raw.close()
+    assert env_json == '{"NCCL_ALGO":"Tree","NCCL_PROTO":"Simple"}'
+    assert list(json.loads(env_json)) == sorted(json.loads(env_json))
+
+
+def test_runs_lists_newest_first_and_filters_kind(store: Store) -> None:
+    a = _start(store)
+    b = _start(store, kind="verify")
+    c = _start(store)
+    assert [r.id for r in store.runs()] == [c, b, a]
+    assert [r.id for r in store.runs(kind="sweep")] == [c, a]
+    assert [r.id for r in store.runs(limit=1)] == [c]
+    assert store.run(9999) is None
+    assert store.trials(9999) == []
+
+
+@pytest.mark.parametrize(
+    ("per_trial", "expected"),
+    [
+        ([10.0, 30.0, 20.0], 20.0),  # odd count: the middle one
+        ([10.0, 40.0, 20.0, 30.0], 25.0),  # even count: mean of the two middle ones
+    ],
+)
+def test_baseline_median(store: Store, per_trial: list[float], expected: float) -> None:
+    run_id = _start(store)
+    for seq, bw in enumerate(per_trial):
+        _baseline_trial(store, run_id, seq, {1024: bw / 10, 1 << 20: bw})
+    # Neither a failed baseline trial, nor a non-baseline trial, nor a wrong result may count.
+    _baseline_trial(store, run_id, 90, {1024: 1000.0, 1 << 20: 1000.0}, status="failed")
+    _baseline_trial(store, run_id, 91, {1024: 1000.0, 1 << 20: 1000.0}, status="crashed")
+    store.add_trial(
+        run_id,
+        seq=92,
+        phase="screen",
+        label="NCCL_ALGO=Ring",
+        env={"NCCL_ALGO": "Ring"},
+        status="ok",
+        measurements=[Measurement(1 << 20, 1.0, 999.0, 999.0)],
+    )
+    store.add_trial(
+        run_id,
+        seq=93,
+        phase="baseline",
+        label="defaults",
+        env={},
+        status="ok",
+        measurements=[Measurement(1 << 20, 1.0, 999.0, 999.0, correct=False)],
+    )
+    store.finish_run(run_id, status="ok")
+
+    assert store.baseline("fp-a") == pytest.approx({1024: expected / 10, 1 << 20: expected})
+    assert store.baseline("fp-other") is None
+
+
+def test_baseline_uses_only_latest_ok_sweep(store: Store) -> None:
+    old = _start(store)
+    _baseline_trial(store, old, 0, {1024: 5.0})
+    store.finish_run(old, status="ok")
+    new = _start(store)
+    _baseline_trial(store, new, 0, {1024: 7.0})
+    store.finish_run(new, status="ok")
+    failed = _start(store)
+    _baseline_trial(store, failed, 0, {1024: 100.0})
+    store.finish_run(failed, status="failed")
+    assert store.baseline("fp-a") == {1024: 7.0}
+
+    empty = _start(store)  # an ok sweep that measured no baseline gives nothing to compare with
+    store.finish_run(empty, status="ok")
+    assert store.baseline("fp-a") is None
+
+
+def test_latest_run_by_fingerprint_and_status(store: Store) -> None:
+    assert store.latest_run("fp-a") is None
+    ok_a = _start(store, "fp-a")
+    store.finish_run(ok_a, status="ok", chosen_env={"NCCL_ALGO": "Ring"}, published_generation=1)
+    ok_b = _start(store, "fp-b")
+    store.finish_run(ok_b, status="ok")
+    failed_a = _start(store, "fp-a")
+    store.finish_run(failed_a, status="failed")
+    verify_a = _start(store, "fp-a", kind="verify")
+    store.finish_run(verify_a, status="ok")
+    running_a = _start(store, "fp-a")
+
+    latest = store.latest_run("fp-a")
+    assert latest is not None and latest.id == ok_a
+    assert getattr(store.latest_run("fp-b"), "id", None) == ok_b
+    assert getattr(store.latest_run("fp-a", status="failed"), "id", None) == failed_a
+    assert getattr(store.latest_run("fp-a", kind="verify"), "id", None) == verify_a
+    assert getattr(store.latest_run("fp-a", status=None), "id", None) == running_a
+    assert store.latest_run("fp-c") is None
+
+    published = store.latest_published("fp-a")
+    assert published is not None
+    assert (published.run_id, published.env, published.generation) == (ok_a, {"NCCL_ALGO": "Ring"}, 1)
+    nothing_chosen = store.latest_published("fp-b")
+    assert nothing_chosen is not None and nothing_chosen.env == {} and nothing_chosen.generation is None
+    assert store.latest_published("fp-c") is None
+
+
+def test_corrupt_file_is_moved_aside(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    garbage = b"this is not an sqlite database, just bytes " * 100
+    db_path.write_bytes(garbage)
+    caplog.set_level(logging.WARNING, logger="nccltune.store")
+
+    with Store(db_path, clock=FakeClock()) as s:
+        run_id = _start(s)
+        s.finish_run(run_id, status="ok")
+        assert [r.id for r in s.runs()] == [run_id]
+
+    aside = db_path.with_name("history.db.corrupt-20240501T120000Z")
+    assert aside.read_bytes() == garbage
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert str(db_path) in message and str(aside) in message
+
+
+def test_malformed_pages_are_moved_aside(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Store(db_path) as s:
+        for _ in range(20):
+            run_id = _start(s)
+            _baseline_trial(s, run_id, 0, {size: 1.0 for size in range(1, 200)})
+    raw = sqlite3.connect(db_path)
+    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = raw.execute("PRAGMA page_size").fetchone()[0]
+    raw.close()
+    # Keep the header (page 1) intact so the file still opens; scribble over the b-tree pages.
+    with db_path.open("r+b") as f:
+        f.seek(page_size)
+        f.write(b"\xa5" * page_size * 4)
+    caplog.set_level(logging.WARNING, logger="nccltune.store")
+
+    with Store(db_path) as s:
+        assert s.runs() == []
+    assert len(list(db_path.parent.glob("history.db.corrupt-*"))) == 1
+    assert any("corrupt" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_quick_check_findings_move_the_file_aside(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Store(db_path) as s:
+        _start(s)  # a running run: finished_at is NULL
+    # A NOT NULL column holding a NULL opens and reads fine; only quick_check reports it.
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA writable_schema = ON")
+    raw.execute(
+        "UPDATE sqlite_master SET sql = replace(sql, 'finished_at TEXT,', 'finished_at TEXT NOT NULL,') "
+        "WHERE name = 'runs'"
+    )
+    raw.close()
+    caplog.set_level(logging.WARNING, logger="nccltune.store")
+
+    with Store(db_path) as s:
+        assert s.runs() == []
+    assert len(list(db_path.parent.glob("history.db.corrupt-*"))) == 1
+    assert any("quick_check" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_newer_schema_is_refused_and_left_alone(db_path: Path) -> None:
+    raw = sqlite3.connect(db_path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    before = db_path.read_bytes()
+
+    with pytest.raises(InputError) as info:
+        Store(db_path)
+    assert info.value.exit_code == EXIT_CONFIG == 78
+    assert "upgrade nccltune" in str(info.value)
+    assert str(db_path) in str(info.value)
+    assert db_path.read_bytes() == before
+    assert list(db_path.parent.glob("*.corrupt-*")) == []
+
+
+def test_unopenable_path_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as info:
+        Store(tmp_path / "missing-dir" / "history.db")
+    assert info.value.exit_code == EXIT_CONFIG
+    assert not (tmp_path / "missing-dir").exists()
+
+
+def test_migrations_run_once_and_data_survives_reopen(db_path: Path) -> None:
+    with Store(db_path) as s:
+        run_id = _start(s)
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1 == store_mod.schema_version()
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+    with Store(db_path) as s:  # a second run of _migrate_v1 would fail on CREATE TABLE
+        run = s.run(run_id)
+        assert run is not None and run.fingerprint == "fp-a"
+
+
+def test_a_later_migration_is_applied_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(db_path) as s:
+        run_id = _start(s)
+
+    calls: list[int] = []
+
+    def migrate_v2(conn: sqlite3.Connection) -> None:
+        calls.append(1)
+        conn.execute("ALTER TABLE runs ADD COLUMN note TEXT")
+
+    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, migrate_v2))
+    with Store(db_path) as s:
+        assert s.run(run_id) is not None
+    with Store(db_path) as s:
+        assert s.run(run_id) is not None
+    assert calls == [1]
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    raw.close()
+
+
+def test_mark_interrupted(store: Store) -> None:
+    done = _start(store)
+    store.finish_run(done, status="ok")
+    crashed_a = _start(store)
+    crashed_b = _start(store, kind="verify")
+
+    assert store.mark_interrupted() == 2
+    statuses = {r.id: (r.status, r.finished_at) for r in store.runs()}
+    assert statuses[crashed_a] == ("interrupted", None)
+    assert statuses[crashed_b] == ("interrupted", None)
+    assert statuses[done][0] == "ok"
+    assert store.mark_interrupted() == 0
+
+
+def test_two_connections_write_the_same_file(db_path: Path) -> None:
+    with Store(db_path) as a, Store(db_path) as b:
+        ids = []
+        for _ in range(5):
+            ids.append(_start(a, "fp-a"))
+            ids.append(_start(b, "fp-b"))
+        _baseline_trial(b, ids[0], 0, {1024: 1.0})
+        a.finish_run(ids[0], status="ok")
+        assert sorted(r.id for r in a.runs(limit=None)) == sorted(ids)
+        assert sorted(r.id for r in b.runs(limit=None)) == sorted(ids)
+        assert b.baseline("fp-a") == {1024: 1.0}
+
+        # While another connection holds the write lock, a write waits (busy timeout) instead of
+        # failing at once, and goes through when the lock is released.
+        holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.3, holder.execute, args=("COMMIT",))
+        release.start()
+        started = time.monotonic()
+        late = _start(a)
+        waited_s = time.monotonic() - started
+        release.join()
+        holder.close()
+        assert waited_s >= 0.2
+        assert b.run(late) is not None
+
+
+def test_lock_held_past_the_busy_timeout_is_busy_error(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_mod, "BUSY_TIMEOUT_MS", 100)
+    with Store(db_path) as s:
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(BusyError) as info:
+                _start(s)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert info.value.exit_code == EXIT_BUSY
+        _start(s)  # the failed attempt left no transaction open
+
+
+def test_foreign_keys_and_argument_checks(store: Store) -> None:
+    with pytest.raises(KeyError):
+        store.add_trial(12345, seq=0, phase="baseline", label="x", env={}, status="ok")
+    with pytest.raises(KeyError):
+        store.finish_run(12345, status="ok")
+    run_id = _start(store)
+    with pytest.raises(ValueError, match="phase"):
+        store.add_trial(run_id, seq=0, phase="warmup", label="x", env={}, status="ok")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="status"):
+        store.finish_run(run_id, status="running")
+    with pytest.raises(ValueError, match="not finite"):
+        store.add_trial(
+            run_id,
+            seq=0,
+            phase="screen",
+            label="x",
+            env={},
+            status="ok",
+            measurements=[Measurement(8, float("nan"), 1.0, 1.0)],
+        )
+    assert store.trials(run_id) == []  # nothing half-written
+    with pytest.raises(sqlite3.IntegrityError):  # the database itself enforces the link too
+        store._conn.execute(
+            "INSERT INTO trials (run_id, seq, phase, label, env_json, status, started_at) "
+            "VALUES (999, 0, 'screen', 'x', '{}', 'ok', 'now')"
+        )
