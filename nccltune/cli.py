@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .errors import EXIT_OK, NccltuneError, UsageError
+from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
+
+if TYPE_CHECKING:
+    from .bench.runner import TrialResult
+    from .config import Config
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +66,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_sweep_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands beyond `topo`; filled in as their pieces exist."""
+    sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
+    _common(sw)
+    sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
+    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, or a custom one")
+    sw.add_argument("--json", action="store_true", help="print one JSON document")
+    sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                    help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
+    sw.add_argument("--force", action="store_true", help="sweep even while compute processes use the GPUs")
+    sw.add_argument("--exhaustive", action="store_true", help="measure the full grid instead of the staged search")
+    sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
+                    help="sweep a variable although the environment or config sets it")
+    sw.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+
+    env = sub.add_parser("env", help="print the published environment")
+    _common(env)
+    env.add_argument("--format", choices=("sh", "env", "json"), default="sh")
+
+    ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
+    _common(ex)
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+
+    hist = sub.add_parser("history", help="past sweeps and verifications")
+    _common(hist)
+    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
+    hist.add_argument("--json", action="store_true")
+
+    rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
+    _common(rep)
+    rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
+    rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
+    rep.add_argument("--json", action="store_true")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -172,9 +211,204 @@ def cmd_topo_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_topo_check(args: argparse.Namespace) -> int:
-    raise UsageError("topo check is not available yet")
+    from .render import dumps, topocheck_doc, topocheck_text
+    from .topocheck import check_topology_file
+
+    python = args.python
+    if python is None:
+        try:
+            python = load_cfg(args).bench.python
+        except NccltuneError:
+            raise
+    check = check_topology_file(Path(args.xml), python=python,
+                                keep_dump=Path(args.dump) if args.dump else None)
+    out(dumps(topocheck_doc(check)) if args.json else topocheck_text(check))
+    return EXIT_OK if check.passed else 1
 
 
 _HANDLERS = {
     "topo": cmd_topo,
 }
+
+
+# -- sweep and what it publishes ---------------------------------------------------------------------
+
+
+def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
+    """Config file plus command-line overrides. A demo keeps its state in ./nccltune-demo."""
+    from .config import DEFAULT_CONFIG_PATH, load_config, with_overrides
+
+    cfg = load_config(Path(args.config) if args.config else DEFAULT_CONFIG_PATH, required=bool(args.config))
+    overrides: dict[str, object] = {}
+    if args.state_dir:
+        overrides["state_dir"] = str(Path(args.state_dir).resolve())
+    elif demo:
+        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+    return with_overrides(cfg, **overrides) if overrides else cfg
+
+
+class _Progress:
+    """A live progress line on a terminal; one line per trial otherwise (the journal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.tty = sys.stderr.isatty()
+        self.quiet = quiet
+        self.started = time.monotonic()
+        self.walls: list[float] = []
+
+    def __call__(self, seq: int, total: int, phase: str, label: str, result: TrialResult | None) -> None:
+        if result is None:
+            if self.tty and not self.quiet:
+                eta = ""
+                if self.walls:
+                    left = max(0, total - seq + 1) * (sum(self.walls) / len(self.walls))
+                    eta = f" ~{int(left // 60)}m{int(left % 60):02d}s left"
+                sys.stderr.write(f"\r\033[K[{seq}/~{total}]{eta} {phase}: {label}"[:200])
+                sys.stderr.flush()
+            return
+        self.walls.append(result.wall_s)
+        if self.tty and not self.quiet:
+            if not result.ok:
+                sys.stderr.write(f"\r\033[Ktrial {seq} ({label}) {result.status}: {result.reason}\n")
+            return
+        if not self.quiet or not result.ok:
+            print(f"nccltune: trial {seq}/~{total} {phase} {label}: {result.status}"
+                  + (f" ({result.reason})" if result.reason else "") + f" in {result.wall_s:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .pipeline import SweepPipeline, estimate_seconds
+    from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
+
+    cfg = load_cfg(args, demo=bool(args.demo))
+    progress = _Progress(quiet=args.json)
+    pipe = SweepPipeline(cfg, demo=args.demo, profile=args.profile, exhaustive=args.exhaustive, force=args.force,
+                         unpin=args.unpin, progress=progress, python=args.python)
+    if args.plan:
+        plan, search = pipe.plan()
+        trials = search.estimate_trials()
+        seconds = estimate_seconds(plan, trials, cfg, pipe.node().demo, pipe.node())
+        if args.json:
+            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile)))
+        else:
+            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile))
+        return EXIT_OK
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        report = pipe.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        progress.done()
+    out(dumps(sweep_doc(report)) if args.json else sweep_text(report))
+    return EXIT_OK
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from .publish import read_published, render_env, render_json, render_sh
+    from .render import provenance_from_dict
+
+    cfg = load_cfg(args)
+    got = read_published(cfg.publish_dir)
+    if got is None:
+        raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
+    env, prov = got
+    p = provenance_from_dict(prov)
+    render = {"sh": render_sh, "env": render_env, "json": render_json}[args.format]
+    out(render(env, p, generation=prov.get("generation")))
+    return EXIT_OK
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from .publish import read_published
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
+    cfg = load_cfg(args)
+    got = read_published(cfg.publish_dir)
+    env = dict(os.environ)
+    if got is None:
+        print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
+              file=sys.stderr)
+    else:
+        published, _prov = got
+        for name, value in published.items():
+            if name in env and env[name] != value:
+                print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
+                      file=sys.stderr)
+            else:
+                env[name] = value
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
+    return EXIT_OK  # pragma: no cover - exec does not return
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .render import dumps, history_doc, history_text, trials_text
+    from .store import Store
+
+    cfg = load_cfg(args)
+    path = cfg.state_path("history.db")
+    if not path.exists():
+        raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
+    with Store(path) as store:
+        if args.run is not None:
+            run = store.run(args.run)
+            if run is None:
+                raise UsageError(f"no run {args.run} in {path}")
+            trials = store.trials(args.run)
+            out(dumps(history_doc([run], trials)) if args.json else trials_text(run, trials))
+            return EXIT_OK
+        runs = store.runs(limit=args.limit)
+    out(dumps(history_doc(runs, None)) if args.json else history_text(runs))
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .render import dumps, report_doc, report_text
+    from .store import Store
+
+    cfg = load_cfg(args)
+    path = cfg.state_path("history.db")
+    if not path.exists():
+        raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
+    with Store(path) as store:
+        runs = [store.run(args.run)] if args.run is not None else store.runs(limit=1, kind="sweep")
+        run = runs[0] if runs else None
+        if run is None or run.summary is None or "rows" not in (run.summary or {}):
+            raise CheckFailed("no finished sweep to report on")
+        trials = store.trials(run.id)
+    if args.plot:
+        from .plot import plot_run
+
+        plot_run(run, trials, Path(args.plot))
+    if args.json:
+        out(dumps(report_doc(run, trials, plot=args.plot)))
+    else:
+        out(report_text(run))
+        if args.plot:
+            out(f"Plot written to {args.plot}")
+    return EXIT_OK
+
+
+_HANDLERS.update({
+    "sweep": cmd_sweep,
+    "env": cmd_env,
+    "exec": cmd_exec,
+    "history": cmd_history,
+    "report": cmd_report,
+})

@@ -97,3 +97,250 @@ def topology_text(topo: Topology, paths: PathMatrix) -> str:
     lines.append("  NVB NVLink through another GPU; PIX one PCIe switch; PXB several switches;")
     lines.append("  PHB through a CPU host bridge; SYS across CPU sockets.")
     return "\n".join(lines)
+
+
+# -- sweep plans and reports -------------------------------------------------------------------------
+
+DEMO_BANNER = "CPU DEMO (gloo backend): these are not NCCL numbers"
+
+
+def _fmt_size(n: int) -> str:
+    from .sweep.select import fmt_size
+
+    return fmt_size(n)
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def plan_doc(plan: Any, node: Any, trials: int, seconds: float, profile: str) -> dict[str, Any]:
+    return {
+        "kind": "sweep-plan",
+        "demo": node.demo,
+        "label": DEMO_BANNER if node.demo else None,
+        "backend": plan.backend,
+        "nranks": plan.nranks,
+        "profile": profile,
+        "fingerprint": node.fingerprint,
+        "sizes": plan.sizes,
+        "measure": plan.variables,
+        "pruned": [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned],
+        "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
+        "policy": plan.policy,
+        "notes": plan.notes,
+        "estimate": {"trials": trials, "seconds": round(seconds, 1)},
+    }
+
+
+def plan_text(plan: Any, node: Any, trials: int, seconds: float, profile: str) -> str:
+    lines = []
+    if node.demo:
+        lines.append(f"*** {DEMO_BANNER} ***")
+    lines.append(f"Sweep plan for {node.topo.source}: {plan.nranks} ranks, backend {plan.backend}, "
+                 f"profile {profile}")
+    lines.append(f"Sizes: {', '.join(_fmt_size(s) for s in plan.sizes)}")
+    lines.append("")
+    lines.append("Measured (each against NCCL's defaults, which are measured first and repeated):")
+    if not plan.variables:
+        lines.append("  nothing: every candidate was pruned")
+    for name, values in plan.variables.items():
+        lines.append(f"  {name}: {', '.join(values)}")
+    lines.append("  NCCL_TOPO_FILE: nccltune's topology file for this node")
+    if plan.pinned:
+        lines.append("")
+        lines.append("Pinned (never swept, never removed; --unpin NAME to sweep one anyway):")
+        for name, p in plan.pinned.items():
+            warn = f"  WARNING: {p.warning}" if p.warning else ""
+            lines.append(f"  {name}={p.value} (from the {p.source}){warn}")
+    if plan.policy:
+        lines.append("")
+        lines.append("Published by policy, not swept:")
+        for name, value in plan.policy.items():
+            lines.append(f"  {name}={value}")
+    if plan.pruned:
+        lines.append("")
+        lines.append("Pruned:")
+        for p in plan.pruned:
+            what = p.name if p.value == "*" else f"{p.name}={p.value}"
+            lines.append(f"  {what}: {p.reason}")
+    if plan.notes:
+        lines.append("")
+        lines.extend(f"Note: {n}" for n in plan.notes)
+    lines.append("")
+    lines.append(f"Estimate: about {trials} trials, {_fmt_s(seconds)}.")
+    return "\n".join(lines)
+
+
+def sweep_doc(report: Any) -> dict[str, Any]:
+    pub = report.published
+    return {
+        "kind": "sweep",
+        "demo": report.demo,
+        "label": DEMO_BANNER if report.demo else None,
+        "run_id": report.run_id,
+        "backend": report.backend,
+        "fingerprint": report.fingerprint,
+        "nccl_version": report.nccl_version,
+        "torch_version": report.torch_version,
+        "profile": report.result and None,
+        "trials": report.trials,
+        "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
+        "wall_s": report.wall_s,
+        "chosen": report.chosen_label,
+        "published_env": report.chosen_env,
+        "summary": report.summary,
+        "sizes": report.rows,
+        "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
+                      "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
+        "pruned": [{"name": p.name, "value": p.value, "reason": p.reason} for p in report.plan.pruned],
+    }
+
+
+def rows_text(rows: list[dict[str, Any]]) -> list[str]:
+    table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
+    for r in rows:
+        table.append([
+            _fmt_size(r["size_bytes"]) + ("" if r.get("weight", 1) else " (not in profile)"),
+            f"{r['default_busbw_gbps']:.2f}", f"±{r['default_noise_pct']:.1f}%",
+            f"{r['tuned_busbw_gbps']:.2f}", f"{r['ratio']:.3f}",
+            f"{r.get('default_algo_proto') or '?'} -> {r.get('tuned_algo_proto') or '?'}",
+        ])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  ".join(c.rjust(w) if i in (1, 2, 3, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            .rstrip() for row in table]
+
+
+def sweep_text(report: Any) -> str:
+    lines = []
+    if report.demo:
+        lines.append(f"*** {DEMO_BANNER} ***")
+    lines.append(f"Sweep {report.run_id}: backend {report.backend}, fingerprint {report.fingerprint}, "
+                 f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
+    failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
+    lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
+                 "(all-reduce, float32 sum, in place)")
+    lines.append("")
+    lines.extend(rows_text(report.rows))
+    lines.append("")
+    for label, reason in report.failed_trials:
+        lines.append(f"Failed: {label}: {reason}")
+    lines.append(report.summary)
+    if report.published:
+        p = report.published
+        lines.append(f"Published (generation {p.generation}): {p.sh_path}, {p.env_path}, {p.json_path}")
+        for name, value in sorted(report.chosen_env.items()):
+            lines.append(f"  {name}={value}")
+    if report.demo:
+        lines.append(f"*** {DEMO_BANNER} ***")
+    return "\n".join(lines)
+
+
+def provenance_from_dict(doc: dict[str, Any]) -> Any:
+    from .publish import Provenance
+
+    return Provenance(
+        nccltune_version=str(doc.get("nccltune_version", "?")), created_at=str(doc.get("created_at", "?")),
+        topology_fingerprint=str(doc.get("topology_fingerprint", "?")), nccl_version=doc.get("nccl_version"),
+        backend=str(doc.get("backend", "?")), demo=bool(doc.get("demo", False)), profile=doc.get("profile"),
+        gains=dict(doc.get("gains") or {}), note=doc.get("note"))
+
+
+def _run_dict(run: Any) -> dict[str, Any]:
+    return {"id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
+            "finished_at": run.finished_at, "fingerprint": run.fingerprint, "backend": run.backend,
+            "demo": run.demo, "profile": run.profile, "nccltune_version": run.nccltune_version,
+            "summary": run.summary, "chosen_env": run.chosen_env,
+            "published_generation": run.published_generation}
+
+
+def history_doc(runs: list[Any], trials: list[Any] | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"kind": "history", "runs": [_run_dict(r) for r in runs]}
+    if trials is not None:
+        doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
+                          "reason": t.reason, "wall_s": t.wall_s,
+                          "measurements": [{"size_bytes": m.size_bytes, "busbw_gbps": m.busbw_gbps,
+                                            "time_us": m.time_us, "algo": m.algo, "proto": m.proto,
+                                            "correct": m.correct} for m in t.measurements]}
+                         for t in trials]
+    return doc
+
+
+def history_text(runs: list[Any]) -> str:
+    if not runs:
+        return "No runs yet."
+    lines = [f"{'id':>4}  {'kind':6}  {'status':11}  {'started':25}  {'backend':7}  chosen"]
+    for r in runs:
+        chosen = (r.summary or {}).get("chosen") or (r.summary or {}).get("error") or ""
+        demo = " [CPU demo]" if r.demo else ""
+        lines.append(f"{r.id:>4}  {r.kind:6}  {r.status:11}  {r.started_at[:25]:25}  {r.backend:7}  {chosen}{demo}")
+    return "\n".join(lines)
+
+
+def trials_text(run: Any, trials: list[Any]) -> str:
+    lines = [f"Run {run.id} ({run.kind}, {run.status}{', CPU demo' if run.demo else ''}), "
+             f"fingerprint {run.fingerprint}"]
+    for t in trials:
+        best = max((m.busbw_gbps for m in t.measurements), default=0.0)
+        why = f" ({t.reason})" if t.reason else ""
+        lines.append(f"{t.seq:>3} {t.phase:9} {t.status:12} peak {best:8.2f} GB/s  {t.label}{why}")
+    return "\n".join(lines)
+
+
+def report_doc(run: Any, trials: list[Any], plot: str | None) -> dict[str, Any]:
+    s = run.summary or {}
+    return {"kind": "report", "run": _run_dict(run), "label": DEMO_BANNER if run.demo else None,
+            "sizes": s.get("rows", []), "plot": plot, "trials": len(trials)}
+
+
+def report_text(run: Any) -> str:
+    s = run.summary or {}
+    lines = []
+    if run.demo:
+        lines.append(f"*** {DEMO_BANNER} ***")
+    lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
+    lines.extend(rows_text(s.get("rows", [])))
+    lines.append(str(s.get("summary", "")))
+    return "\n".join(lines)
+
+
+def topocheck_doc(check: Any) -> dict[str, Any]:
+    doc = {k: v for k, v in vars(check).items() if k != "dump_diff"}
+    doc["busbw_gbps"] = {str(k): v for k, v in check.busbw_gbps.items()}
+    doc["dump_diff"] = check.dump_diff.as_dict() if check.dump_diff else None
+    return {"kind": "topo-check", **doc}
+
+
+def topocheck_text(check: Any) -> str:
+    lines = [f"{'PASS' if check.passed else 'FAIL'}: {check.verdict}", f"File: {check.xml}",
+             f"NCCL {check.nccl_version or '?'}; trial {check.trial_status}"
+             + (f" ({check.trial_reason})" if check.trial_reason else "")]
+    if check.transports:
+        lines.append("Transports: " + ", ".join(f"{k} x{v}" for k, v in sorted(check.transports.items())))
+    for g in check.graphs:
+        lines.append(f"Graph: pattern {g['pattern']}, {g['nchannels']} channels, {g['bw_intra']} GB/s, "
+                     f"{g['type_intra']}/{g['type_inter']}")
+    for size, ap in sorted(check.algo_proto.items(), key=lambda kv: int(kv[0])):
+        bw = check.busbw_gbps.get(int(size))
+        lines.append(f"AllReduce {_fmt_size(int(size))}: {ap}" + (f", {bw:.1f} GB/s busbw" if bw else ""))
+    if check.correct is not None:
+        lines.append(f"Result check: {'correct' if check.correct else 'WRONG'}")
+    for h in check.hints:
+        lines.append(f"Hint: {h}")
+    for w in check.warnings:
+        lines.append(f"NCCL WARN: {w}")
+    if check.dump_diff is not None:
+        d = check.dump_diff
+        if d.same:
+            lines.append(f"NCCL's re-dump ({check.dump}) matches the file "
+                         f"({len(d.filled)} attribute(s) filled in by NCCL).")
+        else:
+            lines.append("NCCL's re-dump differs from the file:")
+            lines.extend(f"  - {p} (only in the file)" for p in d.only_a)
+            lines.extend(f"  + {p} (only in NCCL's re-dump)" for p in d.only_b)
+            lines.extend(f"  ~ {c}" for c in d.changed)
+    lines.extend(f"Note: {n}" for n in check.notes)
+    if check.log_dir:
+        lines.append(f"NCCL logs: {check.log_dir}")
+    return "\n".join(lines)

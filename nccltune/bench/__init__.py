@@ -1,0 +1,1 @@
+"""Benchmarking: the rank launcher, the torch worker and NCCL log parsing."""

@@ -1,0 +1,284 @@
+"""Rank launcher: every trial in a fresh set of rank processes, with a hard timeout.
+
+NCCL caches most of its variables per process (nccl-internals 3.3), so each candidate
+environment gets new processes. All ranks of a trial run in their own process groups; on a
+timeout, a crash of any rank, Ctrl-C or an abort request, every group is killed. A failed trial
+is reported with its reason and the caller goes on. This is the only module that starts rank
+processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import NccltuneError, UnavailableError
+from .nccllog import parse_nccl_log, summarize
+
+log = logging.getLogger(__name__)
+
+WORKER = Path(__file__).with_name("worker.py")
+_EXIT_WRONG_RESULT = 3
+_EXIT_SETUP = 4
+# What NCCL logs during a trial: enough to tell versions, transports, topology file use and
+# the algorithm/protocol per size, into a file so that stdout stays clean JSON lines.
+NCCL_DEBUG_SUBSYS = "INIT,ENV,GRAPH,TUNING,NET,P2P,SHM"
+
+
+class TrialAborted(NccltuneError):
+    """The caller asked to stop (a job started on the GPUs, or the service is stopping)."""
+
+
+@dataclass
+class SizeResult:
+    size_bytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    correct: bool
+    algo: str | None = None
+    proto: str | None = None
+
+
+@dataclass
+class TrialResult:
+    status: str  # ok | failed | timeout | crashed | wrong_result | error
+    reason: str | None
+    sizes: list[SizeResult]
+    wall_s: float
+    start: dict[str, Any] = field(default_factory=dict)
+    nccl: dict[str, Any] = field(default_factory=dict)
+    log_dir: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def busbw(self) -> dict[int, float]:
+        return {s.size_bytes: s.busbw_gbps for s in self.sizes}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_worker_python(configured: str | None) -> str:
+    """The interpreter that runs the worker: configured, this one if it has torch, or python3.
+
+    Raises:
+        UnavailableError: no interpreter with torch was found (exit 69).
+    """
+    if configured:
+        if shutil.which(configured) is None and not Path(configured).exists():
+            raise UnavailableError(f"bench.python {configured!r} does not exist")
+        return configured
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    for name in ("python3", "python"):
+        exe = shutil.which(name)
+        if exe and exe != sys.executable:
+            probe = subprocess.run([exe, "-c", "import torch"], capture_output=True, timeout=120)
+            if probe.returncode == 0:
+                return exe
+    raise UnavailableError(
+        "no Python interpreter with torch found for the benchmark worker",
+        hint="set bench.python in the config (or --python) to the interpreter your jobs use",
+    )
+
+
+class Runner:
+    """Runs trials. One instance per sweep; `kill()` stops whatever is running."""
+
+    def __init__(
+        self,
+        *,
+        python: str,
+        backend: str,
+        nranks: int,
+        base_env: Mapping[str, str],
+        work_dir: Path,
+        timeout_s: float = 180.0,
+        gpus: Sequence[int] | None = None,
+        nccl_debug: bool = True,
+        abort_check: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.python = python
+        self.backend = backend
+        self.nranks = nranks
+        self.base_env = dict(base_env)
+        self.work_dir = work_dir
+        self.timeout_s = timeout_s
+        self.gpus = list(gpus) if gpus else None
+        self.nccl_debug = nccl_debug
+        self.abort_check = abort_check
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._seq = 0
+
+    def trial_env(self, candidate: Mapping[str, str]) -> dict[str, str]:
+        """The environment nccltune runs in, plus the candidate (which wins)."""
+        env = dict(self.base_env)
+        env.update(candidate)
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        # The worker must see its own file's directory only, never a stale nccltune on the path.
+        env.pop("PYTHONSTARTUP", None)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
+            check: bool = True, label: str = "") -> TrialResult:
+        self._seq += 1
+        trial_dir = self.work_dir / f"trial-{self._seq:03d}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        env = self.trial_env(candidate)
+        if self.nccl_debug and self.backend == "nccl":
+            env["NCCL_DEBUG"] = "INFO"
+            env["NCCL_DEBUG_SUBSYS"] = NCCL_DEBUG_SUBSYS
+            env["NCCL_DEBUG_FILE"] = str(trial_dir / "nccl.%p.log")
+        port = free_port()
+        cmd = [self.python, str(WORKER), "--backend", self.backend,
+               "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
+               "--timeout-s", str(max(30.0, self.timeout_s))]
+        if not check:
+            cmd.append("--no-check")
+        log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
+        started = time.monotonic()
+        self._procs = []
+        try:
+            for rank in range(self.nranks):
+                renv = dict(env, RANK=str(rank), WORLD_SIZE=str(self.nranks), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(self.nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                out = open(trial_dir / f"rank{rank}.out", "wb")
+                err = open(trial_dir / f"rank{rank}.err", "wb")
+                try:
+                    self._procs.append(subprocess.Popen(
+                        cmd, env=renv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                        start_new_session=True, cwd=trial_dir))
+                finally:
+                    out.close()
+                    err.close()
+            status, reason = self._wait(started)
+        except BaseException:
+            self.kill()
+            raise
+        wall = time.monotonic() - started
+        return self._collect(trial_dir, status, reason, wall)
+
+    def _wait(self, started: float) -> tuple[str, str | None]:
+        deadline = started + self.timeout_s
+        while True:
+            codes = [p.poll() for p in self._procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # One rank down means the others would wait forever on it.
+                self.kill()
+                rank, code = failed[0]
+                assert code is not None
+                if code == _EXIT_WRONG_RESULT:
+                    return "wrong_result", f"rank {rank} found a wrong all-reduce result"
+                if code < 0:
+                    return "crashed", f"rank {rank} was killed by signal {signal.Signals(-code).name}"
+                if code == _EXIT_SETUP:
+                    return "error", f"rank {rank} could not set up (see its log)"
+                return "crashed", f"rank {rank} exited with status {code}"
+            if all(c == 0 for c in codes):
+                return "ok", None
+            if time.monotonic() > deadline:
+                self.kill()
+                return "timeout", f"no result within {self.timeout_s:g} s (hang?); all ranks killed"
+            if self.abort_check is not None:
+                why = self.abort_check()
+                if why:
+                    self.kill()
+                    raise TrialAborted(why)
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Kill every rank's process group and reap them."""
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                log.warning("rank process %d did not exit after SIGKILL", p.pid)
+
+    def _collect(self, trial_dir: Path, status: str, reason: str | None, wall: float) -> TrialResult:
+        sizes: list[SizeResult] = []
+        start: dict[str, Any] = {}
+        done = False
+        text = (trial_dir / "rank0.out").read_text(errors="replace")
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                if status == "ok":
+                    status, reason = "error", f"worker printed something that is not JSON: {line[:80]!r}"
+                continue
+            if not isinstance(doc, dict):
+                continue
+            event = doc.get("event")
+            if event == "start":
+                start = doc
+            elif event == "size":
+                try:
+                    sizes.append(SizeResult(
+                        size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]),
+                        algbw_gbps=float(doc["algbw_gbps"]), busbw_gbps=float(doc["busbw_gbps"]),
+                        correct=bool(doc["correct"])))
+                except (KeyError, TypeError, ValueError):
+                    status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
+            elif event == "done":
+                done = True
+            elif event == "error":
+                reason = reason or f"{doc.get('kind')}: {doc.get('message')}"
+        if status == "ok" and not done:
+            status, reason = "error", "worker exited without finishing (no 'done' record)"
+        if status == "ok" and any(not s.correct for s in sizes):
+            status, reason = "wrong_result", "all-reduce result check failed"
+        nccl: dict[str, Any] = {}
+        logs = sorted(trial_dir.glob("nccl.*.log"))
+        if logs:
+            rank0_pid = start.get("pid")
+            chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
+            parsed = parse_nccl_log(chosen.read_text(errors="replace"))
+            nccl = summarize(parsed)
+            by_size = {}
+            for choice in parsed.tuning:
+                if choice.func.lower() == "allreduce":
+                    by_size[choice.size_bytes] = (choice.algo, choice.proto)
+            for s in sizes:
+                if s.size_bytes in by_size:
+                    s.algo, s.proto = by_size[s.size_bytes]
+            if parsed.errors and status == "ok":
+                status, reason = "error", f"NCCL: {parsed.errors[0]}"
+        if status != "ok" and reason and "see its log" in reason:
+            err = (trial_dir / "rank0.err").read_text(errors="replace").strip().splitlines()
+            if err:
+                reason += f": {err[-1][:200]}"
+        if status in ("crashed", "error", "timeout") and not reason:
+            reason = status
+        return TrialResult(status=status, reason=reason, sizes=sizes, wall_s=round(wall, 2), start=start,
+                           nccl=nccl, log_dir=str(trial_dir))

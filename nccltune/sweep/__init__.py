@@ -1,0 +1,1 @@
+"""Sweep: search space, topology-aware pruning, plan, search strategy and selection."""

@@ -1,0 +1,239 @@
+"""Topology-aware pruning and the sweep plan: what will be measured, what was pruned and why.
+
+Values that cannot change anything on this node are measured once or not at all:
+  * NCCL_P2P_LEVEL / NCCL_P2P_DISABLE by the signature rule (nccl-internals 2.5): two levels are
+    equivalent iff no GPU pair with NVML P2P allowed has a raw path type between them;
+  * network knobs (GDR, PXN, cross-NIC, IB QPs) on a single node, where all-reduce never
+    crosses a NIC;
+  * NVLS without an NVSwitch or below sm90, and whenever the site pinned it;
+  * LL128 where NCCL itself would not enable it (forcing it bypasses NCCL's safety checks);
+  * values equal to NCCL's default.
+Channel values at or below the count NCCL already uses are dropped once the baseline shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..topology.model import Topology
+from ..topology.paths import RANK, PathMatrix
+from .space import CATALOGUE, MANAGED, level_of
+
+NVLINK_TYPES = ("NVL", "NVB")
+P2P_OFF_REASON = ("turns P2P off between NVLink-connected GPUs, which moves all-reduce onto SHM through "
+                  "host memory (measured about 12x slower on the 2x H200 NVSwitch reference node)")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    name: str
+    value: str  # "*" when the whole variable is pruned
+    reason: str
+
+
+@dataclass(frozen=True)
+class Pinned:
+    name: str
+    value: str
+    source: str  # "environment" or "config"
+    warning: str | None = None
+
+
+@dataclass
+class Plan:
+    variables: dict[str, list[str]]
+    pruned: list[Pruned]
+    pinned: dict[str, Pinned]
+    policy: dict[str, str]
+    sizes: list[int]
+    backend: str
+    nranks: int
+    notes: list[str] = field(default_factory=list)
+    default_p2p_level: str = "PXB"
+
+    def screening_count(self) -> int:
+        return sum(len(v) for v in self.variables.values())
+
+    def candidates(self) -> list[tuple[str, str]]:
+        return [(n, v) for n, vals in self.variables.items() for v in vals]
+
+
+def default_p2p_level(topo: Topology) -> str:
+    """NCCL's default P2P level: PXB, or SYS on AMD CPUs with at most 2 GPUs (2.26+)."""
+    vendor = next((c.attrs.get("vendor") for c in topo.system.iter("cpu")), None)
+    if vendor == "AuthenticAMD" and len(topo.gpus) <= 2:
+        return "SYS"
+    return "PXB"
+
+
+def p2p_signature(level: str, paths: PathMatrix, refused: set[tuple[int, int]]) -> frozenset[tuple[int, int]]:
+    """GPU pairs that use P2P at this level: raw type <= level, and NVML allows P2P."""
+    limit = RANK[level]
+    return frozenset(
+        (a, b) for (a, b), p in paths.gpu_gpu.items()
+        if a < b and (a, b) not in refused and RANK.get(p.type, 99) <= limit
+    )
+
+
+def has_nvswitch(topo: Topology) -> bool:
+    return any(n.attrs.get("tclass") == "0x068000" for n in topo.system.iter("nvlink"))
+
+
+def ll128_auto(topo: Topology, paths: PathMatrix) -> bool:
+    """Would NCCL enable LL128 by itself? Intra-node paths all NVLink, same sm (or sm90+), sm>=70."""
+    sms = {g.sm for g in topo.gpus}
+    if None in sms or not sms:
+        return False
+    if min(s for s in sms if s is not None) < 70:
+        return False
+    if len(sms) > 1 and min(s for s in sms if s is not None) < 90:
+        return False
+    types = {p.type for (a, b), p in paths.gpu_gpu.items() if a != b}
+    return bool(types) and all(RANK[t] <= RANK["NVB"] for t in types)
+
+
+def build_plan(
+    topo: Topology,
+    paths: PathMatrix,
+    *,
+    env: Mapping[str, str],
+    config_pins: Mapping[str, str],
+    unpin: Sequence[str],
+    variables: Mapping[str, Sequence[str]],
+    exclude: Sequence[str],
+    policy: Mapping[str, str],
+    sizes: Sequence[int],
+    backend: str,
+    nranks: int,
+) -> Plan:
+    """Build the plan. Values must already be validated (see sweep.space)."""
+    pruned: list[Pruned] = []
+    pinned: dict[str, Pinned] = {}
+    for name, value in env.items():
+        if (name.startswith("NCCL_") or name.startswith("TORCH_NCCL_")) and name not in unpin:
+            if name in MANAGED:
+                continue
+            tun = CATALOGUE.get(name)
+            warning = tun.validate(value) if tun else None
+            pinned[name] = Pinned(name, value, "environment", warning)
+    for name, value in config_pins.items():
+        pinned[name] = Pinned(name, value, "config")
+
+    plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
+                backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo))
+    if backend == "gloo":
+        plan.notes.append("CPU demo: the gloo backend ignores NCCL variables, so every candidate measures "
+                          "the same thing; the plan is the one this topology would get on its GPUs.")
+
+    refused = topo.p2p_refused
+    default_sig = p2p_signature(plan.default_p2p_level, paths, refused)
+    nvlink_pairs = {(a, b) for (a, b), p in paths.gpu_gpu.items() if a < b and p.type in NVLINK_TYPES}
+    types = sorted({p.type for (a, b), p in paths.gpu_gpu.items() if a < b}, key=lambda t: RANK[t])
+    plan.notes.append(f"GPU pair path types: {', '.join(types) or 'none'}; NCCL's default P2P level here is "
+                      f"{plan.default_p2p_level}.")
+    seen_sigs: dict[frozenset[tuple[int, int]], str] = {default_sig: "the default"}
+    nvs = has_nvswitch(topo)
+    min_sm = min((g.sm or 0) for g in topo.gpus) if topo.gpus else 0
+    ll128 = ll128_auto(topo, paths)
+
+    for name, tunable in CATALOGUE.items():
+        if tunable.kind == "policy":
+            continue
+        if name in pinned:
+            continue  # listed under pinned, never swept
+        if name in exclude:
+            pruned.append(Pruned(name, "*", "excluded by config (sweep.exclude)"))
+            continue
+        values = list(variables.get(name, tunable.sweep))
+        if not values:
+            continue
+        if tunable.scope == "net":
+            pruned.append(Pruned(name, "*", "single-node sweep: all-reduce between local GPUs never crosses a "
+                                            "NIC, so network settings cannot change the result"))
+            continue
+        keep: list[str] = []
+        for value in values:
+            reason = _prune_value(name, value, tunable.default, paths, refused, default_sig, nvlink_pairs,
+                                  seen_sigs, nvs, min_sm, ll128, plan.default_p2p_level)
+            if reason:
+                pruned.append(Pruned(name, value, reason))
+            else:
+                keep.append(value)
+        if keep:
+            plan.variables[name] = keep
+    if "NCCL_MIN_NCHANNELS" in plan.variables or "NCCL_MAX_NCHANNELS" in plan.variables:
+        plan.notes.append("Channel values that cannot change NCCL's channel count are dropped once the "
+                          "baseline shows how many channels NCCL uses.")
+    return plan
+
+
+def _prune_value(name: str, value: str, default: str | None, paths: PathMatrix, refused: set[tuple[int, int]],
+                 default_sig: frozenset[tuple[int, int]], nvlink_pairs: set[tuple[int, int]],
+                 seen_sigs: dict[frozenset[tuple[int, int]], str], nvs: bool, min_sm: int, ll128: bool,
+                 default_level: str) -> str | None:
+    if default is not None and value == default:
+        return f"equal to NCCL's default ({default})"
+    if name in ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE"):
+        level = "LOC" if name == "NCCL_P2P_DISABLE" and value == "1" else (
+            default_level if name == "NCCL_P2P_DISABLE" else level_of(value))
+        if level is None:
+            return "NCCL ignores this value"
+        sig = p2p_signature(level, paths, refused)
+        lost = default_sig - sig
+        if lost & nvlink_pairs:
+            return P2P_OFF_REASON
+        if sig in seen_sigs:
+            other = seen_sigs[sig]
+            return ("same GPU pairs use P2P as with NCCL's default on this topology" if other == "the default"
+                    else f"same effect as {other} on this topology")
+        seen_sigs[sig] = f"{name}={value}"
+        return None
+    if name == "NCCL_SHM_DISABLE":
+        if len(default_sig) == sum(1 for (a, b) in paths.gpu_gpu if a < b):
+            return "every GPU pair already uses P2P, and SHM is only the fallback for pairs without it"
+        return None
+    if name == "NCCL_NVLS_ENABLE":
+        if not nvs:
+            return "no NVSwitch: NVLS cannot run here"
+        if min_sm < 90:
+            return "NVLS needs sm90 or newer"
+        return None
+    if name == "NCCL_PROTO":
+        tokens = {t.strip().lstrip("^").lower() for part in value.split(";") for t in part.split(":")[-1].split(",")}
+        if "ll128" in tokens and not value.startswith("^") and not ll128:
+            return ("NCCL would not enable LL128 on this topology; forcing it bypasses NCCL's checks "
+                    "(data corruption where data transits the CPU)")
+        return None
+    if name == "NCCL_ALGO":
+        tokens = {t.strip().lstrip("^").lower() for part in value.split(";") for t in part.split(":")[-1].split(",")}
+        if tokens & {"nvls", "nvlstree"} and not (nvs and min_sm >= 90):
+            return "NVLS needs an NVSwitch and sm90"
+        if tokens & {"collnetdirect", "collnetchain"}:
+            return "CollNet needs a CollNet network plugin and several nodes"
+        if tokens == {"pat"}:
+            return "PAT never applies to all-reduce"
+        return None
+    return None
+
+
+def prune_channels(plan: Plan, coll_channels: int | None) -> list[Pruned]:
+    """After the baseline: drop channel values that cannot change NCCL's channel count."""
+    if not coll_channels:
+        return []
+    dropped: list[Pruned] = []
+    for name, test, why in (
+        ("NCCL_MIN_NCHANNELS", lambda v: int(v) <= coll_channels, "at or below"),
+        ("NCCL_MAX_NCHANNELS", lambda v: int(v) >= coll_channels, "at or above"),
+    ):
+        values = plan.variables.get(name)
+        if not values:
+            continue
+        for v in list(values):
+            if test(v):
+                values.remove(v)
+                dropped.append(Pruned(name, v, f"{why} the {coll_channels} channels NCCL already uses"))
+        if not values:
+            del plan.variables[name]
+    plan.pruned.extend(dropped)
+    return dropped

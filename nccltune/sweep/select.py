@@ -1,0 +1,143 @@
+"""Noise-aware choice: per-size statistics, profile-weighted score, and the publish verdict.
+
+Scores compare a candidate with NCCL's defaults size by size, as ratios, so that 64 KiB and
+1 GiB count by their profile weight and not by their raw GB/s. A candidate qualifies only when
+its weighted gain beats both the configured minimum and the measured run-to-run noise, and no
+size the profile cares about got slower than the allowed regression (beyond that size's noise).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+
+BUILTIN_PROFILES = {
+    "balanced": "every size of the ladder weighs the same",
+    "large": "sizes of 16 MiB and up (DDP/FSDP gradient buckets)",
+    "small": "sizes up to 1 MiB (latency-bound collectives)",
+}
+
+
+@dataclass(frozen=True)
+class SizeStats:
+    size_bytes: int
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def noise_pct(self) -> float:
+        """Half the relative spread of the repeats: how far one run may stray from the median."""
+        if self.n < 2 or self.median <= 0:
+            return 0.0
+        return 100.0 * (self.high - self.low) / (2.0 * self.median)
+
+
+def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
+    sizes = sorted({s for r in runs for s in r})
+    out = {}
+    for s in sizes:
+        vals = [r[s] for r in runs if s in r]
+        if vals:
+            out[s] = SizeStats(s, statistics.median(vals), min(vals), max(vals), len(vals))
+    return out
+
+
+def profile_weights(name: str, sizes: Sequence[int], custom: Mapping[str, Mapping[int, float]]) -> dict[int, float]:
+    """Weights per size of the ladder for a named profile.
+
+    Raises:
+        KeyError: unknown profile name.
+    """
+    if name in custom:
+        weights = {s: 0.0 for s in sizes}
+        for size, w in custom[name].items():
+            nearest = min(sizes, key=lambda s: abs(math.log(s) - math.log(size)))
+            weights[nearest] += float(w)
+        return weights
+    if name == "balanced":
+        return {s: 1.0 for s in sizes}
+    if name == "large":
+        w = {s: (1.0 if s >= 16 * MiB else 0.0) for s in sizes}
+        return w if any(w.values()) else {s: 1.0 for s in sizes[-1:]}
+    if name == "small":
+        w = {s: (1.0 if s <= MiB else 0.0) for s in sizes}
+        return w if any(w.values()) else {s: 1.0 for s in sizes[:1]}
+    raise KeyError(name)
+
+
+def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float], weights: Mapping[int, float]) -> float:
+    """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
+    total = 0.0
+    acc = 0.0
+    for size, w in weights.items():
+        if w <= 0 or size not in cand or size not in base or base[size] <= 0 or cand[size] <= 0:
+            continue
+        acc += w * math.log(cand[size] / base[size])
+        total += w
+    if total == 0:
+        return 0.0
+    return 100.0 * (math.exp(acc / total) - 1.0)
+
+
+def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, float]) -> float:
+    total = sum(w for s, w in weights.items() if s in base and w > 0)
+    if total == 0:
+        return 0.0
+    return sum(w * base[s].noise_pct for s, w in weights.items() if s in base and w > 0) / total
+
+
+@dataclass
+class Verdict:
+    gain_pct: float
+    threshold_pct: float
+    eligible: bool
+    regressions: list[tuple[int, float]] = field(default_factory=list)  # (size, ratio)
+    reason: str = ""
+
+
+def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights: Mapping[int, float], *,
+          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict:
+    """May this candidate be published instead of NCCL's defaults?"""
+    cm = {s: st.median for s, st in cand.items()}
+    bm = {s: st.median for s, st in base.items()}
+    gain = weighted_gain_pct(cm, bm, weights)
+    noise = weighted_noise_pct(base, weights)
+    threshold = max(min_gain_pct, noise)
+    regressions = []
+    for size, w in sorted(weights.items()):
+        if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
+            continue
+        ratio = cm[size] / bm[size]
+        slower_pct = 100.0 * (1.0 - ratio)
+        # A size only counts as slower when the gap is beyond the allowed regression *and* beyond
+        # what the defaults themselves vary by at that size: small messages vary by 15% and more.
+        if slower_pct > max_regression_pct and slower_pct > base[size].noise_pct + cand[size].noise_pct:
+            regressions.append((size, ratio))
+    missing = [s for s, w in weights.items() if w > 0 and s in bm and s not in cm]
+    if missing:
+        return Verdict(gain, threshold, False, regressions, f"no result at {len(missing)} size(s)")
+    if regressions:
+        worst = min(regressions, key=lambda r: r[1])
+        return Verdict(gain, threshold, False, regressions,
+                       f"{len(regressions)} size(s) slower than the defaults (worst {_fmt_size(worst[0])}: "
+                       f"x{worst[1]:.3f})")
+    if require_gain and gain <= threshold:
+        return Verdict(gain, threshold, False, regressions,
+                       f"gain {gain:+.2f}% is within the noise/minimum of {threshold:.2f}%")
+    return Verdict(gain, threshold, True, regressions, f"gain {gain:+.2f}% beats {threshold:.2f}%")
+
+
+def _fmt_size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B"
+
+
+fmt_size = _fmt_size

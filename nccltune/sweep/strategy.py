@@ -1,0 +1,196 @@
+"""Search strategies: staged (screen, combine, re-measure finalists) or the exhaustive grid.
+
+Both start with NCCL's defaults, repeated, to learn the run-to-run noise. Staged then measures
+each candidate value once, combines the best values of the variables that helped, and
+re-measures a few finalists with repeats, interleaved with more baseline runs so that drift
+over the sweep hits both sides alike. The caller supplies `measure(env, phase, label)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .plan import Plan, prune_channels
+from .select import SizeStats, Verdict, judge, size_stats, weighted_gain_pct
+
+log = logging.getLogger(__name__)
+
+Env = dict[str, str]
+# measure(env, phase, label) -> (busbw per size, NCCL summary) or None when the trial failed
+Measure = Callable[[Env, str, str], "tuple[dict[int, float], dict[str, Any]] | None"]
+
+
+@dataclass
+class Settings:
+    baseline_repeats: int = 3
+    finalist_repeats: int = 3
+    max_finalists: int = 3
+    min_gain_pct: float = 1.0
+    max_regression_pct: float = 2.0
+    max_combine: int = 3
+    exhaustive: bool = False
+    max_grid: int = 400
+
+
+@dataclass
+class Finalist:
+    env: Env
+    label: str
+    runs: list[dict[int, float]] = field(default_factory=list)
+    stats: dict[int, SizeStats] = field(default_factory=dict)
+    verdict: Verdict | None = None
+
+
+@dataclass
+class SearchResult:
+    baseline_runs: list[dict[int, float]]
+    baseline: dict[int, SizeStats]
+    screened: list[tuple[Env, str, float | None]]  # env, label, gain (None = failed)
+    finalists: list[Finalist]
+    chosen: Finalist | None
+    topo_only: Finalist | None
+    weights: dict[int, float]
+    notes: list[str]
+
+
+def label_of(env: Mapping[str, str], base: Mapping[str, str]) -> str:
+    diff = {k: v for k, v in env.items() if base.get(k) != v}
+    return " ".join(f"{k}={v}" for k, v in sorted(diff.items())) or "defaults"
+
+
+class Search:
+    def __init__(self, plan: Plan, settings: Settings, measure: Measure, *, common: Env,
+                 weights: dict[int, float]) -> None:
+        """`common`: what every non-baseline candidate carries (NCCL_TOPO_FILE)."""
+        self.plan = plan
+        self.s = settings
+        self.measure = measure
+        self.common = dict(common)
+        self.weights = weights
+        self.notes: list[str] = []
+
+    def estimate_trials(self) -> int:
+        b = self.s.baseline_repeats
+        if self.s.exhaustive:
+            grid = 1
+            for vals in self.plan.variables.values():
+                grid *= len(vals) + 1
+            return b + grid + self.s.max_finalists * self.s.finalist_repeats + self.s.finalist_repeats
+        screen = self.plan.screening_count() + (1 if self.common else 0)
+        combine = min(self.s.max_combine, max(0, len(self.plan.variables) - 1))
+        finals = (self.s.max_finalists + 1) * self.s.finalist_repeats + self.s.finalist_repeats
+        return b + screen + combine + finals
+
+    def run(self) -> SearchResult:
+        base_runs: list[dict[int, float]] = []
+        for i in range(self.s.baseline_repeats):
+            got = self.measure({}, "baseline", f"defaults #{i + 1}")
+            if got is None:
+                continue
+            busbw, nccl = got
+            base_runs.append(busbw)
+            if i == 0:
+                dropped = prune_channels(self.plan, nccl.get("coll_channels"))
+                for d in dropped:
+                    log.info("pruned %s=%s: %s", d.name, d.value, d.reason)
+        if len(base_runs) < 1:
+            from ..errors import CheckFailed
+
+            raise CheckFailed("every run of NCCL's defaults failed; see the trial logs in the state directory")
+        baseline = size_stats(base_runs)
+        base_med = {s: st.median for s, st in baseline.items()}
+
+        screened: list[tuple[Env, str, float | None]] = []
+
+        def screen(env: Env) -> float | None:
+            label = label_of(env, {})
+            got = self.measure(env, "exhaustive" if self.s.exhaustive else "screen", label)
+            gain = weighted_gain_pct(got[0], base_med, self.weights) if got else None
+            screened.append((env, label, gain))
+            return gain
+
+        if self.common:
+            screen(dict(self.common))
+        if self.s.exhaustive:
+            names = list(self.plan.variables)
+            grid = list(itertools.product(*[[None, *self.plan.variables[n]] for n in names]))
+            if len(grid) > self.s.max_grid:
+                from ..errors import UsageError
+
+                raise UsageError(f"the exhaustive grid has {len(grid)} points (more than {self.s.max_grid}); "
+                                 "narrow sweep.variables or use the staged strategy")
+            for combo in grid:
+                env = dict(self.common)
+                env.update({n: v for n, v in zip(names, combo) if v is not None})
+                if env != self.common:
+                    screen(env)
+        else:
+            for name, value in self.plan.candidates():
+                screen({**self.common, name: value})
+            self._combine(screen, screened)
+
+        finalists = self._finalists(screened)
+        topo_only = next((f for f in finalists if f.env == self.common), None) if self.common else None
+        # Finalists and the defaults again, round-robin, so slow drift affects both alike.
+        for r in range(self.s.finalist_repeats):
+            for f in finalists:
+                got = self.measure(f.env, "final", f"{f.label} #{r + 1}")
+                if got:
+                    f.runs.append(got[0])
+            got = self.measure({}, "baseline", f"defaults #{len(base_runs) + 1}")
+            if got:
+                base_runs.append(got[0])
+        baseline = size_stats(base_runs)
+        chosen = None
+        for f in finalists:
+            if not f.runs:
+                continue
+            f.stats = size_stats(f.runs)
+            require_gain = f is not topo_only
+            f.verdict = judge(f.stats, baseline, self.weights, min_gain_pct=self.s.min_gain_pct,
+                              max_regression_pct=self.s.max_regression_pct, require_gain=require_gain)
+        eligible = [f for f in finalists if f.verdict and f.verdict.eligible and f is not topo_only]
+        if eligible:
+            chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
+        elif topo_only is not None and topo_only.verdict and topo_only.verdict.eligible:
+            chosen = topo_only
+        return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
+                            self.notes)
+
+    def _combine(self, screen: Callable[[Env], float | None], screened: list[tuple[Env, str, float | None]]) -> None:
+        """Greedy: start from the best single change, add the best value of each other helpful variable."""
+        best_per_var: dict[str, tuple[float, str]] = {}
+        for env, _label, gain in screened:
+            extra = {k: v for k, v in env.items() if k not in self.common}
+            if gain is None or len(extra) != 1 or gain <= 0:
+                continue
+            (name, value), = extra.items()
+            if name not in best_per_var or gain > best_per_var[name][0]:
+                best_per_var[name] = (gain, value)
+        ranked = sorted(best_per_var.items(), key=lambda kv: -kv[1][0])
+        if len(ranked) < 2:
+            return
+        current = {**self.common, ranked[0][0]: ranked[0][1][1]}
+        current_gain = ranked[0][1][0]
+        for name, (_gain, value) in ranked[1: 1 + self.s.max_combine]:
+            trial = {**current, name: value}
+            gain = screen(trial)
+            if gain is not None and gain > current_gain:
+                current, current_gain = trial, gain
+
+    def _finalists(self, screened: list[tuple[Env, str, float | None]]) -> list[Finalist]:
+        ranked = sorted((s for s in screened if s[2] is not None and s[0] != self.common),
+                        key=lambda s: -(s[2] or 0.0))
+        out: list[Finalist] = []
+        for env, label, gain in ranked:
+            if len(out) >= self.s.max_finalists:
+                break
+            if gain is not None and gain > 0 and all(f.env != env for f in out):
+                out.append(Finalist(env, label))
+        if self.common:
+            out.append(Finalist(dict(self.common), label_of(self.common, {})))
+        return out

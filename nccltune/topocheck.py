@@ -1,0 +1,105 @@
+"""`nccltune topo check XML`: does NCCL really load this topology file?
+
+Runs a small all-reduce over all local GPUs with NCCL_TOPO_FILE=XML, NCCL's INFO log on and
+NCCL_TOPO_DUMP_FILE set, then reports: whether NCCL opened and loaded the file, any WARN or
+"missing or faulty information" hints, the transports and graph NCCL chose, whether the result
+was correct, and how NCCL's own re-dump differs from the file. NCCL treats an unreadable file
+as absent (it silently auto-detects), which is why loading has to be checked in its own log.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bench.nccllog import parse_nccl_log
+from .bench.runner import Runner, find_worker_python
+from .errors import UnavailableError
+from .hw.nvml import read_nvml
+from .topology.diff import TopoDiff, diff_trees
+from .topology.ncclxml import load_xml
+
+CHECK_SIZES = (1 << 20, 64 << 20)
+
+
+@dataclass
+class TopoCheck:
+    xml: str
+    passed: bool
+    verdict: str
+    loaded: bool
+    open_error: str | None
+    hints: list[str]
+    warnings: list[str]
+    errors: list[str]
+    transports: dict[str, int]
+    graphs: list[dict[str, Any]]
+    algo_proto: dict[str, str]
+    correct: bool | None
+    busbw_gbps: dict[int, float]
+    trial_status: str
+    trial_reason: str | None
+    nccl_version: str | None
+    dump: str | None
+    dump_diff: TopoDiff | None
+    log_dir: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: float = 180.0,
+                        keep_dump: Path | None = None, env: dict[str, str] | None = None) -> TopoCheck:
+    """Raises: InputError when the file is not valid for NCCL's parser (checked before running);
+    UnavailableError when there are no GPUs or no worker interpreter."""
+    ours = load_xml(xml)  # our own dialect check first: a clear message beats an NCCL crash
+    nvml = read_nvml()
+    if len(nvml.gpus) < 1:
+        raise UnavailableError("no GPU to run NCCL on")
+    work = Path(tempfile.mkdtemp(prefix="nccltune-topocheck-"))
+    dump = keep_dump or (work / "nccl-redump.xml")
+    base = dict(os.environ if env is None else env)
+    base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": str(dump.resolve())})
+    runner = Runner(python=find_worker_python(python), backend="nccl", nranks=max(2, len(nvml.gpus)),
+                    base_env=base, work_dir=work, timeout_s=timeout_s)
+    if len(nvml.gpus) < 2:
+        raise UnavailableError("topo check needs at least two GPUs for an all-reduce")
+    result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
+    text = "".join(p.read_text(errors="replace") for p in sorted(Path(result.log_dir or work).glob("nccl.*.log")))
+    log = parse_nccl_log(text)
+    dump_diff = None
+    if dump.exists():
+        try:
+            dump_diff = diff_trees(ours.system, load_xml(dump).system)
+        except Exception as exc:  # noqa: BLE001 - a bad re-dump is reported, not fatal
+            dump_diff = TopoDiff(changed=[f"NCCL's re-dump could not be read: {exc}"])
+    loaded = bool(log.topo_loaded) and not log.topo_open_error
+    correct = None if not result.sizes else all(s.correct for s in result.sizes)
+    if log.topo_open_error:
+        passed, verdict = False, f"NCCL ignored the file: could not open it ({log.topo_open_error})"
+    elif log.errors or result.status in ("crashed", "error") and not loaded:
+        passed, verdict = False, f"NCCL rejected the file: {(log.errors or [result.reason or result.status])[0]}"
+    elif not loaded:
+        passed, verdict = False, "NCCL did not say it loaded the file (no 'Loading topology file' line)"
+    elif result.status != "ok":
+        passed, verdict = False, f"NCCL loaded the file but the all-reduce failed: {result.reason}"
+    elif correct is False:
+        passed, verdict = False, "NCCL loaded the file but the all-reduce result was wrong"
+    else:
+        passed, verdict = True, "NCCL loaded the file and the all-reduce was correct"
+    check = TopoCheck(
+        xml=str(xml), passed=passed, verdict=verdict, loaded=loaded, open_error=log.topo_open_error,
+        hints=list(log.topo_hints), warnings=list(log.warnings), errors=list(log.errors),
+        transports=dict(log.transports),
+        graphs=[{"pattern": g.pattern, "nchannels": g.nchannels, "bw_intra": g.bw_intra,
+                 "type_intra": g.type_intra, "type_inter": g.type_inter} for g in log.graphs],
+        algo_proto={str(t.size_bytes): f"{t.algo}/{t.proto}" for t in log.tuning if t.func.lower() == "allreduce"},
+        correct=correct, busbw_gbps={s.size_bytes: s.busbw_gbps for s in result.sizes},
+        trial_status=result.status, trial_reason=result.reason, nccl_version=log.version,
+        dump=str(dump) if dump.exists() else None, dump_diff=dump_diff, log_dir=result.log_dir)
+    if check.hints:
+        check.notes.append("NCCL found missing or faulty information in the file (see hints)")
+    if dump_diff is not None and not dump_diff.same:
+        check.notes.append("NCCL's re-dump differs from the file beyond attributes NCCL fills in itself")
+    return check

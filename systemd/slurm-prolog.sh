@@ -1,0 +1,92 @@
+#!/bin/sh
+# nccltune Slurm TaskProlog: hands the NCCL settings that nccltune published for this node
+# (/var/lib/nccltune/nccl.env) to every task of every job step.
+#
+# Install on each compute node:
+#   install -m 0755 systemd/slurm-prolog.sh /etc/slurm/nccltune-task-prolog.sh
+# and in slurm.conf:
+#   TaskProlog=/etc/slurm/nccltune-task-prolog.sh
+# slurm.conf takes a single TaskProlog; if there is one already, run this script from it and
+# pass its stdout through. A path given as the first argument replaces the default file.
+#
+# Protocol (slurm.conf(5), TaskProlog): slurmstepd runs this as the job's user before each task
+# and applies every stdout line "export NAME=value" to the task's environment, taking the value
+# literally (no shell expansion, no quote removal). So only lines of the form
+#   (NCCL|TORCH_NCCL|NCCLTUNE)_NAME=value   with value in [A-Za-z0-9_./:,=+^@%-]
+# are passed on, and the file is never sourced or evaluated: a line such as
+# NCCL_X=$(cmd) is skipped, not run. The file must be a regular file owned by root and writable
+# by nobody else, in a directory only root can change; otherwise nothing is exported.
+# Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
+
+nccltune_prog=nccltune-task-prolog
+nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
+# Names and values that Slurm passes through unchanged and that no shell would expand.
+nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
+
+nccltune_warn() {
+    printf '%s: not using %s: %s\n' "$nccltune_prog" "$nccltune_env_file" "$1" >&2
+}
+
+# nccltune_mode_ok WHAT MODE UID: 0 when MODE and UID (fields of `ls -ldn`) say that only root
+# may change WHAT (file or directory); otherwise says why. A sticky directory such as /tmp is
+# accepted even if others may write to it: they cannot rename or delete root's file in it.
+nccltune_mode_ok() {
+    if [ "$3" != 0 ]; then
+        nccltune_warn "the $1 is owned by uid $3, not root"
+        return 1
+    fi
+    case $2 in
+        ??????????+*) nccltune_warn "the $1 has an ACL ($2) that may grant write access (see getfacl)"; return 1 ;;
+        ?????????[tT]*) [ "$1" = directory ] && return 0 ;;
+    esac
+    case $2 in
+        ?????w*) nccltune_warn "the $1 is group-writable ($2)"; return 1 ;;
+        ????????w*) nccltune_warn "the $1 is world-writable ($2)"; return 1 ;;
+    esac
+    return 0
+}
+
+# nccltune_trusted FILE: 0 when FILE is a regular root-owned file that only root may change.
+# `ls -ldn` is used because stat(1) options differ between GNU, BSD and busybox.
+nccltune_trusted() {
+    nccltune_meta=$(LC_ALL=C ls -ldn -- "$1" 2>/dev/null) || {
+        nccltune_warn "cannot stat it"
+        return 1
+    }
+    read -r nccltune_mode nccltune_links nccltune_uid nccltune_rest <<EOF_META
+$nccltune_meta
+EOF_META
+    case $nccltune_mode in
+        -*) ;;
+        *) nccltune_warn "it is not a regular file ($nccltune_mode); symlinks are not followed"; return 1 ;;
+    esac
+    nccltune_mode_ok file "$nccltune_mode" "$nccltune_uid" || return 1
+    nccltune_dir=$(dirname -- "$1")
+    nccltune_meta=$(LC_ALL=C ls -ldn -- "$nccltune_dir/." 2>/dev/null) || {
+        nccltune_warn "cannot stat its directory $nccltune_dir"
+        return 1
+    }
+    read -r nccltune_mode nccltune_links nccltune_uid nccltune_rest <<EOF_META
+$nccltune_meta
+EOF_META
+    nccltune_mode_ok directory "$nccltune_mode" "$nccltune_uid"
+}
+
+if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
+    if ! nccltune_trusted "$nccltune_env_file"; then
+        :
+    elif [ ! -r "$nccltune_env_file" ]; then
+        nccltune_warn "it is not readable by uid $(id -u)"
+    else
+        # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
+        LC_ALL=C grep -E -e "$nccltune_valid" -- "$nccltune_env_file" | LC_ALL=C sed 's/^/export /'
+        nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' \
+            -- "$nccltune_env_file")
+        if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
+            printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
+                "$nccltune_prog" "$nccltune_env_file" "$nccltune_skipped" >&2
+        fi
+    fi
+fi
+
+exit 0

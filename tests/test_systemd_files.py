@@ -1,0 +1,302 @@
+"""The systemd units (systemd-analyze verify), the torchrun wrapper and the Slurm TaskProlog."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK_UNITS = REPO / ".ci" / "check-units"
+WRAPPER = REPO / "systemd" / "nccltune-torchrun"
+PROLOG = REPO / "systemd" / "slurm-prolog.sh"
+
+IS_ROOT = os.geteuid() == 0
+# A root-owned file can only be made by root; without it the scripts (rightly) refuse everything.
+requires_root = pytest.mark.skipif(not IS_ROOT, reason="needs root to own the env file")
+HAS_ANALYZE = shutil.which("systemd-analyze") is not None or os.access("/usr/bin/systemd-analyze", os.X_OK)
+
+
+def _shells() -> list[list[str]]:
+    """POSIX shells to run the scripts with: /bin/sh plus the others found, once each."""
+    found: dict[str, list[str]] = {}
+    for argv in (["/bin/sh"], ["dash"], ["bash", "--posix"], ["busybox", "sh"]):
+        exe = shutil.which(argv[0])
+        if exe is None:
+            continue
+        key = os.path.realpath(exe) + " ".join(argv[1:])
+        found.setdefault(key, [exe, *argv[1:]])
+    return list(found.values())
+
+
+SHELLS = pytest.mark.parametrize("shell", _shells(), ids=lambda argv: " ".join(map(os.path.basename, argv)))
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
+    env.update(extra)
+    return env
+
+
+# --- unit files ---------------------------------------------------------------------------------
+
+
+def test_scripts_are_executable() -> None:
+    for path in (CHECK_UNITS, WRAPPER, PROLOG):
+        assert path.stat().st_mode & stat.S_IXUSR, f"{path} is not executable"
+
+
+@pytest.mark.skipif(not HAS_ANALYZE, reason="systemd-analyze is not installed")
+def test_check_units_passes() -> None:
+    proc = subprocess.run([str(CHECK_UNITS)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok (2 units" in proc.stdout
+    assert proc.stderr == ""
+
+
+@pytest.mark.skipif(not HAS_ANALYZE, reason="systemd-analyze is not installed")
+def test_check_units_fails_on_a_mere_warning(tmp_path: Path) -> None:
+    unit = tmp_path / "nccltune.service"
+    text = (REPO / "systemd" / "nccltune.service").read_text()
+    assert "\nLockPersonality=yes\n" in text
+    unit.write_text(text.replace("\nLockPersonality=yes\n", "\nLockPersonalty=yes\n"))
+    proc = subprocess.run([str(CHECK_UNITS), str(unit)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "LockPersonalty" in proc.stderr
+    assert str(unit) in proc.stderr
+
+
+def test_units_keep_devices_visible() -> None:
+    for name in ("nccltune.service", "nccltune-sweep.service"):
+        settings = [
+            line.split("=", 1)[0]
+            for line in (REPO / "systemd" / name).read_text().splitlines()
+            if line and not line.startswith("#")
+        ]
+        for hiding in ("PrivateDevices", "DevicePolicy", "ProtectKernelModules", "Nice", "IOSchedulingClass"):
+            assert hiding not in settings, f"{name} sets {hiding}"
+
+
+# --- nccltune-torchrun --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_torchrun(tmp_path: Path) -> Path:
+    """A `torchrun` that prints its arguments and the NCCL variables it was given."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "torchrun"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do printf \'ARG:%s\\n\' "$a"; done\n'
+        "env | grep -E '^(NCCL|TORCH_NCCL)_' | LC_ALL=C sort\n"
+    )
+    script.chmod(0o755)
+    return bindir
+
+
+@pytest.fixture
+def env_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    return d
+
+
+def run_wrapper(shell: list[str], bindir: Path, env_file: Path) -> subprocess.CompletedProcess[str]:
+    env = clean_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", NCCLTUNE_ENV_FILE=str(env_file))
+    return subprocess.run(
+        [*shell, str(WRAPPER), "--nproc-per-node", "8", "train.py", "--name", "two words"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+GOOD_SH = "export NCCL_ALGO=Ring\nexport NCCL_IB_HCA='^mlx5_2'\nexport TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n"
+ARGS = "ARG:--nproc-per-node\nARG:8\nARG:train.py\nARG:--name\nARG:two words\n"
+
+
+@requires_root
+@SHELLS
+def test_wrapper_sources_trusted_file(shell: list[str], fake_torchrun: Path, env_dir: Path) -> None:
+    env_file = env_dir / "nccl.sh"
+    env_file.write_text(GOOD_SH)
+    env_file.chmod(0o644)
+    proc = run_wrapper(shell, fake_torchrun, env_file)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout == ARGS + "NCCL_ALGO=Ring\nNCCL_IB_HCA=^mlx5_2\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n"
+
+
+@requires_root
+@SHELLS
+@pytest.mark.parametrize(
+    ("file_mode", "dir_mode", "why"),
+    [
+        (0o664, 0o755, "the file is group-writable"),
+        (0o646, 0o755, "the file is world-writable"),
+        (0o644, 0o775, "the directory is group-writable"),
+        (0o644, 0o757, "the directory is world-writable"),
+    ],
+)
+def test_wrapper_refuses_writable_file(
+    shell: list[str], fake_torchrun: Path, env_dir: Path, file_mode: int, dir_mode: int, why: str
+) -> None:
+    env_file = env_dir / "nccl.sh"
+    env_file.write_text(GOOD_SH)
+    env_file.chmod(file_mode)
+    env_dir.chmod(dir_mode)
+    proc = run_wrapper(shell, fake_torchrun, env_file)
+    # Still launched, without the settings, and saying why.
+    assert proc.returncode == 0
+    assert proc.stdout == ARGS
+    assert f"not using {env_file}: {why}" in proc.stderr
+
+
+@requires_root
+def test_wrapper_accepts_sticky_directory(fake_torchrun: Path, env_dir: Path) -> None:
+    env_file = env_dir / "nccl.sh"
+    env_file.write_text(GOOD_SH)
+    env_dir.chmod(0o1777)
+    proc = run_wrapper(["/bin/sh"], fake_torchrun, env_file)
+    assert "NCCL_ALGO=Ring" in proc.stdout, proc.stderr
+
+
+@SHELLS
+def test_wrapper_refuses_file_not_owned_by_root(shell: list[str], fake_torchrun: Path, env_dir: Path) -> None:
+    env_file = env_dir / "nccl.sh"
+    env_file.write_text(GOOD_SH)
+    if IS_ROOT:
+        os.chown(env_file, 65534, 65534)
+    proc = run_wrapper(shell, fake_torchrun, env_file)
+    assert proc.returncode == 0
+    assert proc.stdout == ARGS
+    assert "not root" in proc.stderr
+
+
+@requires_root
+def test_wrapper_refuses_symlink(fake_torchrun: Path, env_dir: Path) -> None:
+    target = env_dir / "real.sh"
+    target.write_text(GOOD_SH)
+    (env_dir / "nccl.sh").symlink_to(target)
+    proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "nccl.sh")
+    assert proc.stdout == ARGS
+    assert "not a regular file" in proc.stderr
+
+
+@requires_root
+def test_wrapper_does_not_half_apply_broken_file(fake_torchrun: Path, env_dir: Path) -> None:
+    env_file = env_dir / "nccl.sh"
+    env_file.write_text(GOOD_SH + "if then\n")
+    proc = run_wrapper(["/bin/sh"], fake_torchrun, env_file)
+    assert proc.returncode == 0
+    assert proc.stdout == ARGS
+    assert "not valid sh" in proc.stderr
+
+
+def test_wrapper_without_file_just_runs_torchrun(fake_torchrun: Path, env_dir: Path) -> None:
+    proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "absent.sh")
+    assert proc.returncode == 0
+    assert proc.stdout == ARGS
+    assert proc.stderr == ""
+
+
+def test_wrapper_passes_torchrun_exit_status(tmp_path: Path, env_dir: Path) -> None:
+    bindir = tmp_path / "failbin"
+    bindir.mkdir()
+    (bindir / "torchrun").write_text("#!/bin/sh\nexit 7\n")
+    (bindir / "torchrun").chmod(0o755)
+    assert run_wrapper(["/bin/sh"], bindir, env_dir / "absent.sh").returncode == 7
+
+
+# --- Slurm TaskProlog ---------------------------------------------------------------------------
+
+
+def run_prolog(shell: list[str], env_file: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*shell, str(PROLOG), str(env_file)], capture_output=True, text=True, env=clean_env(), timeout=60
+    )
+
+
+@requires_root
+@SHELLS
+def test_prolog_prints_only_valid_lines_and_runs_nothing(shell: list[str], env_dir: Path) -> None:
+    marker = env_dir.parent / "pwned"
+    env_file = env_dir / "nccl.env"
+    hostile = [
+        f"NCCL_X=$(touch {marker})",
+        f"NCCL_Y=`touch {marker}`",
+        f"NCCL_Z=1;touch {marker}",
+        f"NCCL_W=1 && touch {marker}",
+        f"NCCL_V=1\ttouch {marker}",
+        f'NCCL_Q="$(touch {marker})"',
+        "NCCL_CR=1\r",
+        "LD_PRELOAD=/tmp/evil.so",
+        "PATH=/tmp/evil",
+        "nccl_lower=1",
+        "NCCL_lower=1",
+        "NCCL_EMPTY=",
+        "export NCCL_EXPORTED=1",
+        " NCCL_INDENTED=1",
+        "NCCL_=1",
+    ]
+    env_file.write_text(
+        "# published by nccltune\n"
+        "NCCL_ALGO=Ring\n"
+        + "\n".join(hostile[:4])
+        + "\n\nNCCL_IB_HCA=^mlx5_2,mlx5_0:1\n"
+        + "\n".join(hostile[4:])
+        + "\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n"
+        "NCCL_TOPO_FILE=/var/lib/nccltune/ncclTopology.xml\n"
+        "NCCLTUNE_PROFILE=llm-training\n"
+        "NCCL_DEBUG_SUBSYS=INIT,ENV\n"
+        "NCCL_SOCKET_IFNAME=%eth0,=ib0,+eth1@x"  # no final newline
+    )
+    env_file.chmod(0o644)
+    proc = run_prolog(shell, env_file)
+    assert proc.returncode == 0
+    assert proc.stdout == (
+        "export NCCL_ALGO=Ring\n"
+        "export NCCL_IB_HCA=^mlx5_2,mlx5_0:1\n"
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n"
+        "export NCCL_TOPO_FILE=/var/lib/nccltune/ncclTopology.xml\n"
+        "export NCCLTUNE_PROFILE=llm-training\n"
+        "export NCCL_DEBUG_SUBSYS=INIT,ENV\n"
+        "export NCCL_SOCKET_IFNAME=%eth0,=ib0,+eth1@x\n"
+    )
+    assert f"skipped {len(hostile)} line(s)" in proc.stderr
+    assert not marker.exists()
+
+
+@requires_root
+@SHELLS
+def test_prolog_refuses_group_writable_file(shell: list[str], env_dir: Path) -> None:
+    env_file = env_dir / "nccl.env"
+    env_file.write_text("NCCL_ALGO=Ring\n")
+    env_file.chmod(0o664)
+    proc = run_prolog(shell, env_file)
+    assert proc.returncode == 0
+    assert proc.stdout == ""
+    assert "group-writable" in proc.stderr
+
+
+def test_prolog_refuses_file_not_owned_by_root(env_dir: Path) -> None:
+    env_file = env_dir / "nccl.env"
+    env_file.write_text("NCCL_ALGO=Ring\n")
+    if IS_ROOT:
+        os.chown(env_file, 65534, 65534)
+    proc = run_prolog(["/bin/sh"], env_file)
+    assert proc.returncode == 0
+    assert proc.stdout == ""
+    assert "not root" in proc.stderr
+
+
+def test_prolog_without_file_is_silent(env_dir: Path) -> None:
+    proc = run_prolog(["/bin/sh"], env_dir / "absent.env")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
