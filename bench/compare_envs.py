@@ -50,6 +50,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-debug", action="store_true", help="run without NCCL_DEBUG=INFO")
+    ap.add_argument("--timing-modes", action="store_true",
+                    help="also measure the defaults without prequeueing and without NCCL's INFO log")
     ap.add_argument("--json", metavar="OUT", help="write all numbers here")
     args = ap.parse_args()
 
@@ -71,9 +73,18 @@ def main() -> int:
     walls: dict[str, list[float]] = {label: [] for label, _ in settings}
     algo: dict[str, dict[int, str]] = {label: {} for label, _ in settings}
     t0 = time.monotonic()
+    modes = {label: (True, not args.no_debug) for label, _ in settings}
+    if args.timing_modes:
+        for label, prequeue, debug in (("defaults, no prequeue", False, True),
+                                       ("defaults, no INFO log", True, False),
+                                       ("defaults, neither", False, False)):
+            settings.append((label, {}))
+            modes[label] = (prequeue, debug)
+            runs[label], walls[label], algo[label] = [], [], {}
     for r in range(args.repeats):
         for label, env in settings:
-            res = runner.run(env, sizes, warmup=args.warmup, iters=args.iters)
+            runner.nccl_debug = modes[label][1]
+            res = runner.run(env, sizes, warmup=args.warmup, iters=args.iters, prequeue=modes[label][0])
             if not res.ok:
                 print(f"{label} #{r + 1}: {res.status} {res.reason}", file=sys.stderr)
                 continue

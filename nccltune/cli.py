@@ -93,6 +93,37 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
     hist.add_argument("--json", action="store_true")
 
+    dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
+    _common(dm)
+    dm.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                    help="the same service loop on the CPU over a recorded topology")
+    dm.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
+    dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
+
+    doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
+    _common(doc)
+    doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
+    doc.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="judge the bundled (or given) snapshot, for machines without GPUs")
+    doc.add_argument("--json", action="store_true")
+
+    ver = sub.add_parser("verify", help="quick all-reduce with the published environment against the baseline")
+    _common(ver)
+    ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
+    ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
+    ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
+    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT")
+    ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
+    ver.add_argument("--python", metavar="PY")
+    ver.add_argument("--json", action="store_true")
+
+    ins = sub.add_parser("install", help="install the systemd units and enable the service")
+    _common(ins)
+    ins.add_argument("--prefix", default="/", metavar="DIR", help="install below DIR (for images and tests)")
+    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl enable/daemon-reload")
+    ins.add_argument("--binary", metavar="PATH", help="nccltune executable for ExecStart (default: this one)")
+
     rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _common(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
@@ -412,3 +443,67 @@ _HANDLERS.update({
     "history": cmd_history,
     "report": cmd_report,
 })
+
+
+# -- the service and its checks ----------------------------------------------------------------------
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from .daemon import Daemon, DaemonOptions
+
+    overrides: dict[str, object] = {}
+    if args.state_dir:
+        overrides["state_dir"] = str(Path(args.state_dir).resolve())
+    elif args.demo:
+        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+    opts = DaemonOptions(config_path=Path(args.config) if args.config else None, overrides=overrides,
+                         demo=args.demo, python=args.python, max_polls=args.max_polls,
+                         poll_interval_s=args.poll_interval)
+    if args.verbose == 0:
+        _setup_logging(1)  # a service logs what it does
+    return Daemon(opts).run()
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import default_conf_files, diagnose
+    from .render import doctor_doc, doctor_text
+    from .topology.paths import compute_paths
+    from .topology.source import load_topology, resolve_snapshot
+
+    cfg = load_cfg(args, demo=bool(args.demo))
+    source = args.input or (str(resolve_snapshot(args.demo if isinstance(args.demo, str) else None))
+                            if args.demo else cfg.topology.snapshot)
+    topo = load_topology(source)
+    findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
+                        conf_files=default_conf_files(os.environ))
+    out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
+    return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def dumps_doc(doc: dict[str, object]) -> str:
+    from .render import dumps
+
+    return dumps(doc)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .render import verify_doc, verify_text
+    from .verify import run_verify
+
+    cfg = load_cfg(args, demo=bool(args.demo))
+    result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
+                        threshold_pct=args.threshold, python=args.python, force=args.force)
+    out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
+    return EXIT_OK if result.passed else 1
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from .install import install_units
+
+    done = install_units(Path(args.prefix), binary=args.binary, enable=not args.no_enable)
+    for line in done:
+        out(line)
+    return EXIT_OK
+
+
+_HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install})

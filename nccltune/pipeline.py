@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .bench.runner import Runner, TrialResult, find_worker_python
+from .bench.runner import Runner, TrialAborted, TrialResult, find_worker_python
 from .config import Config, config_to_dict
 from .errors import BusyError, InputError, UnavailableError, UsageError
 from .hw.types import Snapshot
@@ -285,7 +285,7 @@ class SweepPipeline:
                 failed.append((label, result.reason or result.status))
                 log.warning("trial %d (%s) failed: %s", seq[0], label, result.reason)
                 return None
-            key = label_of(env, {})
+            key = label_of(env)
             nccl_info.setdefault(key, {}).update(
                 {str(s.size_bytes): [s.algo, s.proto] for s in result.sizes if s.algo})
             return result.busbw(), result.nccl
@@ -306,7 +306,8 @@ class SweepPipeline:
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 topology_fingerprint=fingerprint, nccl_version=versions["nccl"], backend=node.backend,
                 demo=node.demo, profile=self.profile, gains=gains,
-                note=(DEMO_LABEL if node.demo else None))
+                note=(DEMO_LABEL if node.demo else None),
+                tuning_fingerprint=tuning_fingerprint(cfg, fingerprint, versions["nccl"], node.demo))
             if "NCCL_TOPO_FILE" in chosen_env:
                 atomic_write(cfg.topology_file, xml_text)
             published = publish(cfg.publish_dir, publish_env, prov)
@@ -320,7 +321,7 @@ class SweepPipeline:
                                       "trials": seq[0], "failed": failed, "plan_pruned": len(plan.pruned)})
         except BaseException as exc:
             runner.kill()
-            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
+            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted)) else "failed"
             store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__,
                                                              "trials": seq[0]})
             raise
@@ -336,7 +337,7 @@ def report_rows(result: SearchResult, chosen: Finalist | None,
                 nccl_info: Mapping[str, Mapping[str, list[str | None]]]) -> list[dict[str, Any]]:
     rows = []
     tuned = chosen.stats if chosen else {}
-    chosen_key = label_of(chosen.env, {}) if chosen else "defaults"
+    chosen_key = label_of(chosen.env) if chosen else "defaults"
     for size, base in sorted(result.baseline.items()):
         t = tuned.get(size)
         d_choice = nccl_info.get("defaults", {}).get(str(size))
@@ -362,3 +363,66 @@ def summarize(result: SearchResult, chosen: Finalist | None, demo: bool) -> str:
                 "nccltune's topology file (measured no slower than without it).")
     gain = f"{v.gain_pct:+.2f}% (threshold {v.threshold_pct:.2f}%)" if v else ""
     return prefix + f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."
+
+
+def tuning_fingerprint(cfg: Config, topology_fp: str, nccl_version: str | None, demo: bool) -> str:
+    """Everything a published tuning depends on: when it changes, the daemon re-tunes."""
+    import hashlib
+    import json
+
+    s = cfg.sweep
+    facts = {
+        "topology": topology_fp, "nccl": nccl_version, "nccltune": __version__, "demo": demo,
+        "profile": s.profile, "profiles": {k: {str(a): b for a, b in v.items()} for k, v in s.profiles.items()},
+        "variables": s.variables, "pin": s.pin, "unpin": s.unpin, "exclude": s.exclude,
+        "min_gain_pct": s.min_gain_pct, "max_regression_pct": s.max_regression_pct,
+        "async_error_handling": s.async_error_handling,
+        "sizes": [cfg.bench.min_bytes, cfg.bench.max_bytes, cfg.bench.factor],
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_PROBE = r"""
+import json, os
+info = {"torch_version": None, "nccl_version": None, "nccl_lib": None}
+try:
+    import torch
+    info["torch_version"] = torch.__version__
+    try:
+        v = torch.cuda.nccl.version()
+        info["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:
+        pass
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libnccl" in line:
+                info["nccl_lib"] = line.split()[-1]
+                break
+except ImportError as exc:
+    info["error"] = str(exc)
+print(json.dumps(info))
+"""
+
+
+def probe_nccl(python: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """torch and NCCL versions (and NCCL's library file) as the worker interpreter sees them.
+
+    Runs in a child interpreter: the daemon itself never imports torch.
+    """
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
+                             stdin=subprocess.DEVNULL)
+        info: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"error": str(exc)}
+    lib = info.get("nccl_lib")
+    if lib:
+        try:
+            st = os.stat(lib)
+            info["nccl_lib_stat"] = [st.st_size, int(st.st_mtime)]
+        except OSError:
+            pass
+    return info

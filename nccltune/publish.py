@@ -133,6 +133,11 @@ class Provenance:
     profile: str | None
     gains: Mapping[str, float] = field(default_factory=dict)
     note: str | None = None
+    # Hash of everything a tuning depends on besides the topology (NCCL version, nccltune version,
+    # sweep settings): the daemon re-tunes when it no longer matches.
+    tuning_fingerprint: str | None = None
+    # "tuned" after a sweep; "safe" when republished without tuned values (topology changed).
+    state: str = "tuned"
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,7 @@ def _check_provenance(prov: Provenance) -> None:
     for key in ("nccltune_version", "created_at", "topology_fingerprint", "backend"):
         if not isinstance(getattr(prov, key), str):
             raise InputError("provenance", f"{key}: {getattr(prov, key)!r} is not a string")
-    for key in ("nccl_version", "profile", "note"):
+    for key in ("nccl_version", "profile", "note", "tuning_fingerprint"):
         value = getattr(prov, key)
         if value is not None and not isinstance(value, str):
             raise InputError("provenance", f"{key}: {value!r} is neither a string nor null")
@@ -261,6 +266,9 @@ def _header_lines(prov: Provenance, generation: int | None = None, *, nccl_conf:
     ]
     if prov.note is not None:
         fields.append(("note", prov.note))
+    if prov.tuning_fingerprint is not None:
+        fields.append(("tuning_fingerprint", prov.tuning_fingerprint))
+    fields.append(("state", prov.state))
     if generation is not None:
         fields.append(("generation", str(generation)))
     lines.extend(f"# {key}: {hv(value)}" for key, value in fields)
@@ -278,6 +286,8 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
         "profile": prov.profile,
         "gains": {label: float(ratio) for label, ratio in prov.gains.items()},
         "note": prov.note,
+        "tuning_fingerprint": prov.tuning_fingerprint,
+        "state": prov.state,
     }
     if generation is not None:
         doc["generation"] = generation

@@ -244,7 +244,8 @@ def provenance_from_dict(doc: dict[str, Any]) -> Any:
         nccltune_version=str(doc.get("nccltune_version", "?")), created_at=str(doc.get("created_at", "?")),
         topology_fingerprint=str(doc.get("topology_fingerprint", "?")), nccl_version=doc.get("nccl_version"),
         backend=str(doc.get("backend", "?")), demo=bool(doc.get("demo", False)), profile=doc.get("profile"),
-        gains=dict(doc.get("gains") or {}), note=doc.get("note"))
+        gains=dict(doc.get("gains") or {}), note=doc.get("note"),
+        tuning_fingerprint=doc.get("tuning_fingerprint"), state=str(doc.get("state", "tuned")))
 
 
 def _run_dict(run: Any) -> dict[str, Any]:
@@ -343,4 +344,46 @@ def topocheck_text(check: Any) -> str:
     lines.extend(f"Note: {n}" for n in check.notes)
     if check.log_dir:
         lines.append(f"NCCL logs: {check.log_dir}")
+    return "\n".join(lines)
+
+
+def doctor_doc(topo: Topology, findings: list[Any]) -> dict[str, Any]:
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    return {"kind": "doctor", "source": topo.source, "counts": counts,
+            "findings": [{"severity": f.severity, "code": f.code, "message": f.message, "fix": f.fix}
+                         for f in findings]}
+
+
+def doctor_text(topo: Topology, findings: list[Any]) -> str:
+    if not findings:
+        return f"No problems found ({topo.source})."
+    lines = []
+    for f in findings:
+        lines.append(f"{f.severity.upper():7} [{f.code}] {f.message}")
+        lines.append(f"        fix: {f.fix}")
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s) "
+                 f"({topo.source})")
+    return "\n".join(lines)
+
+
+def verify_doc(r: Any) -> dict[str, Any]:
+    return {"kind": "verify", "passed": r.passed, "reason": r.reason, "demo": r.demo,
+            "label": DEMO_BANNER if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
+            "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
+            "sizes": [vars(row) for row in r.rows]}
+
+
+def verify_text(r: Any) -> str:
+    lines = []
+    if r.demo:
+        lines.append(f"*** {DEMO_BANNER} ***")
+    lines.append(f"{'PASS' if r.passed else 'FAIL'}: {r.reason}")
+    lines.append(f"Environment: {r.env_source}; expected: {r.expectation}")
+    for row in r.rows:
+        meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
+        exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
+        drift = f"{row.drift_pct:+.1f}%" if row.drift_pct is not None else "-"
+        lines.append(f"  {_fmt_size(row.size_bytes):>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
+                     f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
     return "\n".join(lines)

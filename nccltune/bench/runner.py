@@ -9,6 +9,7 @@ processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -142,7 +143,7 @@ class Runner:
         return env
 
     def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
-            check: bool = True, label: str = "") -> TrialResult:
+            check: bool = True, label: str = "", prequeue: bool = True) -> TrialResult:
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +158,8 @@ class Runner:
                "--timeout-s", str(max(30.0, self.timeout_s))]
         if not check:
             cmd.append("--no-check")
+        if not prequeue:
+            cmd.append("--no-prequeue")
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         started = time.monotonic()
         self._procs = []
@@ -164,15 +167,12 @@ class Runner:
             for rank in range(self.nranks):
                 renv = dict(env, RANK=str(rank), WORLD_SIZE=str(self.nranks), LOCAL_RANK=str(rank),
                             LOCAL_WORLD_SIZE=str(self.nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                out = open(trial_dir / f"rank{rank}.out", "wb")
-                err = open(trial_dir / f"rank{rank}.err", "wb")
-                try:
+                # The child holds its own copies of these descriptors; ours close right away.
+                with open(trial_dir / f"rank{rank}.out", "wb") as out, \
+                        open(trial_dir / f"rank{rank}.err", "wb") as err:
                     self._procs.append(subprocess.Popen(
                         cmd, env=renv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                         start_new_session=True, cwd=trial_dir))
-                finally:
-                    out.close()
-                    err.close()
             status, reason = self._wait(started)
         except BaseException:
             self.kill()
@@ -213,10 +213,8 @@ class Runner:
         """Kill every rank's process group and reap them."""
         for p in self._procs:
             if p.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
         for p in self._procs:
             try:
                 p.wait(timeout=10)

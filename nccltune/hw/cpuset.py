@@ -58,7 +58,7 @@ def cpus_from_cpumask(text: str) -> list[int]:
         ValueError: the text is not a cpumask.
     """
     words = [w for w in text.strip().split(",")]
-    cpus = []
+    cpus: list[int] = []
     for i, word in enumerate(reversed(words)):
         value = int(word, 16)
         cpus.extend(i * 32 + b for b in range(32) if (value >> b) & 1)

@@ -9,6 +9,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable
@@ -69,7 +70,8 @@ class NvmlReader:
     """
 
     def __init__(self, binding: Any | None = None) -> None:
-        self._nvml = binding
+        # Any, not Any | None: read() loads the binding before any other method touches it.
+        self._nvml: Any = binding
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Call an NVML function, turning "no answer" errors into None."""
@@ -101,10 +103,8 @@ class NvmlReader:
         try:
             return self._read_initialised()
         finally:
-            try:
+            with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
-            except nvml.NVMLError:  # pragma: no cover
-                pass
 
     def _read_initialised(self) -> NvmlSnapshot:
         nvml = self._nvml

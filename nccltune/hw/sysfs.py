@@ -31,6 +31,14 @@ class SysfsReader:
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         self.root = Path(root)
 
+    def _is_live(self) -> bool:
+        """Whether the root is this node's own "/" (however it is spelled: "/.", a symlink).
+
+        Only then may the interpreter (platform.machine()) and the kernel's address list speak
+        for the tree; a fixture tree must be read from its files alone.
+        """
+        return os.path.realpath(self.root) == os.path.realpath("/")
+
     def _read(self, rel: str | Path) -> str | None:
         try:
             return (self.root / str(rel).lstrip("/")).read_text(errors="replace").strip()
@@ -152,7 +160,7 @@ class SysfsReader:
                 return None
 
         return CpuInfo(
-            arch=platform.machine() if str(self.root) == "/" else fields.get("arch", "x86_64"),
+            arch=platform.machine() if self._is_live() else _arch_from_cpuinfo(fields),
             vendor=fields.get("vendor_id"),
             family=as_int("cpu family"),
             model=as_int("model"),
@@ -220,7 +228,7 @@ class SysfsReader:
                 gdr=gdr,
             ))
         net = self.root / "sys/class/net"
-        addrs = _ipv4_interfaces() if str(self.root) == "/" else None
+        addrs = _ipv4_interfaces() if self._is_live() else None
         for name in sorted(os.listdir(net)) if net.is_dir() else []:
             if name.startswith(_SKIPPED_IFACES):
                 continue
@@ -236,6 +244,23 @@ class SysfsReader:
         return tuple(nics)
 
 
+def _arch_from_cpuinfo(fields: dict[str, str]) -> str:
+    """The machine architecture a recorded /proc/cpuinfo belongs to.
+
+    /proc/cpuinfo has no "arch" line; each architecture has its own keys instead: arm64 prints
+    "CPU architecture: 8", POWER prints "cpu : POWER9 ...", x86 prints "vendor_id" (as does
+    s390x, with "IBM/S390"). Without any of them the tree is taken to be x86_64, the default.
+    """
+    if "CPU architecture" in fields:
+        return "aarch64"
+    if fields.get("cpu", "").upper().startswith("POWER"):
+        return "ppc64le"
+    vendor = fields.get("vendor_id")
+    if vendor is not None:
+        return "s390x" if vendor.startswith("IBM/S390") else "x86_64"
+    return CpuInfo().arch
+
+
 def _ipv4_interfaces() -> set[str]:
     """Interfaces with an IPv4 address: NCCL's socket transport only picks those."""
     import socket
@@ -248,6 +273,8 @@ def _ipv4_interfaces() -> set[str]:
     }
 
 
-def read_sysfs(root: str | os.PathLike[str] = "/", gpu_bus_ids: list[str] | tuple[str, ...] = ()) -> SysfsSnapshot:
+def read_sysfs(
+    root: str | os.PathLike[str] = "/", gpu_bus_ids: list[str] | tuple[str, ...] = ()
+) -> SysfsSnapshot:
     """Read this node's sysfs below `root`. See SysfsReader."""
     return SysfsReader(root).read(gpu_bus_ids)

@@ -81,7 +81,7 @@ class Gpu:
         """Compute capability as NCCL writes it (major*10+minor, 90 for Hopper)."""
         if not self.compute_capability:
             return None
-        major, minor = (tuple(self.compute_capability) + (0,))[:2]
+        major, minor = (*self.compute_capability, 0)[:2]
         return major * 10 + minor
 
 
@@ -253,7 +253,8 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
                 kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SnapshotFormatError(where, f"missing key {f.name!r}")
-        return tp(**kwargs)
+        factory: Any = tp  # is_dataclass() narrows tp to an instance type mypy cannot call
+        return factory(**kwargs)
     if tp is bool:
         if not isinstance(data, bool):
             raise SnapshotFormatError(where, f"expected true/false, got {data!r}")

@@ -13,7 +13,7 @@ Channel values at or below the count NCCL already uses are dropped once the base
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..topology.model import Topology
@@ -115,10 +115,14 @@ def build_plan(
             if name in MANAGED:
                 continue
             tun = CATALOGUE.get(name)
-            warning = tun.validate(value) if tun else None
+            warning = tun.validate(value) if tun else (
+                "not a setting nccltune knows; passed to every trial unchanged")
             pinned[name] = Pinned(name, value, "environment", warning)
     for name, value in config_pins.items():
-        pinned[name] = Pinned(name, value, "config")
+        # `--unpin`/`sweep.unpin` promise to sweep a variable "although the environment or config
+        # sets it": a config pin is no stronger than an environment one.
+        if name not in unpin:
+            pinned[name] = Pinned(name, value, "config")
 
     plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
                 backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo))
@@ -149,8 +153,8 @@ def build_plan(
         if not values:
             continue
         if tunable.scope == "net":
-            pruned.append(Pruned(name, "*", "single-node sweep: all-reduce between local GPUs never crosses a "
-                                            "NIC, so network settings cannot change the result"))
+            pruned.append(Pruned(name, "*", "single-node sweep: all-reduce between local GPUs never crosses "
+                                            "a NIC, so network settings cannot change the result"))
             continue
         keep: list[str] = []
         for value in values:
@@ -200,21 +204,66 @@ def _prune_value(name: str, value: str, default: str | None, paths: PathMatrix, 
             return "NVLS needs sm90 or newer"
         return None
     if name == "NCCL_PROTO":
-        tokens = {t.strip().lstrip("^").lower() for part in value.split(";") for t in part.split(":")[-1].split(",")}
-        if "ll128" in tokens and not value.startswith("^") and not ll128:
+        # Any entry that names LL128 without `^` forces it, for whatever function it is scoped
+        # to, and the published value reaches every collective of the user's jobs.
+        forced = any(not excluded and "ll128" in tokens for _func, excluded, tokens in _list_entries(value))
+        if forced and not ll128:
             return ("NCCL would not enable LL128 on this topology; forcing it bypasses NCCL's checks "
                     "(data corruption where data transits the CPU)")
         return None
     if name == "NCCL_ALGO":
-        tokens = {t.strip().lstrip("^").lower() for part in value.split(";") for t in part.split(":")[-1].split(",")}
-        if tokens & {"nvls", "nvlstree"} and not (nvs and min_sm >= 90):
-            return "NVLS needs an NVSwitch and sm90"
-        if tokens & {"collnetdirect", "collnetchain"}:
-            return "CollNet needs a CollNet network plugin and several nodes"
-        if tokens == {"pat"}:
-            return "PAT never applies to all-reduce"
-        return None
+        return _prune_algo(value, nvs and min_sm >= 90)
     return None
+
+
+def _list_entries(value: str) -> list[tuple[str, bool, set[str]]]:
+    """NCCL_ALGO/NCCL_PROTO syntax `[^]a,b[;func:[^]a,b]...` as (function or "", excluded, tokens)."""
+    out = []
+    for entry in value.split(";"):
+        func, _sep, items = entry.rpartition(":")
+        items = items.strip()
+        excluded = items.startswith("^")
+        tokens = {t.strip().lower() for t in items.lstrip("^").split(",") if t.strip()}
+        out.append((func.strip().lower(), excluded, tokens))
+    return out
+
+
+def _prune_algo(value: str, nvls_ok: bool) -> str | None:
+    # All-reduce follows its own `allreduce:` entry (the last one replaces earlier ones), else the
+    # unscoped first entry (nccl-internals 4).
+    entries = _list_entries(value)
+    scoped = [e for e in entries if e[0] == "allreduce"]
+    unscoped = [e for e in entries if e[0] == ""]
+    effective = scoped[-1] if scoped else (unscoped[0] if unscoped else None)
+    if effective is None:
+        return "does not restrict all-reduce, so it measures the same as NCCL's default"
+    _func, excluded, tokens = effective
+    # What can run for a single-node all-reduce: NVLSTree is multi-node only, CollNet needs a
+    # CollNet plugin and several nodes, PAT never applies to all-reduce.
+    runnable = {"ring", "tree"} | ({"nvls"} if nvls_ok else set())
+    if excluded:
+        if not runnable - tokens:
+            return "leaves no algorithm that can run an all-reduce here (NCCL fails with ncclInvalidUsage)"
+        if not tokens & runnable:
+            return "excludes only algorithms that cannot run here: same as NCCL's default"
+        return None
+    if tokens & runnable:
+        return None
+    if tokens & {"nvls"}:
+        return "NVLS needs an NVSwitch and sm90"
+    if tokens & {"collnetdirect", "collnetchain"}:
+        return "CollNet needs a CollNet network plugin and several nodes"
+    if tokens & {"nvlstree"}:
+        return "NVLSTree runs only across nodes"
+    return "PAT never applies to all-reduce"
+
+
+def _at_or_below(limit: int) -> Callable[[str], bool]:
+    return lambda v: int(v) <= limit
+
+
+def _at_or_above(limit: int) -> Callable[[str], bool]:
+    return lambda v: int(v) >= limit
 
 
 def prune_channels(plan: Plan, coll_channels: int | None) -> list[Pruned]:
@@ -222,10 +271,11 @@ def prune_channels(plan: Plan, coll_channels: int | None) -> list[Pruned]:
     if not coll_channels:
         return []
     dropped: list[Pruned] = []
-    for name, test, why in (
-        ("NCCL_MIN_NCHANNELS", lambda v: int(v) <= coll_channels, "at or below"),
-        ("NCCL_MAX_NCHANNELS", lambda v: int(v) >= coll_channels, "at or above"),
-    ):
+    rules: tuple[tuple[str, Callable[[str], bool], str], ...] = (
+        ("NCCL_MIN_NCHANNELS", _at_or_below(coll_channels), "at or below"),
+        ("NCCL_MAX_NCHANNELS", _at_or_above(coll_channels), "at or above"),
+    )
+    for name, test, why in rules:
         values = plan.variables.get(name)
         if not values:
             continue

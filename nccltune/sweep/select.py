@@ -48,7 +48,8 @@ def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
     return out
 
 
-def profile_weights(name: str, sizes: Sequence[int], custom: Mapping[str, Mapping[int, float]]) -> dict[int, float]:
+def profile_weights(name: str, sizes: Sequence[int],
+                    custom: Mapping[str, Mapping[int, float]]) -> dict[int, float]:
     """Weights per size of the ladder for a named profile.
 
     Raises:
@@ -56,9 +57,9 @@ def profile_weights(name: str, sizes: Sequence[int], custom: Mapping[str, Mappin
     """
     if name in custom:
         weights = {s: 0.0 for s in sizes}
-        for size, w in custom[name].items():
+        for size, weight in custom[name].items():
             nearest = min(sizes, key=lambda s: abs(math.log(s) - math.log(size)))
-            weights[nearest] += float(w)
+            weights[nearest] += float(weight)
         return weights
     if name == "balanced":
         return {s: 1.0 for s in sizes}
@@ -71,7 +72,8 @@ def profile_weights(name: str, sizes: Sequence[int], custom: Mapping[str, Mappin
     raise KeyError(name)
 
 
-def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float], weights: Mapping[int, float]) -> float:
+def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float],
+                      weights: Mapping[int, float]) -> float:
     """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
     total = 0.0
     acc = 0.0
@@ -79,6 +81,27 @@ def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float], weig
         if w <= 0 or size not in cand or size not in base or base[size] <= 0 or cand[size] <= 0:
             continue
         acc += w * math.log(cand[size] / base[size])
+        total += w
+    if total == 0:
+        return 0.0
+    return 100.0 * (math.exp(acc / total) - 1.0)
+
+
+def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
+                       weights: Mapping[int, float]) -> float:
+    """Weighted gain of a single measurement, each size's change shrunk by that size's noise.
+
+    One run of a candidate against the baseline median: a difference no larger than twice the
+    defaults' own spread at that size counts as nothing, so noisy sizes cannot rank candidates.
+    """
+    total = 0.0
+    acc = 0.0
+    for size, w in weights.items():
+        if w <= 0 or size not in cand or size not in base or base[size].median <= 0 or cand[size] <= 0:
+            continue
+        x = math.log(cand[size] / base[size].median)
+        margin = 2.0 * base[size].noise_pct / 100.0
+        acc += w * math.copysign(max(0.0, abs(x) - margin), x)
         total += w
     if total == 0:
         return 0.0

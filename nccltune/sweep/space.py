@@ -56,7 +56,8 @@ def _check_list(names: tuple[str, ...], what: str) -> Callable[[str], str | None
             items = items[1:] if items.startswith("^") else items
             for token in items.split(","):
                 if token.strip().lower() not in names:
-                    return f"{value!r}: unknown {what} {token!r}; NCCL fails to initialise (one of {', '.join(names)})"
+                    return (f"{value!r}: unknown {what} {token!r}; NCCL fails to initialise "
+                            f"(one of {', '.join(names)})")
         return None
 
     return check
@@ -107,7 +108,8 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
     Tunable("NCCL_P2P_DISABLE", ("1",), _check_choice("0", "1"), "1 disables P2P (same as P2P_LEVEL=LOC)"),
     Tunable("NCCL_NET_GDR_LEVEL", PORTABLE_LEVELS, _check_level,
             "highest GPU-NIC path type for GPUDirect RDMA", scope="net"),
-    Tunable("NCCL_NET_GDR_READ", ("0", "1"), _check_choice("0", "1"), "GPUDirect RDMA reads on send", scope="net"),
+    Tunable("NCCL_NET_GDR_READ", ("0", "1"), _check_choice("0", "1"), "GPUDirect RDMA reads on send",
+            scope="net"),
     Tunable("TORCH_NCCL_ASYNC_ERROR_HANDLING", (), _check_choice("0", "1", "2", "3"),
             "what PyTorch does on a collective error or timeout (3: kill the process without a "
             "possibly hanging ncclCommAbort; 1: abort then kill)", kind="policy"),
@@ -119,18 +121,21 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
     Tunable("NCCL_MAX_CTAS", (), _check_int(1, 64), "at most this many CTAs (overrides the app's config)"),
     Tunable("NCCL_BUFFSIZE", ("2097152", "8388608"), _check_int(65536, 1 << 30),
             "Simple-protocol buffer per channel and peer, bytes", default="4194304"),
-    Tunable("NCCL_NTHREADS", ("256",), _check_int(64, 512, 32), "threads per CTA for Simple/LL", default="512"),
+    Tunable("NCCL_NTHREADS", ("256",), _check_int(64, 512, 32), "threads per CTA for Simple/LL",
+            default="512"),
     Tunable("NCCL_SHM_DISABLE", ("1",), _check_choice("0", "1"), "1 disables the shared-memory fallback",
             default="0"),
-    Tunable("NCCL_CUMEM_ENABLE", ("0",), _check_choice("0", "1"), "P2P through cuMem handles (default: auto)"),
+    Tunable("NCCL_CUMEM_ENABLE", ("0",), _check_choice("0", "1"),
+            "P2P through cuMem handles (default: auto)"),
     Tunable("NCCL_PXN_DISABLE", ("1",), _check_choice("0", "1"), "1 disables PXN (NIC via a peer GPU)",
             scope="net", default="0"),
     Tunable("NCCL_CROSS_NIC", ("0", "1"), _check_choice("0", "1", "2"), "rings may change NIC between nodes",
             scope="net", default="2"),
     Tunable("NCCL_IB_QPS_PER_CONNECTION", ("2", "4"), _check_int(1, 128), "InfiniBand QPs per connection",
             scope="net", default="1"),
+    # 2 is NCCL's auto (nvls.cc ncclNvlsInit): the same as leaving the variable unset.
     Tunable("NCCL_NVLS_ENABLE", ("0",), _check_choice("0", "1", "2"),
-            "NVLink SHARP (multicast); only ever swept towards 0, never forced on"),
+            "NVLink SHARP (multicast); only ever swept towards 0, never forced on", default="2"),
 )}
 
 # Variables nccltune sets itself in trials, or that only steer diagnostics: never published

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .plan import Plan, prune_channels
-from .select import SizeStats, Verdict, judge, size_stats, weighted_gain_pct
+from .select import SizeStats, Verdict, judge, screening_gain_pct, size_stats
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,17 @@ class SearchResult:
     notes: list[str]
 
 
-def label_of(env: Mapping[str, str], base: Mapping[str, str]) -> str:
-    diff = {k: v for k, v in env.items() if base.get(k) != v}
-    return " ".join(f"{k}={v}" for k, v in sorted(diff.items())) or "defaults"
+TOPO_ONLY = "topology file only"
+
+
+def label_of(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> str:
+    """A short name for a candidate. Every candidate carries nccltune's topology file, so its
+    path is left out; the file alone is "topology file only"; no change at all is "defaults"."""
+    base = base or {}
+    diff = {k: v for k, v in env.items() if base.get(k) != v and k != "NCCL_TOPO_FILE"}
+    if diff:
+        return " ".join(f"{k}={v}" for k, v in sorted(diff.items()))
+    return TOPO_ONLY if "NCCL_TOPO_FILE" in env else "defaults"
 
 
 class Search:
@@ -74,18 +82,37 @@ class Search:
         self.notes: list[str] = []
 
     def estimate_trials(self) -> int:
+        """Trials `run()` makes when every candidate helps in screening: exact then for the
+        exhaustive grid, an upper bound for the staged search (combining stops early when fewer
+        variables help, and only candidates that helped become finalists)."""
         b = self.s.baseline_repeats
+        fr = self.s.finalist_repeats
+        topo = 1 if self.common else 0
         if self.s.exhaustive:
-            grid = 1
-            for vals in self.plan.variables.values():
-                grid *= len(vals) + 1
-            return b + grid + self.s.max_finalists * self.s.finalist_repeats + self.s.finalist_repeats
-        screen = self.plan.screening_count() + (1 if self.common else 0)
+            # Every grid point but the all-unset one, plus the topology file alone.
+            points = self.grid_points() - 1
+            finalists = min(self.s.max_finalists, points) + topo
+            return b + points + topo + finalists * fr + fr
+        singles = self.plan.screening_count()
         combine = min(self.s.max_combine, max(0, len(self.plan.variables) - 1))
-        finals = (self.s.max_finalists + 1) * self.s.finalist_repeats + self.s.finalist_repeats
-        return b + screen + combine + finals
+        finalists = min(self.s.max_finalists, singles + combine) + topo
+        # Finalists and one more run of the defaults per round.
+        return b + singles + topo + combine + finalists * fr + fr
+
+    def grid_points(self) -> int:
+        """Points of the exhaustive grid, the all-unset one included."""
+        grid = 1
+        for vals in self.plan.variables.values():
+            grid *= len(vals) + 1
+        return grid
 
     def run(self) -> SearchResult:
+        if self.s.exhaustive and self.grid_points() > self.s.max_grid:
+            # Refused before anything is measured: the baseline would be wasted device time.
+            from ..errors import UsageError
+
+            raise UsageError(f"the exhaustive grid has {self.grid_points()} points (more than "
+                             f"{self.s.max_grid}); narrow sweep.variables or use the staged strategy")
         base_runs: list[dict[int, float]] = []
         for i in range(self.s.baseline_repeats):
             got = self.measure({}, "baseline", f"defaults #{i + 1}")
@@ -93,23 +120,25 @@ class Search:
                 continue
             busbw, nccl = got
             base_runs.append(busbw)
-            if i == 0:
+            if len(base_runs) == 1:
+                # The first run that worked, which need not be the first run: a failed first
+                # trial must not leave channel values in the plan that cannot change anything.
                 dropped = prune_channels(self.plan, nccl.get("coll_channels"))
                 for d in dropped:
                     log.info("pruned %s=%s: %s", d.name, d.value, d.reason)
         if len(base_runs) < 1:
             from ..errors import CheckFailed
 
-            raise CheckFailed("every run of NCCL's defaults failed; see the trial logs in the state directory")
+            raise CheckFailed("every run of NCCL's defaults failed; see the trial logs in the state "
+                              "directory")
         baseline = size_stats(base_runs)
-        base_med = {s: st.median for s, st in baseline.items()}
 
         screened: list[tuple[Env, str, float | None]] = []
 
         def screen(env: Env) -> float | None:
             label = label_of(env, {})
             got = self.measure(env, "exhaustive" if self.s.exhaustive else "screen", label)
-            gain = weighted_gain_pct(got[0], base_med, self.weights) if got else None
+            gain = screening_gain_pct(got[0], baseline, self.weights) if got else None
             screened.append((env, label, gain))
             return gain
 
@@ -118,14 +147,9 @@ class Search:
         if self.s.exhaustive:
             names = list(self.plan.variables)
             grid = list(itertools.product(*[[None, *self.plan.variables[n]] for n in names]))
-            if len(grid) > self.s.max_grid:
-                from ..errors import UsageError
-
-                raise UsageError(f"the exhaustive grid has {len(grid)} points (more than {self.s.max_grid}); "
-                                 "narrow sweep.variables or use the staged strategy")
             for combo in grid:
                 env = dict(self.common)
-                env.update({n: v for n, v in zip(names, combo) if v is not None})
+                env.update({n: v for n, v in zip(names, combo, strict=True) if v is not None})
                 if env != self.common:
                     screen(env)
         else:
@@ -161,7 +185,8 @@ class Search:
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
                             self.notes)
 
-    def _combine(self, screen: Callable[[Env], float | None], screened: list[tuple[Env, str, float | None]]) -> None:
+    def _combine(self, screen: Callable[[Env], float | None],
+                 screened: list[tuple[Env, str, float | None]]) -> None:
         """Greedy: start from the best single change, add the best value of each other helpful variable."""
         best_per_var: dict[str, tuple[float, str]] = {}
         for env, _label, gain in screened:

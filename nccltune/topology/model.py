@@ -252,18 +252,29 @@ class _SnapshotBuilder:
             if target == "ffffffff:ff:ff.0":
                 target = NCCL_INVISIBLE_BUSID
             counts[target] = counts.get(target, 0) + 1
-            if link.remote_type == "gpu":
-                peer = gpus_by_bus.get(target)
-                peer_dev = self.pci.get(target)
-                classes[target] = peer_dev.class_code if peer_dev else ("0x030200" if peer else "0x030000")
-            elif link.remote_type == "cpu":
-                classes[target] = CLASS_NVLINK_CPU
-            else:
-                # NCCL assumes an NVSwitch when the remote cannot be identified (topo.cc).
-                classes[target] = CLASS_NVSWITCH
+            classes[target] = self.nvlink_class(link.remote_type, target, gpus_by_bus)
         for target in sorted(counts):
             gnode.add(XNode("nvlink", {"target": target, "count": str(counts[target]),
                                        "tclass": classes[target]}))
+
+    def nvlink_class(self, remote_type: str | None, target: str, gpus_by_bus: dict[str, Gpu]) -> str:
+        """The `tclass` of an NVLink's far end, as NCCL fills it in (xml.cc ncclTopoGetXmlFromGpu).
+
+        NCCL reads the class of the remote bus id from sysfs and assumes an NVSwitch only when
+        it cannot. NVML's remote device type says the same where the binding has it; where it
+        does not (None), a remote that is one of our GPUs, or a device in the snapshot's sysfs,
+        still has a known class, so a GPU-to-GPU bridge is not mistaken for an NVSwitch.
+        """
+        peer_dev = self.pci.get(target)
+        if remote_type == "cpu":
+            return CLASS_NVLINK_CPU
+        if remote_type == "gpu" or (remote_type is None and target in gpus_by_bus):
+            if peer_dev is not None:
+                return peer_dev.class_code
+            return "0x030200" if target in gpus_by_bus else "0x030000"
+        if remote_type is None and peer_dev is not None:
+            return peer_dev.class_code
+        return CLASS_NVSWITCH
 
     def add_nic(self, nic: Nic, dev_index: int) -> None:
         dev = self.pci.get(nic.bus_id) if nic.bus_id else None
@@ -284,16 +295,27 @@ class _SnapshotBuilder:
         if nic_node is None:
             nic_node = nic_parent.add(XNode("nic"))
         attrs = {"name": nic.name, "dev": str(dev_index)}
-        speed = nic_speed_mbps(nic)
-        if speed:
-            attrs["speed"] = str(speed)
+        net_speed = nic_speed_mbps(nic)
+        if net_speed:
+            attrs["speed"] = str(net_speed)
         if nic.kind == "ib":
             port = next((p for p in nic.ports if p.state == "ACTIVE"), None)
             if port is not None:
                 attrs["port"] = str(port.port)
-            if nic.guid:
-                attrs["guid"] = "0x" + nic.guid.replace(":", "").lstrip("0x").lower()
+            guid = _guid_attr(nic.guid)
+            if guid is not None:
+                attrs["guid"] = guid
         nic_node.add(XNode("net", attrs))
+
+
+def _guid_attr(guid: str | None) -> str | None:
+    """An IB node GUID (sysfs `0c42:a103:00d6:3b00`) the way NCCL writes it: `0x%lx`."""
+    if not guid:
+        return None
+    try:
+        return f"0x{int(guid.replace(':', ''), 16):x}"
+    except ValueError:
+        return None
 
 
 def nic_speed_mbps(nic: Nic) -> int | None:
@@ -335,13 +357,13 @@ def from_snapshot(snap: Snapshot, *, with_nics: bool = True, source: str = "snap
     infos = []
     for g in snap.nvml.gpus:
         dev = b.pci.get(g.bus_id)
-        numa = dev.numa_node if dev is not None and dev.numa_node is not None else g.numa_node
+        gpu_numa = dev.numa_node if dev is not None and dev.numa_node is not None else g.numa_node
         affinity = g.cpu_affinity
-        if affinity is None and numa is not None:
-            node = next((n for n in snap.sysfs.numa_nodes if n.id == numa), None)
+        if affinity is None and gpu_numa is not None:
+            node = next((n for n in snap.sysfs.numa_nodes if n.id == gpu_numa), None)
             affinity = node.cpulist if node else None
         infos.append(GpuInfo(
-            index=g.index, bus_id=g.bus_id, name=g.name, uuid=g.uuid, sm=g.sm, numa_node=numa,
+            index=g.index, bus_id=g.bus_id, name=g.name, uuid=g.uuid, sm=g.sm, numa_node=gpu_numa,
             cpu_affinity=affinity, pcie_max_gen=g.pcie_max_gen, pcie_max_width=g.pcie_max_width,
             pcie_cur_gen=g.pcie_cur_gen, pcie_cur_width=g.pcie_cur_width,
             nvlinks_total=len(g.nvlinks), nvlinks_active=sum(1 for n in g.nvlinks if n.active),
@@ -393,16 +415,15 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
         for child in node.children:
             if child.tag == "cpu":
                 n = _int(child.attrs.get("numaid"))
-                aff = child.attrs.get("affinity")
-                cpulist = cpulist_from_cpus(cpus_from_cpumask(aff)) if aff else None
-                walk(child, n, cpulist)
+                walk(child, n, _cpulist_of_mask(child.attrs.get("affinity")))
             elif child.tag == "pci":
                 gpu = next((c for c in child.children if c.tag == "gpu"), None)
                 if gpu is not None:
                     links = [c for c in gpu.children if c.tag == "nvlink"]
                     count = sum(_int(c.attrs.get("count")) or 0 for c in links)
+                    dev = _int(gpu.attrs.get("dev"))
                     gpus.append(GpuInfo(
-                        index=_int(gpu.attrs.get("dev")) if _int(gpu.attrs.get("dev")) is not None else len(gpus),
+                        index=dev if dev is not None else len(gpus),
                         bus_id=child.attrs.get("busid", "?"),
                         sm=_int(gpu.attrs.get("sm")),
                         numa_node=numa if numa is not None and numa >= 0 else None,
@@ -422,6 +443,20 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
 
     walk(system, None, None)
     return Topology(system=system, gpus=sorted(gpus, key=lambda g: g.index), nics=nics, source=source)
+
+
+def _cpulist_of_mask(mask: str | None) -> str | None:
+    """A `<cpu affinity>` cpumask as a cpulist; None when absent or not a cpumask.
+
+    NCCL skips an absent affinity, and a file that garbles it should not stop us from reading
+    the rest of the topology.
+    """
+    if not mask:
+        return None
+    try:
+        return cpulist_from_cpus(cpus_from_cpumask(mask))
+    except ValueError:
+        return None
 
 
 def _int(text: str | None) -> int | None:

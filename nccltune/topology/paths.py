@@ -1,10 +1,12 @@
 """NCCL path types and bandwidths between GPUs and NICs, computed the way NCCL computes them.
 
-This follows NCCL 2.28-2.30 `paths.cc:ncclTopoSetPaths` for *raw* paths (before P2P/GDR/PXN
+This follows NCCL 2.28 `paths.cc:ncclTopoSetPaths` for *raw* paths (before P2P/GDR/PXN
 rerouting, which depends on runtime settings): a hop's type comes from its link (NVLink: NVL;
 a second NVLink hop through an intermediate GPU: NVB; PCI to or from a CPU: PHB; PCI between
-two switches: PXB; other PCI: PIX; CPU to CPU: SYS); a path's type is the worst hop; among
-paths NCCL prefers the lower type, then the higher bottleneck bandwidth, then fewer hops.
+two switches: PXB; other PCI: PIX; CPU to CPU: SYS); a path's type is the worst hop. NCCL
+finds paths breadth-first from the destination and keeps, for every node, the path with the
+fewest hops, and among those the highest bottleneck bandwidth; the type does not take part in
+the choice (so a PCIe switch path can beat a slower NVLink-through-a-GPU path of equal length).
 """
 
 from __future__ import annotations
@@ -60,19 +62,29 @@ def nvlink_bw_per_link(sm: int | None) -> float:
     return 20.0
 
 
+def _attr_int(node: XNode, key: str) -> int | None:
+    try:
+        return int(node.attrs.get(key, ""), 0)
+    except ValueError:
+        return None
+
+
 def inter_cpu_bw(cpu: XNode) -> float:
-    """Bandwidth NCCL models between two CPU sockets (topo.cc ncclTopoGetInterCpuBw)."""
+    """Bandwidth NCCL models between two CPU sockets (topo.cc ncclTopoGetInterCpuBw).
+
+    The Intel generations count only for family 6 and the Zhaoxin Yongfeng only for family 7
+    model 0x5B (topo.cc ncclTopoAddCpu); any other family gets the oldest generation's figure.
+    """
     arch = cpu.attrs.get("arch", "x86_64")
     vendor = cpu.attrs.get("vendor", "")
     if arch in ("arm64", "aarch64"):
         return 6.0
     if arch in ("ppc64", "ppc64le"):
         return 32.0
+    family, model = _attr_int(cpu, "familyid"), _attr_int(cpu, "modelid") or 0
     if vendor == "GenuineIntel":
-        try:
-            model = int(cpu.attrs.get("modelid", "0"), 0)
-        except ValueError:
-            model = 0
+        if family != 6:
+            return 6.0
         if model >= 0xCF:
             return 40.0
         if model >= 0x8F:
@@ -83,7 +95,7 @@ def inter_cpu_bw(cpu: XNode) -> float:
     if vendor == "AuthenticAMD":
         return 16.0
     if vendor in ("CentaurHauls", "  Shanghai  "):
-        return 6.0
+        return 9.0 if (family, model) == (7, 0x5B) else 6.0
     # Any other vendor string leaves NCCL's default, which makes cross-socket links look free.
     return LOC_BW
 
@@ -120,7 +132,10 @@ class PathGraph:
         self.links: dict[str, list[_Link]] = {}
         self.gpu_keys: dict[int, str] = {}
         self.nic_keys: dict[str, str] = {}
+        # The PCI link towards the CPU, per node of the PCI tree (ncclTopoSort puts it last).
+        self.uplinks: dict[str, str] = {}
         self._build(topo)
+        self._sort_links()
 
     def _add(self, node: _Node) -> None:
         self.nodes[node.key] = node
@@ -165,6 +180,7 @@ class PathGraph:
                         self._add(_Node(key, "PCI", child))
                     self._connect(parent_key, key, "PCI", bw)
                     self._connect(key, parent_key, "PCI", bw)
+                    self.uplinks[key] = parent_key
                     walk(key, child)
                 elif child.tag == "nic":
                     for net in (c for c in child.children if c.tag == "net"):
@@ -180,7 +196,7 @@ class PathGraph:
                     self._connect(f"CPU{i}", f"CPU{j}", "SYS", inter_cpu_bw(a))
 
         bus_to_gpu = {}
-        for idx, key in self.gpu_keys.items():
+        for key in self.gpu_keys.values():
             node = self.nodes[key]
             assert node.xnode is not None
             bus_to_gpu[_pci_busid_of(topo.system, node.xnode)] = key
@@ -214,6 +230,20 @@ class PathGraph:
         self.nic_keys[name] = key
         self._connect(parent_key, key, "PCI", bw)
         self._connect(key, parent_key, "PCI", bw)
+        self.uplinks[key] = parent_key
+
+    def _sort_links(self) -> None:
+        """Link order as NCCL leaves it: by bandwidth, highest first, and the uplink last.
+
+        ncclTopoConnectNodes keeps each node's links sorted by bandwidth (stable), and
+        ncclTopoSortSystem then moves every PCI node's link towards the CPU to the end. The
+        order decides between paths of equal length and equal bandwidth (the first one wins).
+        """
+        for key, links in self.links.items():
+            links.sort(key=lambda lk: -lk.bw)
+            up = self.uplinks.get(key)
+            if up is not None:
+                links.sort(key=lambda lk: lk.to == up and lk.kind == "PCI")
 
     def _cpu_of(self, key: str) -> str | None:
         seen = {key}
@@ -230,11 +260,12 @@ class PathGraph:
             frontier = nxt
         return None
 
-    def hop_type(self, a: str, link: _Link, prev_kind: str | None) -> str:
+    def hop_type(self, a: str, link: _Link, path_type: int) -> str:
+        """The type of one hop from `a` along `link`, given the type of the path that reached `a`."""
         ka, kb = self.nodes[a].kind, self.nodes[link.to].kind
         if link.kind == "NVL":
-            # A second NVLink hop through an intermediate GPU is NVB.
-            return "NVB" if ka == "GPU" and prev_kind == "NVL" else "NVL"
+            # NVLink out of a GPU that was itself reached over NVLink: through a GPU (NVB).
+            return "NVB" if ka == "GPU" and path_type == RANK["NVL"] else "NVL"
         if link.kind == "SYS":
             return "SYS"
         if link.kind == "PCI":
@@ -245,49 +276,44 @@ class PathGraph:
             return "PIX"
         return "LOC"
 
-    def paths_from(self, src: str) -> dict[str, Path]:
-        """Best path from src to every node: Pareto labels on (type, bandwidth, hops)."""
-        # Label: (type rank, bw, hops, nvlinks, node, last link kind, visited)
-        best: dict[str, list[tuple[int, float, int, int]]] = {src: [(0, LOC_BW, 0, 0)]}
-        frontier: list[tuple[str, int, float, int, int, str | None, frozenset[str]]] = [
-            (src, 0, LOC_BW, 0, 0, None, frozenset([src]))
-        ]
-        while frontier:
-            nxt = []
-            for node, trank, bw, hops, nvl, last_kind, visited in frontier:
-                # Paths never go through NICs, and through a GPU only by NVLink on both sides.
-                if node != src and self.nodes[node].kind == "NIC":
-                    continue
+    def paths_from(self, base: str, *, base_bw: float = LOC_BW, base_hops: int = 0) -> dict[str, Path]:
+        """Every node's path to `base`, by NCCL's breadth-first search (ncclTopoSetPaths).
+
+        A node's path is replaced only by one with no more hops and strictly more bandwidth,
+        level by level, so the result is the shortest path with the highest bottleneck. A path
+        may pass through a GPU only as GPU-NVLink-GPU-NVLink-GPU (NVB, NCCL_NVB_DISABLE=0).
+        `base_bw`/`base_hops` start the search one NET link away (a NIC's NET node).
+        """
+        # node -> (type rank, bandwidth, hops, NVLinks on the narrowest NVLink hop)
+        best: dict[str, tuple[int, float, int, int]] = {base: (RANK["LOC"], base_bw, base_hops, 0)}
+        level = [base]
+        while level:
+            nxt: list[str] = []
+            for node in level:
+                trank, bw, hops, nvl = best[node]
+                kind = self.nodes[node].kind
+                if node != base and kind == "NIC":
+                    continue  # a NIC only leads on to its own NET nodes
                 for link in self.links[node]:
-                    if link.to in visited:
-                        continue
-                    if node != src and self.nodes[node].kind == "GPU" and not (
-                        last_kind == "NVL" and link.kind == "NVL"
+                    rem = link.to
+                    if node != base and kind == "GPU" and (
+                        link.kind != "NVL" or self.nodes[rem].kind != "GPU" or hops > 1
                     ):
                         continue
-                    htype = self.hop_type(node, link, last_kind)
-                    label = (max(trank, RANK[htype]), min(bw, link.bw), hops + 1,
-                             min(nvl, link.count) if nvl and link.count else (link.count or nvl))
-                    if _dominated(label, best.get(link.to, [])):
+                    new_bw = min(bw, link.bw)
+                    cur = best.get(rem)
+                    if cur is None:
+                        if new_bw <= 0:
+                            continue
+                    elif not (cur[2] > hops and cur[1] < new_bw):
                         continue
-                    best[link.to] = [lb for lb in best.get(link.to, []) if not _dominates(label, lb)]
-                    best[link.to].append(label)
-                    nxt.append((link.to, label[0], label[1], label[2], label[3], link.kind,
-                                visited | {link.to}))
-            frontier = nxt
-        out = {}
-        for key, labels in best.items():
-            t, bw, hops, nvl = min(labels, key=lambda lb: (lb[0], -lb[1], lb[2]))
-            out[key] = Path(PATH_TYPES[t], round(bw, 1), hops, nvl)
-        return out
-
-
-def _dominates(a: tuple[int, float, int, int], b: tuple[int, float, int, int]) -> bool:
-    return a[0] <= b[0] and a[1] >= b[1] and a[2] <= b[2]
-
-
-def _dominated(label: tuple[int, float, int, int], labels: list[tuple[int, float, int, int]]) -> bool:
-    return any(_dominates(other, label) for other in labels)
+                    htype = RANK[self.hop_type(node, link, trank)]
+                    count = min(nvl, link.count) if nvl and link.count else (link.count or nvl)
+                    best[rem] = (max(trank, htype), new_bw, hops + 1, count)
+                    if rem not in nxt:
+                        nxt.append(rem)
+            level = nxt
+        return {key: Path(PATH_TYPES[t], round(bw, 3), hops, nvl) for key, (t, bw, hops, nvl) in best.items()}
 
 
 def _pci_busid_of(system: XNode, gpu: XNode) -> str:
@@ -311,19 +337,24 @@ class PathMatrix:
 
 
 def compute_paths(topo: Topology) -> PathMatrix:
+    """Raw NCCL paths between GPUs and from GPUs to NICs (what NCCL_DEBUG_SUBSYS=GRAPH prints).
+
+    As in NCCL, GPU a's path to GPU b is found searching from b, and a GPU's path to a NIC
+    searching from the NIC's NET node, whose link to the NIC carries the NIC's own rate
+    (speed in Mbps / 8000 GB/s; 10 Gb/s when unknown) and counts as a hop of type LOC.
+    """
     graph = PathGraph(topo)
     gpu_gpu: dict[tuple[int, int], Path] = {}
     gpu_nic: dict[tuple[int, str], Path] = {}
-    for idx, key in sorted(graph.gpu_keys.items()):
-        paths = graph.paths_from(key)
-        for jdx, other in graph.gpu_keys.items():
-            gpu_gpu[(idx, jdx)] = Path("LOC", LOC_BW, 0) if idx == jdx else paths.get(
-                other, Path("DIS", 0.0, 0))
-        for name, nkey in graph.nic_keys.items():
-            p = paths.get(nkey, Path("DIS", 0.0, 0))
-            net = graph.nodes[nkey].xnode
-            speed = int(net.attrs.get("speed", "0") or 0) if net is not None else 0
-            # NCCL's GPU->NET bandwidth includes the NIC's own rate (speed in Mbps / 8000).
-            net_bw = (speed if speed > 0 else 10000) / 8000.0
-            gpu_nic[(idx, name)] = Path(p.type, round(min(p.bw_gbps, net_bw), 2), p.hops + 1)
+    for jdx, other in sorted(graph.gpu_keys.items()):
+        paths = graph.paths_from(other)
+        for idx, key in graph.gpu_keys.items():
+            gpu_gpu[(idx, jdx)] = paths.get(key, Path("DIS", 0.0, 0))
+    for name, nkey in graph.nic_keys.items():
+        net = graph.nodes[nkey].xnode
+        speed = _attr_int(net, "speed") if net is not None else None
+        net_bw = (speed if speed is not None and speed > 0 else 10000) / 8000.0
+        paths = graph.paths_from(nkey, base_bw=net_bw, base_hops=1)
+        for idx, key in graph.gpu_keys.items():
+            gpu_nic[(idx, name)] = paths.get(key, Path("DIS", 0.0, 0))
     return PathMatrix(gpu_gpu, gpu_nic, sorted(graph.gpu_keys), list(graph.nic_keys))

@@ -1,0 +1,56 @@
+"""`nccltune install`: put the systemd units in place and enable the service.
+
+The unit files ship in the package source's `systemd/` folder; ExecStart is rewritten to the
+nccltune executable actually installed, so the unit never points at a path that does not exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import NccltuneError, UnavailableError
+from .publish import atomic_write
+
+UNITS = ("nccltune.service", "nccltune-sweep.service")
+
+
+def units_dir() -> Path:
+    here = Path(__file__).resolve().parents[1] / "systemd"
+    if not here.is_dir():
+        raise UnavailableError(f"unit files not found at {here}", hint="install from a source checkout")
+    return here
+
+
+def install_units(prefix: Path, *, binary: str | None = None, enable: bool = True) -> list[str]:
+    exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
+    target = prefix / "etc/systemd/system"
+    target.mkdir(parents=True, exist_ok=True)
+    done = []
+    for name in UNITS:
+        text = (units_dir() / name).read_text()
+        lines = []
+        for line in text.splitlines():
+            for key in ("ExecStart=", "ExecReload="):
+                if line.startswith(key) and "nccltune" in line.split()[0]:
+                    line = key + exe + line[len(key) + len(line[len(key):].split()[0]):]
+            lines.append(line)
+        atomic_write(target / name, "\n".join(lines) + "\n")
+        done.append(f"installed {target / name} (ExecStart {exe})")
+    conf_dir = prefix / "etc/nccltune"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    example = units_dir() / "config.example.yaml"
+    if example.exists() and not (conf_dir / "config.yaml").exists():
+        atomic_write(conf_dir / "config.yaml", example.read_text())
+        done.append(f"installed {conf_dir / 'config.yaml'} (all defaults; edit to taste)")
+    if enable:
+        if shutil.which("systemctl") is None:
+            raise NccltuneError("systemctl not found: enable the service by hand")
+        for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "nccltune.service"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise NccltuneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+            done.append(" ".join(cmd))
+    return done
