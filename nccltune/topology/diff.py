@@ -90,7 +90,9 @@ def _canonical(node: XNode) -> dict[str, tuple[dict[str, str], XNode]]:
             out[path] = (attrs, child)
             walk(child, path)
         if merged_nvs:
-            out[f"{prefix}/nvlink[NVS]"] = ({"count": str(merged_nvs), "tclass": CLASS_NVSWITCH}, n)
+            # A stand-in element carrying the summed count, so a report shows the two totals.
+            merged = XNode("nvlink", {"count": str(merged_nvs), "tclass": CLASS_NVSWITCH}, line=n.line)
+            out[f"{prefix}/nvlink[NVS]"] = (dict(merged.attrs), merged)
 
     attrs = {k: _normal_value(k, v) for k, v in node.attrs.items() if k not in VOLATILE_ATTRS}
     out["system"] = (attrs, node)

@@ -410,6 +410,7 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
     """Model of a node described only by an NCCL topology XML (a dump or a vendor file)."""
     gpus: list[GpuInfo] = []
     nics: list[NicInfo] = []
+    net_devs: list[int | None] = []
 
     def walk(node: XNode, numa: int | None, affinity: str | None) -> None:
         for child in node.children:
@@ -434,6 +435,7 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
             elif child.tag == "nic":
                 bus = node.attrs.get("busid") if node.tag == "pci" else None
                 for net in (c for c in child.children if c.tag == "net"):
+                    net_devs.append(_int(net.attrs.get("dev")))
                     nics.append(NicInfo(
                         name=net.attrs.get("name", f"net{len(nics)}"), kind="ib" if bus else "eth",
                         bus_id=bus, speed_mbps=_int(net.attrs.get("speed")), active=True,
@@ -442,7 +444,11 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
                     ))
 
     walk(system, None, None)
-    return Topology(system=system, gpus=sorted(gpus, key=lambda g: g.index), nics=nics, source=source)
+    # NIC i is the network device NCCL numbers i (`<net dev>`), as for a snapshot; tree order
+    # (by NUMA node, then bus id) would renumber them.
+    order = sorted(range(len(nics)), key=lambda i: (net_devs[i] is None, net_devs[i] or 0, i))
+    return Topology(system=system, gpus=sorted(gpus, key=lambda g: g.index), nics=[nics[i] for i in order],
+                    source=source)
 
 
 def _cpulist_of_mask(mask: str | None) -> str | None:

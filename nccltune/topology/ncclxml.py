@@ -63,12 +63,21 @@ def write_xml(topo: Topology, path: Path) -> str:
     return text
 
 
-_TAG_LINE = re.compile(r"^ *<(/?)([A-Za-z_][\w.-]*)((?: [A-Za-z_][\w.-]*=\"[^\"\n]*\")*)(/?)>$")
-_COMMENT = re.compile(r"^ *<!--.*-->$")
+_NAME = r"[A-Za-z_][\w.:-]*"
+# One tag as NCCL's xmlGetNode reads it: the name, then ` name="value"` (or single quotes) pairs,
+# all on one line; `/>` or `>` ends it. Extra spaces parse, as empty-named attributes.
+_TAG = re.compile(
+    rf"<(/?)({_NAME})((?: +{_NAME}=(?:\"[^\"\n\r]*\"|'[^'\n\r]*'))*)( *)(/?)>"
+)
+_ATTR = re.compile(rf"( +)({_NAME})=(?:\"([^\"]*)\"|'([^']*)')")
 
 
 def check_dialect(text: str, path: str) -> None:
     """Check text against NCCL's parser rules (nccl-internals 1.2).
+
+    NCCL reads a sequence of tags separated by spaces and line breaks: no declaration, no
+    tabs, no text between tags, each tag with its attributes on one line, every value quoted.
+    Several tags may share a line (NCCL does not care), but no tag may span two.
 
     Raises:
         InputError: the first rule broken, with its line (exit 78).
@@ -76,32 +85,65 @@ def check_dialect(text: str, path: str) -> None:
     if "\t" in text:
         line = text[: text.index("\t")].count("\n") + 1
         raise InputError(path, "tab character: NCCL's XML parser rejects tabs", line=line)
-    if text.lstrip().startswith("<?xml"):
-        raise InputError(path, "XML declaration: NCCL fails with \"expected >, got '?'\"", line=1)
     elements = 0
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or _COMMENT.match(line):
+    pos, lineno = 0, 1
+    while pos < len(text):
+        c = text[pos]
+        if c in " \r\n":
+            lineno += c == "\n"
+            pos += 1
             continue
-        m = _TAG_LINE.match(line.rstrip("\r"))
-        if not m:
-            raise InputError(path, f"not a one-line tag in NCCL's dialect: {line.strip()[:80]!r}", line=lineno)
-        if m.group(1):
+        if c != "<":
+            snippet = text[pos:].split("\n", 1)[0].strip()[:80]
+            raise InputError(path, f"text outside a tag ({snippet!r}): NCCL's parser expects '<' here",
+                             line=lineno)
+        if text.startswith("<!--", pos):
+            end = text.find("-->", pos + 4)
+            if end < 0:
+                raise InputError(path, "comment is never closed with -->", line=lineno)
+            lineno += text.count("\n", pos, end)
+            pos = end + 3
+            continue
+        if text.startswith("<?", pos):
+            raise InputError(path, "XML declaration or processing instruction: NCCL fails with "
+                                   "\"expected >, got '?'\"", line=lineno)
+        m = _TAG.match(text, pos)
+        if m is None:
+            rest = text[pos:]
+            close = rest.find(">")
+            if close >= 0 and "\n" in rest[:close]:
+                why = "a tag continues on the next line: NCCL needs each tag on one line"
+            else:
+                why = "not a tag in NCCL's dialect (name=\"value\" pairs separated by spaces)"
+            raise InputError(path, f"{why}: {rest.split(chr(10), 1)[0].strip()[:80]!r}", line=lineno)
+        closing, name, attr_text, trailing = m.group(1), m.group(2), m.group(3), m.group(4)
+        pos = m.end()
+        if closing:
+            if attr_text or trailing or m.group(5):
+                raise InputError(path, f"closing tag </{name}> with attributes or '/'", line=lineno)
             continue
         elements += 1
-        attrs = re.findall(r' ([A-Za-z_][\w.-]*)="([^"]*)"', m.group(3))
-        if len(attrs) > MAX_ATTRS:
-            raise InputError(path, f"<{m.group(2)}> has {len(attrs)} attributes; NCCL reads {MAX_ATTRS}",
-                             line=lineno)
-        for key, value in attrs:
+        if elements > MAX_ELEMENTS:
+            raise InputError(path, f"more than {MAX_ELEMENTS} elements (this is element {elements}, <{name}>): "
+                                   f"NCCL reads at most {MAX_ELEMENTS} per file", line=lineno)
+        attrs = _ATTR.findall(attr_text)
+        # Every space beyond the first before a name, and every space before the end of the
+        # tag, is an empty-named attribute to NCCL; they count towards its limit.
+        empties = sum(len(sep) - 1 for sep, _, _, _ in attrs) + len(trailing)
+        if len(attrs) + empties > MAX_ATTRS:
+            raise InputError(path, f"<{name}> has {len(attrs) + empties} attributes (counting the empty "
+                                   f"ones NCCL makes of extra spaces); NCCL reads {MAX_ATTRS}", line=lineno)
+        for _, key, dq, sq in attrs:
+            value = dq or sq
             if len(value) > MAX_VALUE_LEN or len(key) > MAX_VALUE_LEN:
                 raise InputError(path, f"attribute {key} is longer than NCCL's {MAX_VALUE_LEN} characters",
                                  line=lineno)
-    if elements > MAX_ELEMENTS:
-        raise InputError(path, f"{elements} elements; NCCL reads at most {MAX_ELEMENTS} per file")
 
 
 def _from_element(el: etree._Element) -> XNode:
-    node = XNode(str(el.tag), {str(k): str(v) for k, v in el.attrib.items()}, line=el.sourceline)
+    line = el.sourceline
+    node = XNode(str(el.tag), {str(k): str(v) for k, v in el.attrib.items()},
+                 line=int(line) if isinstance(line, int) else None)
     for child in el:
         if isinstance(child.tag, str):
             node.children.append(_from_element(child))
@@ -133,27 +175,49 @@ def parse_xml(text: str, path: str = "<xml>") -> XNode:
 
 
 def _check_required(system: XNode, path: str) -> None:
-    """Attributes whose absence NCCL cannot fill in from a file-only branch."""
-    for node in system.iter():
-        for child in node.children:
-            if child.tag not in HANDLED.get(node.tag, set()):
-                continue  # NCCL ignores it (logs "Ignoring element")
+    """Attributes whose absence NCCL cannot fill in from a file-only branch.
+
+    Only elements NCCL handles are checked: it skips anything else with its whole subtree
+    (INFO "Ignoring element"), so what is inside such a subtree cannot break it.
+    """
+
+    def check(node: XNode) -> None:
         if node.tag == "cpu" and "numaid" not in node.attrs:
             raise InputError(path, "<cpu> without numaid", line=node.line)
-        if node.tag == "pci" and "busid" not in node.attrs:
-            raise InputError(path, "<pci> without busid", line=node.line)
         if node.tag == "pci":
-            busid = node.attrs["busid"]
+            busid = node.attrs.get("busid")
+            if busid is None:
+                raise InputError(path, "<pci> without busid", line=node.line)
             if busid != busid.lower():
                 raise InputError(path, f"bus id {busid} is not lower case: NCCL compares bus ids as "
                                        "strings and would create a second node", line=node.line)
+        if node.tag == "gpu":
+            for attr in ("dev", "sm"):
+                if attr in node.attrs and _strtol(node.attrs[attr]) is None:
+                    raise InputError(path, f"<gpu {attr}={node.attrs[attr]!r}> is not a number", line=node.line)
         if node.tag == "nvlink":
             for attr in ("target", "count", "tclass"):
                 if attr not in node.attrs:
                     raise InputError(path, f"<nvlink> without {attr}", line=node.line)
-            if not node.attrs["count"].isdigit():
+            if _strtol(node.attrs["count"]) is None:
                 raise InputError(path, f"<nvlink count={node.attrs['count']!r}> is not a number",
                                  line=node.line)
+        for child in node.children:
+            if child.tag in HANDLED.get(node.tag, set()):
+                check(child)
+
+    check(system)
+
+
+def _strtol(text: str) -> int | None:
+    """An integer attribute as NCCL reads it with strtol(..., 0): decimal or 0x hex.
+
+    (A leading-zero octal value, which strtol would also take, is refused: NCCL never writes one.)
+    """
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
 
 
 def load_xml(path: str | Path) -> Topology:

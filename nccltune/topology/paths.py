@@ -164,12 +164,12 @@ class PathGraph:
                     nic = next((c for c in child.children if c.tag == "nic"), None)
                     bw = pci_bw_gbps(child.attrs.get("link_speed"), child.attrs.get("link_width"))
                     if gpu is not None:
-                        idx = int(gpu.attrs.get("dev", len(self.gpu_keys)))
+                        dev = _attr_int(gpu, "dev")
+                        idx = dev if dev is not None else len(self.gpu_keys)
                         key = f"GPU{idx}"
                         self._add(_Node(key, "GPU", gpu, idx))
                         self.gpu_keys[idx] = key
-                        sm = gpu.attrs.get("sm")
-                        gpu_sm[busid] = int(sm) if sm and sm.isdigit() else None
+                        gpu_sm[busid] = _attr_int(gpu, "sm")
                         pending_nvlinks.append((key, gpu, gpu_sm[busid]))
                     elif nic is not None:
                         for net in (c for c in nic.children if c.tag == "net"):
@@ -199,15 +199,15 @@ class PathGraph:
         for key in self.gpu_keys.values():
             node = self.nodes[key]
             assert node.xnode is not None
-            bus_to_gpu[_pci_busid_of(topo.system, node.xnode)] = key
+            bus_to_gpu[_busid_key(_pci_busid_of(topo.system, node.xnode))] = key
         for key, gpu, sm in pending_nvlinks:
             per_link = nvlink_bw_per_link(sm)
             for link in (c for c in gpu.children if c.tag == "nvlink"):
-                count = int(link.attrs.get("count", "0") or 0)
+                count = _attr_int(link, "count") or 0
                 target = link.attrs.get("target", "")
                 tclass = link.attrs.get("tclass", "")
                 if tclass.startswith("0x03"):
-                    peer = bus_to_gpu.get(target)
+                    peer = bus_to_gpu.get(_busid_key(target))
                     if peer is None:
                         continue  # NCCL only links GPUs that are in the topology
                     self._connect(key, peer, "NVL", count * per_link, count)
@@ -318,9 +318,18 @@ class PathGraph:
 
 def _pci_busid_of(system: XNode, gpu: XNode) -> str:
     for pci in system.iter("pci"):
-        if gpu in pci.children:
+        if any(child is gpu for child in pci.children):  # identity: two GPUs may look alike
             return pci.attrs.get("busid", "")
     return ""
+
+
+def _busid_key(busid: str) -> int | str:
+    """A bus id as NCCL matches an NVLink's GPU target: as a number (busIdToInt64), so that
+    case and the width of the domain do not matter."""
+    try:
+        return int(busid.replace(":", "").replace(".", ""), 16)
+    except ValueError:
+        return busid
 
 
 @dataclass
