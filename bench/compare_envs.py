@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.bench.runner import Runner, find_worker_python  # noqa: E402
-from nccltune.publish import read_published  # noqa: E402
-from nccltune.sweep.select import fmt_size  # noqa: E402
+from nccltune.bench.runner import Runner, find_worker_python
+from nccltune.publish import read_published
+from nccltune.sweep.select import fmt_size
 
 
 def parse_nccl_tests(path: Path, column: str) -> dict[int, float]:

@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--config", help="config for the daemon (default: a small sweep so it gets idle fast)")
     args = ap.parse_args()
     state = args.state_dir or tempfile.mkdtemp(prefix="nccltune-footprint-")
+    Path(state).mkdir(parents=True, exist_ok=True)
     cfg = args.config
     if cfg is None:
         cfg = str(Path(state) / "footprint.yaml")

@@ -6,16 +6,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import time
 
 path = sys.argv[1]
-try:
+with contextlib.suppress(OSError):
     os.unlink(path)
-except OSError:
-    pass
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 sock.bind(path)
 start = time.monotonic()

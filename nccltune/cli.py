@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_sweep_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
     _common(sw)
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
@@ -345,17 +345,18 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from .publish import read_published, render_env, render_json, render_sh
-    from .render import provenance_from_dict
+    """Print what is published, byte for byte as launchers read it (validated first)."""
+    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_published
 
     cfg = load_cfg(args)
-    got = read_published(cfg.publish_dir)
-    if got is None:
+    if read_published(cfg.publish_dir) is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
-    env, prov = got
-    p = provenance_from_dict(prov)
-    render = {"sh": render_sh, "env": render_env, "json": render_json}[args.format]
-    out(render(env, p, generation=prov.get("generation")))
+    name = {"sh": SH_NAME, "env": ENV_NAME, "json": JSON_NAME}[args.format]
+    try:
+        text = (cfg.publish_dir / name).read_text()
+    except OSError as exc:
+        raise CheckFailed(f"{cfg.publish_dir / name}: {exc.strerror}", hint="re-run `nccltune sweep`") from exc
+    sys.stdout.write(text)
     return EXIT_OK
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import __version__
 from .bench.runner import Runner, TrialAborted, TrialResult, find_worker_python
@@ -24,7 +24,7 @@ from .errors import BusyError, InputError, UnavailableError, UsageError
 from .hw.types import Snapshot
 from .lock import SweepLock
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
-from .store import Measurement, Store
+from .store import Backend, Measurement, Phase, RunStatus, Store, TrialStatus
 from .sweep.plan import Plan, build_plan
 from .sweep.select import BUILTIN_PROFILES, fmt_size, profile_weights
 from .sweep.space import CATALOGUE, unknown_variable_hint
@@ -165,6 +165,7 @@ class SweepReport:
     wall_s: float
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: str = ""
+    profile: str | None = None
 
 
 ProgressFn = Callable[[int, int, str, str, "TrialResult | None"], None]
@@ -220,12 +221,12 @@ class SweepPipeline:
                 procs = "; ".join(f"GPU{i}: pid {', '.join(map(str, p))}" for i, p in busy.items())
                 raise BusyError(f"compute processes are using the GPUs ({procs}); a sweep would disturb them",
                                 hint="wait for them to finish, or pass --force")
+        plan = make_plan(self.cfg, node, self.env, self.unpin)
         state = Path(self.cfg.state_dir)
         try:
             state.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
-        plan = make_plan(self.cfg, node, self.env, self.unpin)
         weights = profile_weights(self.profile, plan.sizes, self.cfg.sweep.profiles)
         python = find_worker_python(self.python)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
@@ -237,34 +238,42 @@ class SweepPipeline:
         cfg = self.cfg
         fingerprint = node.fingerprint
         run_id = store.start_run(
-            kind="sweep", fingerprint=fingerprint, backend=node.backend, demo=node.demo, profile=self.profile,
+            kind="sweep", fingerprint=fingerprint, backend=cast(Backend, node.backend), demo=node.demo,
+            profile=self.profile,
             nccl_version=None, driver_version=node.topo.driver_version, torch_version=None,
             nccltune_version=__version__, hostname=socket.gethostname().split(".")[0],
             topology={"source": node.topo.source, "gpus": len(node.topo.gpus)}, config=config_to_dict(cfg))
-        work = Path(cfg.state_dir) / "runs" / f"{run_id:05d}"
-        work.mkdir(parents=True, exist_ok=True)
-        xml_text = render_xml(node.topo.system)
-        trial_xml = work / "ncclTopology.xml"
-        atomic_write(trial_xml, xml_text)
-        base_env = {k: v for k, v in self.env.items()}
-        for name, value in cfg.sweep.pin.items():
-            base_env[name] = value
-        for name in [*cfg.sweep.unpin, *self.unpin]:
-            base_env.pop(name, None)
-        # A published NCCL_TOPO_FILE from an earlier sweep must not leak into the baseline.
-        base_env.pop("NCCL_TOPO_FILE", None)
-        runner = Runner(python=python, backend=node.backend, nranks=node.nranks, base_env=base_env,
-                        work_dir=work, timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
-                        abort_check=self.abort_check)
-        warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
-        common = {"NCCL_TOPO_FILE": str(trial_xml)}
+        try:
+            work = Path(cfg.state_dir) / "runs" / f"{run_id:05d}"
+            work.mkdir(parents=True, exist_ok=True)
+            xml_text = render_xml(node.topo.system)
+            trial_xml = work / "ncclTopology.xml"
+            atomic_write(trial_xml, xml_text)
+            base_env = {k: v for k, v in self.env.items()}
+            for name, value in cfg.sweep.pin.items():
+                base_env[name] = value
+            for name in [*cfg.sweep.unpin, *self.unpin]:
+                base_env.pop(name, None)
+            # A published NCCL_TOPO_FILE from an earlier sweep must not leak into the baseline.
+            base_env.pop("NCCL_TOPO_FILE", None)
+            runner = Runner(python=python, backend=node.backend, nranks=node.nranks, base_env=base_env,
+                            work_dir=work, timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
+                            abort_check=self.abort_check)
+            warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
+            common = {"NCCL_TOPO_FILE": str(trial_xml)}
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
+            store.finish_run(run_id, status=cast(RunStatus, status),
+                             summary={"error": str(exc) or type(exc).__name__, "trials": 0})
+            raise
         search_holder: list[Search] = []
         seq = [0]
         failed: list[tuple[str, str]] = []
         versions: dict[str, str | None] = {"nccl": None, "torch": None}
         nccl_info: dict[str, dict[str, Any]] = {}
 
-        def measure(env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        def measure(env: dict[str, str], phase: str, label: str
+                    ) -> tuple[dict[int, float], dict[str, Any]] | None:
             seq[0] += 1
             total = search_holder[0].estimate_trials() if search_holder else 0
             if self.progress:
@@ -273,9 +282,9 @@ class SweepPipeline:
             versions["nccl"] = versions["nccl"] or result.start.get("nccl_version") or result.nccl.get("version")
             versions["torch"] = versions["torch"] or result.start.get("torch_version")
             store.add_trial(
-                run_id, seq=seq[0], phase=phase, label=label, env=env,
-                status=result.status if result.status in ("ok", "timeout", "crashed", "wrong_result", "error")
-                else "failed",
+                run_id, seq=seq[0], phase=cast(Phase, phase), label=label, env=env,
+                status=cast(TrialStatus, result.status if result.status in
+                            ("ok", "timeout", "crashed", "wrong_result", "error") else "failed"),
                 reason=result.reason, wall_s=result.wall_s, nccl=result.nccl,
                 measurements=[Measurement(s.size_bytes, s.time_us, s.algbw_gbps, s.busbw_gbps, s.algo, s.proto,
                                           s.correct) for s in result.sizes])
@@ -290,15 +299,16 @@ class SweepPipeline:
                 {str(s.size_bytes): [s.algo, s.proto] for s in result.sizes if s.algo})
             return result.busbw(), result.nccl
 
-        search = Search(plan, self.settings(node), measure, common=common, weights=weights)
-        search_holder.append(search)
         try:
+            search = Search(plan, self.settings(node), measure, common=common, weights=weights)
+            search_holder.append(search)
             result = search.run()
             chosen = result.chosen
             chosen_env = dict(chosen.env) if chosen else {}
             if "NCCL_TOPO_FILE" in chosen_env:
                 chosen_env["NCCL_TOPO_FILE"] = str(cfg.topology_file)
-            publish_env = {**chosen_env, **plan.policy, **cfg.sweep.pin}
+            config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+            publish_env = {**chosen_env, **plan.policy, **config_pins}
             rows = report_rows(result, chosen, nccl_info)
             gains = {fmt_size(r["size_bytes"]): r["ratio"] for r in rows if r.get("ratio")}
             prov = Provenance(
@@ -322,7 +332,7 @@ class SweepPipeline:
         except BaseException as exc:
             runner.kill()
             status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted)) else "failed"
-            store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__,
+            store.finish_run(run_id, status=cast(RunStatus, status), summary={"error": str(exc) or type(exc).__name__,
                                                              "trials": seq[0]})
             raise
         return SweepReport(
@@ -330,7 +340,7 @@ class SweepPipeline:
             result=result, chosen_env=publish_env, chosen_label=chosen_label, published=published,
             topology_file=str(cfg.topology_file) if "NCCL_TOPO_FILE" in chosen_env else None,
             nccl_version=versions["nccl"], torch_version=versions["torch"], trials=seq[0], failed_trials=failed,
-            wall_s=round(time.monotonic() - started, 1), rows=rows, summary=summary)
+            wall_s=round(time.monotonic() - started, 1), rows=rows, summary=summary, profile=self.profile)
 
 
 def report_rows(result: SearchResult, chosen: Finalist | None,

@@ -79,7 +79,7 @@ def topology_text(topo: Topology, paths: PathMatrix) -> str:
     lines = [f"Topology of {topo.source}" + (f" (driver {topo.driver_version})" if topo.driver_version else "")]
     lines.append("")
     for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip())
     lines.append("")
     for g in topo.gpus:
         pcie = (f"PCIe Gen{g.pcie_max_gen} x{g.pcie_max_width}" if g.pcie_max_gen else "PCIe ?")
@@ -111,7 +111,7 @@ def _fmt_size(n: int) -> str:
 
 
 def _fmt_s(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
@@ -184,7 +184,7 @@ def sweep_doc(report: Any) -> dict[str, Any]:
         "fingerprint": report.fingerprint,
         "nccl_version": report.nccl_version,
         "torch_version": report.torch_version,
-        "profile": report.result and None,
+        "profile": report.profile,
         "trials": report.trials,
         "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
         "wall_s": report.wall_s,
@@ -208,8 +208,12 @@ def rows_text(rows: list[dict[str, Any]]) -> list[str]:
             f"{r.get('default_algo_proto') or '?'} -> {r.get('tuned_algo_proto') or '?'}",
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return ["  ".join(c.rjust(w) if i in (1, 2, 3, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-            .rstrip() for row in table]
+    numeric = (1, 2, 3, 4)
+    lines = []
+    for row in table:
+        cells = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
 
 
 def sweep_text(report: Any) -> str:

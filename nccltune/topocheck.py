@@ -72,13 +72,13 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
     if dump.exists():
         try:
             dump_diff = diff_trees(ours.system, load_xml(dump).system)
-        except Exception as exc:  # noqa: BLE001 - a bad re-dump is reported, not fatal
+        except Exception as exc:
             dump_diff = TopoDiff(changed=[f"NCCL's re-dump could not be read: {exc}"])
     loaded = bool(log.topo_loaded) and not log.topo_open_error
     correct = None if not result.sizes else all(s.correct for s in result.sizes)
     if log.topo_open_error:
         passed, verdict = False, f"NCCL ignored the file: could not open it ({log.topo_open_error})"
-    elif log.errors or result.status in ("crashed", "error") and not loaded:
+    elif log.errors or (result.status in ("crashed", "error") and not loaded):
         passed, verdict = False, f"NCCL rejected the file: {(log.errors or [result.reason or result.status])[0]}"
     elif not loaded:
         passed, verdict = False, "NCCL did not say it loaded the file (no 'Loading topology file' line)"

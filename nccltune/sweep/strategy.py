@@ -132,6 +132,7 @@ class Search:
             raise CheckFailed("every run of NCCL's defaults failed; see the trial logs in the state "
                               "directory")
         baseline = size_stats(base_runs)
+        baseline_trials = self.s.baseline_repeats
 
         screened: list[tuple[Env, str, float | None]] = []
 
@@ -165,7 +166,10 @@ class Search:
                 got = self.measure(f.env, "final", f"{f.label} #{r + 1}")
                 if got:
                     f.runs.append(got[0])
-            got = self.measure({}, "baseline", f"defaults #{len(base_runs) + 1}")
+            # Numbered by trial, not by success: after a failed run of the defaults, a count of
+            # successes would give two trials the same label in the history.
+            baseline_trials += 1
+            got = self.measure({}, "baseline", f"defaults #{baseline_trials}")
             if got:
                 base_runs.append(got[0])
         baseline = size_stats(base_runs)

@@ -1,0 +1,329 @@
+"""The search logic, driven by a synthetic measure function.
+
+`Bench` returns deterministic busbw curves: a base curve per size, multiplied by a factor per
+(variable, value) in the candidate's environment and by seeded multiplicative noise per size.
+It tests which trials the search makes and what it concludes from known numbers; it stands in
+for no real benchmark.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from nccltune.errors import CheckFailed, UsageError
+from nccltune.sweep.plan import Plan
+from nccltune.sweep.select import MiB, profile_weights
+from nccltune.sweep.strategy import TOPO_ONLY, Search, SearchResult, Settings, label_of
+
+SIZES = [4096, 65536, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+SMALL = [4096, 65536, MiB]
+LARGE = [16 * MiB, 64 * MiB, 256 * MiB]
+TOPO = "/state/runs/00001/ncclTopology.xml"
+COMMON = {"NCCL_TOPO_FILE": TOPO}
+
+Effect = float | Mapping[int, float]
+
+
+def base_busbw(size: int) -> float:
+    """A bandwidth curve shaped like a real all-reduce: latency-bound, then saturating."""
+    return 200.0 * size / (size + 8 * MiB)
+
+
+class Bench:
+    def __init__(self, effects: Mapping[tuple[str, str], Effect] | None = None, *,
+                 noise_pct: Effect = 0.2, seed: int = 1,
+                 fail: Callable[[dict[str, str], str, str], bool] | None = None,
+                 channels: int | None = 16) -> None:
+        self.effects = dict(effects or {})
+        self.noise_pct = noise_pct
+        self.rng = random.Random(seed)
+        self.fail = fail
+        self.channels = channels
+        self.calls: list[tuple[dict[str, str], str, str]] = []
+
+    @staticmethod
+    def _at(effect: Effect, size: int, default: float) -> float:
+        return effect if isinstance(effect, float) else effect.get(size, default)
+
+    def __call__(self, env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        self.calls.append((dict(env), phase, label))
+        if self.fail is not None and self.fail(env, phase, label):
+            return None
+        out = {}
+        for size in SIZES:
+            bw = base_busbw(size)
+            for (name, value), effect in self.effects.items():
+                if env.get(name) == value:
+                    bw *= self._at(effect, size, 1.0)
+            noise = self._at(self.noise_pct, size, 0.2) / 100.0
+            out[size] = bw * (1.0 + self.rng.uniform(-noise, noise))
+        return out, {"coll_channels": self.channels}
+
+    def phases(self) -> list[str]:
+        return [phase for _env, phase, _label in self.calls]
+
+    def envs(self, phase: str) -> list[dict[str, str]]:
+        return [env for env, p, _label in self.calls if p == phase]
+
+
+def make_plan(variables: Mapping[str, list[str]]) -> Plan:
+    return Plan(variables={k: list(v) for k, v in variables.items()}, pruned=[], pinned={}, policy={},
+                sizes=list(SIZES), backend="nccl", nranks=2)
+
+
+def search(variables: Mapping[str, list[str]], bench: Bench, *, profile: str = "balanced",
+           common: Mapping[str, str] = COMMON, **settings: Any) -> Search:
+    plan = make_plan(variables)
+    return Search(plan, Settings(**settings), bench, common=dict(common),
+                  weights=profile_weights(profile, SIZES, {}))
+
+
+def chosen_env(result: SearchResult) -> dict[str, str] | None:
+    return None if result.chosen is None else dict(result.chosen.env)
+
+
+def test_a_candidate_five_percent_faster_everywhere_is_chosen() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05})
+    result = search({"NCCL_ALGO": ["Ring", "Tree"]}, bench).run()
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree"}
+    assert result.chosen is not None and result.chosen.verdict is not None
+    assert result.chosen.verdict.eligible
+    assert result.chosen.verdict.gain_pct == pytest.approx(5.0, abs=0.6)
+    assert result.chosen.label == "NCCL_ALGO=Tree"
+
+
+def _large_but_small_regression() -> Bench:
+    # 10% faster from 16 MiB up, 5% slower at 64 KiB, where the defaults vary by only 0.2%.
+    effect = {**{s: 1.10 for s in LARGE}, 65536: 0.95}
+    return Bench({("NCCL_PROTO", "Simple"): effect}, noise_pct=0.2)
+
+
+def test_a_small_size_regression_is_rejected_under_balanced() -> None:
+    result = search({"NCCL_PROTO": ["Simple"]}, _large_but_small_regression()).run()
+    simple = next(f for f in result.finalists if f.env.get("NCCL_PROTO") == "Simple")
+    # It screens well (a positive weighted gain), so it is re-measured, and then refused.
+    assert simple.verdict is not None and not simple.verdict.eligible
+    assert simple.verdict.gain_pct > 2
+    assert [s for s, _ratio in simple.verdict.regressions] == [65536]
+    assert result.chosen is not simple
+    assert chosen_env(result) in (None, COMMON)
+
+
+def test_the_same_candidate_is_accepted_under_large() -> None:
+    result = search({"NCCL_PROTO": ["Simple"]}, _large_but_small_regression(), profile="large").run()
+    assert chosen_env(result) == {**COMMON, "NCCL_PROTO": "Simple"}
+    assert result.chosen is not None and result.chosen.verdict is not None
+    assert result.chosen.verdict.gain_pct == pytest.approx(10.0, abs=0.6)
+
+
+def test_a_gain_inside_the_noise_is_not_chosen_and_the_topology_file_alone_is_published() -> None:
+    # 1% "faster" where every run varies by +-4%.
+    bench = Bench({("NCCL_BUFFSIZE", "8388608"): 1.01}, noise_pct=4.0, seed=3)
+    result = search({"NCCL_BUFFSIZE": ["8388608"]}, bench).run()
+    assert result.topo_only is not None
+    assert result.chosen is result.topo_only
+    assert chosen_env(result) == COMMON
+    assert result.chosen.label == TOPO_ONLY
+    # It was judged only for regressions: no gain was needed.
+    assert result.topo_only.verdict is not None and result.topo_only.verdict.eligible
+    assert result.topo_only.verdict.gain_pct < result.topo_only.verdict.threshold_pct
+    buff = [f for f in result.finalists if f.env.get("NCCL_BUFFSIZE")]
+    assert all(f.verdict is None or not f.verdict.eligible for f in buff)
+
+
+def test_a_topology_file_that_is_slower_is_not_published() -> None:
+    bench = Bench({("NCCL_TOPO_FILE", TOPO): 0.9})
+    result = search({"NCCL_ALGO": ["Tree"]}, bench).run()
+    assert result.topo_only is not None and result.topo_only.verdict is not None
+    assert not result.topo_only.verdict.eligible
+    assert result.chosen is None
+
+
+def test_a_failed_trial_is_skipped() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.08, ("NCCL_ALGO", "Ring"): 1.05},
+                  fail=lambda env, phase, _label: phase == "screen" and env.get("NCCL_ALGO") == "Tree")
+    result = search({"NCCL_ALGO": ["Tree", "Ring"]}, bench).run()
+    gains = {label: gain for _env, label, gain in result.screened}
+    assert gains["NCCL_ALGO=Tree"] is None
+    assert gains["NCCL_ALGO=Ring"] is not None and gains["NCCL_ALGO=Ring"] > 0
+    assert all(f.env.get("NCCL_ALGO") != "Tree" for f in result.finalists)
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Ring"}
+
+
+def test_failed_finalist_and_baseline_runs_are_left_out() -> None:
+    seen: dict[str, int] = {}
+
+    def flaky(env: dict[str, str], phase: str, label: str) -> bool:
+        seen[phase] = seen.get(phase, 0) + 1
+        return (phase == "final" and seen[phase] == 1) or label == "defaults #2"
+
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05}, fail=flaky)
+    result = search({"NCCL_ALGO": ["Tree"]}, bench, finalist_repeats=3).run()
+    assert result.chosen is not None and result.chosen.env.get("NCCL_ALGO") == "Tree"
+    assert len(result.chosen.runs) + sum(len(f.runs) for f in result.finalists if f is not result.chosen) == 5
+    assert len(result.baseline_runs) == 3 + 3 - 1
+    # Trials keep distinct labels in the history even after a failure.
+    labels = [label for _env, phase, label in bench.calls if phase == "baseline"]
+    assert labels == [f"defaults #{i}" for i in range(1, 7)]
+
+
+def test_channel_values_are_pruned_after_the_first_baseline_that_worked() -> None:
+    # The first run of the defaults fails: the channel count comes from the second.
+    bench = Bench(fail=lambda _env, _phase, label: label == "defaults #1", channels=16)
+    s = search({"NCCL_MIN_NCHANNELS": ["8", "16", "32"], "NCCL_MAX_NCHANNELS": ["8", "32"]}, bench)
+    s.run()
+    assert s.plan.variables == {"NCCL_MIN_NCHANNELS": ["32"], "NCCL_MAX_NCHANNELS": ["8"]}
+    screened = [env for env in bench.envs("screen") if env != COMMON]
+    assert {e.get("NCCL_MIN_NCHANNELS") or e.get("NCCL_MAX_NCHANNELS") for e in screened} <= {"32", "8"}
+    assert {(p.name, p.value) for p in s.plan.pruned} == {
+        ("NCCL_MIN_NCHANNELS", "8"), ("NCCL_MIN_NCHANNELS", "16"), ("NCCL_MAX_NCHANNELS", "32")}
+
+
+def test_every_baseline_failing_is_a_check_failure() -> None:
+    bench = Bench(fail=lambda _env, phase, _label: phase == "baseline")
+    with pytest.raises(CheckFailed, match="every run of NCCL's defaults failed"):
+        search({"NCCL_ALGO": ["Tree"]}, bench).run()
+    assert bench.phases() == ["baseline"] * 3
+
+
+def test_combine_tries_the_best_values_of_two_helpful_variables_together() -> None:
+    bench = Bench({
+        ("NCCL_ALGO", "Tree"): 1.04, ("NCCL_ALGO", "Ring"): 1.01,
+        ("NCCL_BUFFSIZE", "8388608"): 1.03, ("NCCL_BUFFSIZE", "2097152"): 0.97,
+        ("NCCL_NTHREADS", "256"): 0.95,
+    })
+    result = search({"NCCL_ALGO": ["Ring", "Tree"], "NCCL_BUFFSIZE": ["2097152", "8388608"],
+                     "NCCL_NTHREADS": ["256"]}, bench).run()
+    combined = {**COMMON, "NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608"}
+    screens = bench.envs("screen")
+    # The best value of each helpful variable, together; the harmful variable stays out.
+    assert [e for e in screens if len(e) > 2] == [combined]
+    assert chosen_env(result) == combined
+    assert result.chosen is not None and result.chosen.verdict is not None
+    assert result.chosen.verdict.gain_pct == pytest.approx(100 * (1.04 * 1.03 - 1), abs=0.7)
+    assert result.chosen.label == "NCCL_ALGO=Tree NCCL_BUFFSIZE=8388608"
+
+
+def test_combine_keeps_an_addition_only_when_it_helps() -> None:
+    # Each helps alone; together the second one undoes the first (an interaction).
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.06, ("NCCL_PROTO", "LL"): 1.03})
+    original = bench.__call__
+
+    def measure(env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        got = original(env, phase, label)
+        if got and env.get("NCCL_ALGO") == "Tree" and env.get("NCCL_PROTO") == "LL":
+            return {s: v / 1.06 / 1.03 * 0.98 for s, v in got[0].items()}, got[1]
+        return got
+
+    s = Search(make_plan({"NCCL_ALGO": ["Tree"], "NCCL_PROTO": ["LL"]}), Settings(), measure,
+               common=dict(COMMON), weights=profile_weights("balanced", SIZES, {}))
+    result = s.run()
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree"}
+
+
+def test_finalists_are_reinterleaved_with_baselines() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05, ("NCCL_ALGO", "Ring"): 1.03})
+    result = search({"NCCL_ALGO": ["Ring", "Tree"]}, bench, baseline_repeats=2, finalist_repeats=2,
+                    max_finalists=2).run()
+    tail = bench.phases()[-(2 * (len(result.finalists) + 1)):]
+    # Per round: every finalist (two candidates and the topology file alone), then the defaults.
+    assert tail == ["final", "final", "final", "baseline"] * 2
+    assert len(result.baseline_runs) == 2 + 2
+    assert result.baseline[4096].n == 4
+    assert [f.label for f in result.finalists] == ["NCCL_ALGO=Tree", "NCCL_ALGO=Ring", TOPO_ONLY]
+
+
+def test_staged_estimate_is_exact_when_every_candidate_helps() -> None:
+    bench = Bench({("NCCL_ALGO", "Ring"): 1.03, ("NCCL_ALGO", "Tree"): 1.05,
+                   ("NCCL_BUFFSIZE", "2097152"): 1.02, ("NCCL_BUFFSIZE", "8388608"): 1.04,
+                   ("NCCL_NTHREADS", "256"): 1.03})
+    s = search({"NCCL_ALGO": ["Ring", "Tree"], "NCCL_BUFFSIZE": ["2097152", "8388608"],
+                "NCCL_NTHREADS": ["256"]}, bench)
+    estimate = s.estimate_trials()
+    s.run()
+    # 3 baselines + 5 singles + the topology file + 2 combinations + (3 finalists + topology file
+    # + defaults) x 3 rounds.
+    assert estimate == 3 + 5 + 1 + 2 + (3 + 1 + 1) * 3
+    assert len(bench.calls) == estimate
+
+
+@pytest.mark.parametrize("helpful", [0, 1, 2])
+def test_staged_estimate_is_an_upper_bound_within_the_combine_bound(helpful: int) -> None:
+    names = ["NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_NTHREADS"]
+    values = {"NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608", "NCCL_NTHREADS": "256"}
+    effects = {(n, values[n]): (1.05 if i < helpful else 0.9) for i, n in enumerate(names)}
+    bench = Bench(effects)
+    s = search({n: [values[n]] for n in names}, bench)
+    estimate = s.estimate_trials()
+    result = s.run()
+    combine_bound = min(Settings().max_combine, len(names) - 1)
+    combined = sum(1 for e in bench.envs("screen") if len(e) > 2)
+    assert combined == max(0, helpful - 1) <= combine_bound
+    assert len(bench.calls) <= estimate
+    # What the estimate over-counts is only combinations not tried and finalists not found.
+    missing_finalists = Settings().max_finalists - (len(result.finalists) - 1)
+    assert estimate - len(bench.calls) == (combine_bound - combined) + missing_finalists * Settings().finalist_repeats
+
+
+def test_exhaustive_grid_over_two_variables_with_two_values_each() -> None:
+    effects: dict[tuple[str, str], Effect] = {
+        ("NCCL_ALGO", "Ring"): 1.02, ("NCCL_ALGO", "Tree"): 1.04,
+        ("NCCL_PROTO", "LL"): 1.01, ("NCCL_PROTO", "Simple"): 1.03,
+    }
+    bench = Bench(effects)
+    variables = {"NCCL_ALGO": ["Ring", "Tree"], "NCCL_PROTO": ["LL", "Simple"]}
+    s = search(variables, bench, exhaustive=True)
+    estimate = s.estimate_trials()
+    result = s.run()
+    grid = bench.envs("exhaustive")
+    # (unset, Ring, Tree) x (unset, LL, Simple) = 9 points; the all-unset point is the topology
+    # file alone, measured once, so 8 combinations plus that one.
+    assert s.grid_points() == 9
+    combos = [e for e in grid if e != COMMON]
+    assert len(combos) == 8 and grid.count(COMMON) == 1
+    expected = []
+    for algo, proto in itertools.product([None, "Ring", "Tree"], [None, "LL", "Simple"]):
+        env = dict(COMMON)
+        if algo:
+            env["NCCL_ALGO"] = algo
+        if proto:
+            env["NCCL_PROTO"] = proto
+        if env != COMMON:
+            expected.append(env)
+    assert sorted(map(sorted, map(dict.items, combos))) == sorted(map(sorted, map(dict.items, expected)))
+    assert bench.envs("screen") == []
+    # Exact: 3 baselines + 9 grid trials + (3 finalists + topology file + defaults) x 3 rounds.
+    assert estimate == 3 + 9 + (3 + 1 + 1) * 3 == len(bench.calls)
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+
+
+def test_exhaustive_estimate_without_a_topology_file() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05, ("NCCL_ALGO", "Ring"): 1.02})
+    s = search({"NCCL_ALGO": ["Ring", "Tree"]}, bench, common={}, exhaustive=True, max_finalists=3)
+    estimate = s.estimate_trials()
+    result = s.run()
+    # 3 baselines + 2 grid points + (2 finalists + defaults) x 3.
+    assert estimate == 3 + 2 + (2 + 1) * 3 == len(bench.calls)
+    assert result.topo_only is None
+    assert chosen_env(result) == {"NCCL_ALGO": "Tree"}
+
+
+def test_an_oversized_grid_is_refused_before_anything_runs() -> None:
+    bench = Bench()
+    s = search({"NCCL_ALGO": ["Ring", "Tree"], "NCCL_PROTO": ["LL", "Simple"]}, bench, exhaustive=True,
+               max_grid=8)
+    with pytest.raises(UsageError, match="9 points"):
+        s.run()
+    assert bench.calls == []
+
+
+def test_labels() -> None:
+    assert label_of({}) == "defaults"
+    assert label_of(COMMON) == TOPO_ONLY
+    assert label_of({**COMMON, "NCCL_PROTO": "LL", "NCCL_ALGO": "Tree"}) == "NCCL_ALGO=Tree NCCL_PROTO=LL"
+    assert label_of({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Tree"}) == "defaults"
