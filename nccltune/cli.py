@@ -18,6 +18,7 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 if TYPE_CHECKING:
     from .bench.runner import TrialResult
     from .config import Config
+    from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -389,19 +390,24 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return EXIT_OK  # pragma: no cover - exec does not return
 
 
-def cmd_history(args: argparse.Namespace) -> int:
-    from .render import dumps, history_doc, history_text, trials_text
+def _history(args: argparse.Namespace) -> Store:
+    """The results store of the configured state directory; CheckFailed when there is none yet."""
     from .store import Store
 
-    cfg = load_cfg(args)
-    path = cfg.state_path("history.db")
+    path = load_cfg(args).state_path("history.db")
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
-    with Store(path) as store:
+    return Store(path)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .render import dumps, history_doc, history_text, trials_text
+
+    with _history(args) as store:
         if args.run is not None:
             run = store.run(args.run)
             if run is None:
-                raise UsageError(f"no run {args.run} in {path}")
+                raise UsageError(f"no run {args.run} in the history")
             trials = store.trials(args.run)
             out(dumps(history_doc([run], trials)) if args.json else trials_text(run, trials))
             return EXIT_OK
@@ -412,13 +418,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .render import dumps, report_doc, report_text
-    from .store import Store
 
-    cfg = load_cfg(args)
-    path = cfg.state_path("history.db")
-    if not path.exists():
-        raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
-    with Store(path) as store:
+    with _history(args) as store:
         runs = [store.run(args.run)] if args.run is not None else store.runs(limit=1, kind="sweep")
         run = runs[0] if runs else None
         if run is None or run.summary is None or "rows" not in (run.summary or {}):

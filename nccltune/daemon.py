@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .bench.runner import TrialAborted, find_worker_python
 from .config import Config, load_config, with_overrides
 from .doctor import default_conf_files, diagnose
 from .errors import BusyError, NccltuneError
@@ -36,7 +37,7 @@ from .metrics import MetricsState, write_metrics
 from .pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from .publish import Provenance, atomic_write, publish, read_published
 from .sdnotify import Notifier, watchdog_interval_s
-from .bench.runner import TrialAborted, find_worker_python
+from .store import Store
 from .topology.fingerprint import topology_facts
 from .topology.ncclxml import render_xml
 from .verify import run_verify
@@ -57,13 +58,12 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if a == b:
             continue
         if isinstance(a, list) and isinstance(b, list):
-            ident = next((k for k in ("bus_id", "busid", "gpu", "name", "numaid") if
-                          all(isinstance(x, dict) and k in x for x in a + b)), None)
+            ident = _identity_key(key, a, b)
             if ident is None:
                 out.append(f"{key} changed")
                 continue
-            before = {str(x[ident]) + (f"->{x.get('target')}" if key == "nvlinks" else ""): x for x in a}
-            after = {str(x[ident]) + (f"->{x.get('target')}" if key == "nvlinks" else ""): x for x in b}
+            before = {ident(x): x for x in a}
+            after = {ident(x): x for x in b}
             for k in sorted(set(before) - set(after)):
                 out.append(f"{key} {k} is gone")
             for k in sorted(set(after) - set(before)):
@@ -78,6 +78,25 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def _identity_key(key: str, a: list[Any], b: list[Any]) -> Callable[[dict[str, Any]], str] | None:
+    """What names one entry of a facts list, or None when no field tells the entries apart.
+
+    The field must be set and unique on both sides: NICs without a PCI address (virtio in VMs)
+    all have bus_id None, and keying on it would fold them into one entry and hide changes.
+    """
+    if not all(isinstance(x, dict) for x in a + b):
+        return None
+    for k in ("bus_id", "busid", "gpu", "name", "numaid"):
+        def ident(x: dict[str, Any], k: str = k) -> str:
+            return str(x[k]) + (f"->{x.get('target')}" if key == "nvlinks" else "")
+
+        if not all(x.get(k) is not None for x in a + b):
+            continue
+        if len({ident(x) for x in a}) == len(a) and len({ident(x) for x in b}) == len(b):
+            return ident
+    return None
+
+
 @dataclass
 class DaemonOptions:
     config_path: Path | None
@@ -90,10 +109,13 @@ class DaemonOptions:
 
 class Daemon:
     def __init__(self, opts: DaemonOptions, notifier: Notifier | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], _dt.datetime] = _dt.datetime.now) -> None:
         self.opts = opts
         self.notifier = notifier or Notifier()
         self.clock = clock
+        # Local time of day, for the maintenance window; injected so that tests need not wait for it.
+        self.wall_clock = wall_clock
         self.wake = threading.Event()
         self.stop_requested = False
         self.reload_requested = False
@@ -105,6 +127,9 @@ class Daemon:
         self.nccl: dict[str, Any] = {}
         self.tuning_fp: str | None = None
         self.last_busy = -1e18
+        # The GPUs as last seen (poll or abort check): a quiet period of 0 must not let a sweep
+        # start while a job holds them.
+        self.busy_now = False
         self.last_verify = clock()
         self.verify_due = False
         self.watchdog_s = watchdog_interval_s()
@@ -164,7 +189,11 @@ class Daemon:
             return
         self.cfg = new
         log.info("configuration reloaded")
-        self._refresh_tuning_fingerprint()
+        if self.node is not None:
+            self._refresh_tuning_fingerprint()
+            # New sweep settings make the published tuning stale, as they do at start-up.
+            self._check_published()
+            self.status(self._idle_status() if not self.metrics.degraded else self.status_text)
         self.notifier.ready(self.status_text)
 
     # -- start-up ------------------------------------------------------------------------------------
@@ -177,6 +206,10 @@ class Daemon:
             self._daemon_lock.acquire()
         except BusyError as exc:
             raise BusyError(str(exc).replace("another sweep", "another daemon")) from exc
+        # Opening moves a corrupt history aside now, and a database this version cannot use
+        # (newer schema) stops the start with its message instead of failing every sweep later.
+        with Store(state / "history.db"):
+            pass
         self.node = load_node(self.cfg, self.opts.demo)
         self.facts = topology_facts(self.node.topo)
         self.nccl = probe_nccl(find_worker_python(self.opts.python or self.cfg.bench.python))
@@ -205,7 +238,10 @@ class Daemon:
                 return
         except OSError:
             pass
-        published = read_published(self.cfg.publish_dir)
+        try:
+            published = read_published(self.cfg.publish_dir)
+        except NccltuneError:
+            return  # _check_published reports it and schedules the sweep that replaces it
         # Only rewrite a file that the published environment does not rely on with other content:
         # a tuned environment always comes with the file it was measured with.
         if published is None or published[1].get("topology_fingerprint") != self.node.fingerprint:
@@ -214,7 +250,14 @@ class Daemon:
 
     def _check_published(self) -> None:
         assert self.node is not None
-        published = read_published(self.cfg.publish_dir)
+        try:
+            published = read_published(self.cfg.publish_dir)
+        except NccltuneError as exc:
+            # The sweep replaces it (publish() tolerates a corrupt nccl.json); exit 78 here would
+            # keep systemd from restarting the service at all.
+            log.error("the published files cannot be read: %s", exc)
+            self.need_sweep = "the published files cannot be read"
+            return
         if published is None:
             self.need_sweep = "nothing is published yet"
             return
@@ -251,8 +294,13 @@ class Daemon:
         try:
             self.start()
             polls = 0
+            # daemon.sweep_on_start: a pending sweep may start right away instead of one poll
+            # interval (a minute by default) after start-up; the first poll still checks the GPUs.
+            skip_sleep = self.cfg.daemon.sweep_on_start and self.need_sweep is not None
             while not self.stop_requested:
-                self._sleep(self.poll_interval)
+                if not skip_sleep:
+                    self._sleep(self.poll_interval)
+                skip_sleep = False
                 if self.stop_requested:
                     break
                 if self.reload_requested:
@@ -296,14 +344,15 @@ class Daemon:
         except NccltuneError as exc:
             self._degraded(f"cannot read the node: {exc.message}")
             return
-        except Exception as exc:  # noqa: BLE001 - NVML errors such as GPU lost
+        except Exception as exc:  # NVML errors (GPU lost, driver unloaded) are not NccltuneErrors
             self._degraded(f"NVML error: {exc}")
             return
         if self.metrics.degraded:
             log.warning("node readable again; leaving degraded state")
             self.metrics.degraded = False
         assert self.node is not None
-        if self.gpus_busy(node):
+        self.busy_now = bool(self.gpus_busy(node))
+        if self.busy_now:
             self.last_busy = self.clock()
         facts = topology_facts(node.topo)
         if node.fingerprint != self.node.fingerprint:
@@ -314,8 +363,13 @@ class Daemon:
             self.node, self.facts = node, facts
             self._update_node_metrics()
             self._refresh_tuning_fingerprint()
-            self.republish_safe("topology changed: " + "; ".join(changes[:3]))
             self.need_sweep = "topology changed"
+            try:
+                self.republish_safe("topology changed: " + "; ".join(changes[:3]))
+            except NccltuneError as exc:
+                # The sweep (still scheduled) publishes for the new topology; until then the
+                # old files stay, which the log and `nccltune doctor` flag as stale.
+                log.error("cannot republish a safe environment: %s", exc)
         else:
             self.node, self.facts = node, facts
         self._check_nccl_library()
@@ -353,11 +407,13 @@ class Daemon:
         """None if a sweep may start now, else why not."""
         if self.metrics.degraded:
             return "degraded"
+        if self.busy_now:
+            return "GPUs in use"
         quiet = self.cfg.daemon.quiet_period_s
         idle_for = self.clock() - self.last_busy
         if idle_for < quiet:
             return f"GPUs busy within the last {quiet:g} s"
-        if not self.cfg.daemon.in_window(_dt.datetime.now().time()):
+        if not self.cfg.daemon.in_window(self.wall_clock().time()):
             return f"outside the maintenance window {self.cfg.daemon.maintenance_window}"
         return None
 
@@ -380,9 +436,10 @@ class Daemon:
         self._last_abort_check = now
         try:
             node = self.node if self.node is not None and self.node.demo else load_node(self.cfg, self.opts.demo)
-        except Exception:  # noqa: BLE001 - judged at the next poll
+        except Exception:  # judged at the next poll (degraded state)
             return None
         busy = self.gpus_busy(node)
+        self.busy_now = bool(busy)
         if busy:
             self.last_busy = now
             return f"a job started on the GPUs (pid {', '.join(map(str, busy))})"
@@ -412,11 +469,22 @@ class Daemon:
             return
         except BusyError as exc:
             log.warning("sweep not started: %s", exc)
+            self.metrics.sweeps_total -= 1  # counted as started above, but nothing ran
+            self.status(self._idle_status())
             return
         except NccltuneError as exc:
             log.error("sweep failed: %s; the published files are unchanged", exc)
             self.metrics.last_sweep_success = False
             self.need_sweep = None  # retried after the next change or verify failure, not in a loop
+            self.status(self._idle_status())
+            return
+        except Exception:
+            # A bug or an OS error inside the pipeline must not end the service: the published
+            # files are still good, and a restart would only re-run the same sweep into the error.
+            log.exception("sweep failed unexpectedly; the published files are unchanged")
+            self.metrics.last_sweep_success = False
+            self.need_sweep = None
+            self.status(self._idle_status())
             return
         self.need_sweep = None
         self.metrics.last_sweep_ts = time.time()

@@ -33,13 +33,17 @@ class Finding:
 
 
 def read_conf_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines the way NCCL reads them (no trimming, `#` only at line start)."""
+    """KEY=VALUE lines the way NCCL reads them (no trimming, `#` only at line start).
+
+    Lines end at '\n' only, as with NCCL's getline(): a CRLF file leaves '\r' in every value
+    (a NCCL_TOPO_FILE that then does not exist), which universal newlines and str.splitlines() would hide.
+    """
     out: dict[str, str] = {}
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_bytes().decode(errors="replace")  # no newline translation
     except OSError:
         return out
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line or line.startswith("#") or "=" not in line:
             continue
         key, _, value = line.partition("=")
@@ -75,7 +79,8 @@ def diagnose(
     if nvlink_pairs and p2p_disable and p2p_disable[0] == "1":
         f.append(Finding("error", "p2p-disabled", f"NCCL_P2P_DISABLE=1 (from {p2p_disable[1]}) on a node whose GPUs "
                          "are joined by NVLink: all-reduce goes through host memory (about 12x slower on the 2x "
-                         "H200 reference node: 27.5 vs 345 GB/s)", "unset NCCL_P2P_DISABLE; if P2P hangs, fix ACS/IOMMU"))
+                         "H200 reference node: 27.5 vs 345 GB/s)",
+                         "unset NCCL_P2P_DISABLE; if P2P hangs, fix ACS/IOMMU"))
     if nvlink_pairs and p2p_level and level_of(p2p_level[0]) == "LOC":
         f.append(Finding("error", "p2p-level-loc", f"NCCL_P2P_LEVEL={p2p_level[0]} (from {p2p_level[1]}) turns P2P "
                          "off between NVLink-connected GPUs", "unset NCCL_P2P_LEVEL"))
@@ -171,7 +176,7 @@ def diagnose(
 def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dict[str, object]] | None:
     try:
         got = read_published(publish_dir)
-    except Exception as exc:  # noqa: BLE001 - a corrupt file is a finding, not a crash
+    except Exception as exc:
         f.append(Finding("error", "published-corrupt", f"cannot read what is published in {publish_dir}: {exc}",
                          "run nccltune sweep"))
         return None

@@ -24,6 +24,16 @@ def units_dir() -> Path:
     return here
 
 
+def systemd_quote(word: str) -> str:
+    """One word for a unit's command line: '%' starts a specifier and '$' a variable
+    (systemd.unit(5), systemd.service(5)), and whitespace splits words, so a path such as
+    `/opt/my venv/bin/nccltune` is quoted."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if any(c.isspace() or c in "\"'\\;" for c in word):
+        return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return word
+
+
 def install_units(prefix: Path, *, binary: str | None = None, enable: bool = True) -> list[str]:
     exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
     target = prefix / "etc/systemd/system"
@@ -35,7 +45,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
         for line in text.splitlines():
             for key in ("ExecStart=", "ExecReload="):
                 if line.startswith(key) and "nccltune" in line.split()[0]:
-                    line = key + exe + line[len(key) + len(line[len(key):].split()[0]):]
+                    line = key + systemd_quote(exe) + line[len(key) + len(line[len(key):].split()[0]):]
             lines.append(line)
         atomic_write(target / name, "\n".join(lines) + "\n")
         done.append(f"installed {target / name} (ExecStart {exe})")

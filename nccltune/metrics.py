@@ -6,7 +6,7 @@ Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ra
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,15 @@ def _labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return ""
     return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _value(value: float | None) -> str:
+    """A sample value as the text format spells it: NaN, +Inf and -Inf (Python writes inf)."""
+    if value is None or math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 @dataclass
@@ -52,14 +61,14 @@ class MetricsState:
 def render(state: MetricsState) -> str:
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[Mapping[str, str], float]]) -> None:
+    def metric(name: str, kind: str, help_text: str,
+               samples: Sequence[tuple[Mapping[str, str], float | None]]) -> None:
         if not samples:
             return
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            v = "NaN" if value is None or (isinstance(value, float) and math.isnan(value)) else repr(float(value))
-            lines.append(f"{name}{_labels(labels)} {v}")
+            lines.append(f"{name}{_labels(labels)} {_value(value)}")
 
     metric("nccltune_build_info", "gauge", "nccltune version (always 1)", [({"version": __version__}, 1)])
     metric("nccltune_topology_info", "gauge", "topology of this node (always 1)",

@@ -11,6 +11,7 @@ import datetime as _dt
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,6 +107,27 @@ def load_node(cfg: Config, demo: str | bool | None) -> Node:
     return Node(topo, compute_paths(topo), snap, False, backend, nranks)
 
 
+def resolve_engine(cfg: Config, node: Node) -> str | None:
+    """Path of all_reduce_perf when bench.engine is nccl-tests, None for the torch worker.
+
+    Raises:
+        InputError: nccl-tests asked for in the CPU demo (exit 78).
+        UnavailableError: all_reduce_perf not found (exit 69).
+    """
+    if cfg.bench.engine != "nccl-tests":
+        return None
+    from .bench.nccltests import find_binary
+
+    if node.demo:
+        raise InputError(cfg.path or "config", "bench.engine nccl-tests measures NCCL on GPUs; the CPU demo "
+                         "needs the torch worker (bench.engine: torch)", line=cfg.lines.get("bench.engine"))
+    binary = find_binary(cfg.bench.nccl_tests_dir)
+    if binary is None:
+        raise UnavailableError("all_reduce_perf (nccl-tests) not found in bench.nccl_tests_dir or on PATH",
+                               hint="build nccl-tests, or set bench.engine: torch")
+    return binary
+
+
 def busy_gpus(snap: Snapshot) -> dict[int, tuple[int, ...]]:
     return {g.index: tuple(p.pid for p in g.processes) for g in snap.nvml.gpus if g.processes}
 
@@ -188,6 +210,7 @@ class SweepPipeline:
         self.env = dict(os.environ if env is None else env)
         self.python = python or cfg.bench.python
         self._node = node
+        self.nccl_tests: str | None = None
         if self.profile not in BUILTIN_PROFILES and self.profile not in cfg.sweep.profiles:
             raise InputError(cfg.path or "config", f"unknown profile {self.profile!r}",
                              line=cfg.lines.get("sweep.profile"),
@@ -228,7 +251,8 @@ class SweepPipeline:
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
         weights = profile_weights(self.profile, plan.sizes, self.cfg.sweep.profiles)
-        python = find_worker_python(self.python)
+        self.nccl_tests = resolve_engine(self.cfg, node)
+        python = (self.python or sys.executable) if self.nccl_tests else find_worker_python(self.python)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
             return self._run_locked(store, node, plan, weights, python, started)
@@ -258,9 +282,10 @@ class SweepPipeline:
             base_env.pop("NCCL_TOPO_FILE", None)
             runner = Runner(python=python, backend=node.backend, nranks=node.nranks, base_env=base_env,
                             work_dir=work, timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
-                            abort_check=self.abort_check)
+                            abort_check=self.abort_check, nccl_tests=self.nccl_tests)
             warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
-            common = {"NCCL_TOPO_FILE": str(trial_xml)}
+            # The policy values ride along with every candidate: a finished trial shows torch takes them.
+            common = {"NCCL_TOPO_FILE": str(trial_xml), **plan.policy}
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             store.finish_run(run_id, status=cast(RunStatus, status),
@@ -371,7 +396,8 @@ def summarize(result: SearchResult, chosen: Finalist | None, demo: bool) -> str:
     if chosen is result.topo_only:
         return (prefix + "No setting beat NCCL's defaults beyond the measured noise; publishing the defaults with "
                 "nccltune's topology file (measured no slower than without it).")
-    gain = f"{v.gain_pct:+.2f}% (threshold {v.threshold_pct:.2f}%)" if v else ""
+    gain = (f"{v.gain_pct:+.2f}% ({v.robust_gain_pct:+.2f}% beyond the run-to-run noise at each size; "
+            f"minimum {v.threshold_pct:.2f}%)") if v else ""
     return prefix + f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."
 
 

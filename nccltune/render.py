@@ -115,6 +115,10 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def pruned_list(plan: Any) -> list[dict[str, str]]:
+    return [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned]
+
+
 def plan_doc(plan: Any, node: Any, trials: int, seconds: float, profile: str) -> dict[str, Any]:
     return {
         "kind": "sweep-plan",
@@ -126,7 +130,7 @@ def plan_doc(plan: Any, node: Any, trials: int, seconds: float, profile: str) ->
         "fingerprint": node.fingerprint,
         "sizes": plan.sizes,
         "measure": plan.variables,
-        "pruned": [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned],
+        "pruned": pruned_list(plan),
         "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
         "policy": plan.policy,
         "notes": plan.notes,
@@ -194,7 +198,7 @@ def sweep_doc(report: Any) -> dict[str, Any]:
         "sizes": report.rows,
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
-        "pruned": [{"name": p.name, "value": p.value, "reason": p.reason} for p in report.plan.pruned],
+        "pruned": pruned_list(report.plan),
     }
 
 

@@ -10,17 +10,19 @@ is larger. Usable from a Slurm prolog or a health check: two short trials, exit 
 from __future__ import annotations
 
 import socket
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import __version__
 from .bench.runner import Runner, find_worker_python
 from .config import Config, config_to_dict
 from .errors import BusyError, CheckFailed
-from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node
+from .lock import SweepLock
+from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node, resolve_engine
 from .publish import read_published
-from .store import Measurement, Store
+from .store import Backend, Measurement, Store, TrialStatus
 from .sweep.select import fmt_size
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
@@ -71,7 +73,20 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
     for row in run.summary["rows"]:
         if int(row["size_bytes"]) in sizes:
             out[int(row["size_bytes"])] = (float(row[key]), float(row.get("default_noise_pct", 0.0)))
+    if not out:
+        # Without this, every row would lack an expectation and verify would pass vacuously.
+        raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
+                          f"({', '.join(fmt_size(s) for s in sizes)})",
+                          hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
     return out, f"sweep {run.id} of {run.started_at[:19]}"
+
+
+def _trial_status(status: str) -> TrialStatus:
+    known: tuple[TrialStatus, ...] = ("ok", "failed", "timeout", "crashed", "wrong_result", "error")
+    for k in known:
+        if status == k:
+            return k
+    return "error"
 
 
 def verify_sizes(cfg: Config, node: Node) -> list[int]:
@@ -87,15 +102,15 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
 def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float | None = None,
                use_current: bool = False, threshold_pct: float | None = None, python: str | None = None,
                force: bool = False, node: Node | None = None, repeats: int = 2,
-               abort_check: Any = None) -> VerifyResult:
-    """Raises: CheckFailed when there is nothing to compare against; BusyError when GPUs are in use."""
+               abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
+    """Raises: CheckFailed when there is nothing to compare against; BusyError when GPUs are in use
+    or a sweep (or another verify) is measuring: trials side by side would skew both."""
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
     sizes = verify_sizes(cfg, node)
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
     env: dict[str, str] = {}
     source = "current environment"
     if not use_current:
@@ -108,15 +123,20 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     import os
 
     base_env = {k: v for k, v in os.environ.items() if not (use_current is False and k in env)}
-    with Store(state / "history.db") as store:
+    state.mkdir(parents=True, exist_ok=True)
+    with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
-        runner = Runner(python=find_worker_python(python or cfg.bench.python), backend=node.backend,
+        nccl_tests = resolve_engine(cfg, node)
+        worker_python = (python or cfg.bench.python or sys.executable) if nccl_tests else \
+            find_worker_python(python or cfg.bench.python)
+        runner = Runner(python=worker_python, backend=node.backend, nccl_tests=nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
                         abort_check=abort_check)
         warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
+        backend: Backend = "gloo" if node.backend == "gloo" else "nccl"
         run_id = store.start_run(
-            kind="verify", fingerprint=node.fingerprint, backend=node.backend, demo=node.demo,
+            kind="verify", fingerprint=node.fingerprint, backend=backend, demo=node.demo,
             profile=None, nccl_version=None, driver_version=node.topo.driver_version, torch_version=None,
             nccltune_version=__version__, hostname=socket.gethostname().split(".")[0],
             topology={"source": node.topo.source}, config=config_to_dict(cfg))
@@ -127,7 +147,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             for i in range(repeats):
                 res = runner.run(env, sizes, warmup=warmup, iters=iters, label=f"verify #{i + 1}")
                 store.add_trial(run_id, seq=i + 1, phase="verify", label=f"verify #{i + 1}", env=env,
-                                status=res.status if res.status != "failed" else "error", reason=res.reason,
+                                status=_trial_status(res.status), reason=res.reason,
                                 wall_s=res.wall_s, nccl=res.nccl,
                                 measurements=[Measurement(s.size_bytes, s.time_us, s.algbw_gbps, s.busbw_gbps,
                                                           s.algo, s.proto, s.correct) for s in res.sizes])
@@ -150,8 +170,13 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
+        unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
         if not best:
             passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
+        elif unmeasured:
+            # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
+            passed, reason = False, (f"{', '.join(fmt_size(r.size_bytes) for r in unmeasured)}: not measured"
+                                     + (f" ({failures[0]})" if failures else ""))
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
             passed, reason = False, (f"{fmt_size(worst.size_bytes)}: {worst.measured_gbps:.2f} GB/s is "

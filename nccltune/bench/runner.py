@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NccltuneError, UnavailableError
+from . import nccltests
 from .nccllog import parse_nccl_log, summarize
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,9 @@ class Runner:
         gpus: Sequence[int] | None = None,
         nccl_debug: bool = True,
         abort_check: Callable[[], str | None] | None = None,
+        nccl_tests: str | None = None,
     ) -> None:
+        """`nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker."""
         self.python = python
         self.backend = backend
         self.nranks = nranks
@@ -127,6 +130,7 @@ class Runner:
         self.gpus = list(gpus) if gpus else None
         self.nccl_debug = nccl_debug
         self.abort_check = abort_check
+        self.nccl_tests = nccl_tests
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
 
@@ -163,6 +167,8 @@ class Runner:
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         started = time.monotonic()
         self._procs = []
+        if self.nccl_tests:
+            return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started)
         try:
             for rank in range(self.nranks):
                 renv = dict(env, RANK=str(rank), WORLD_SIZE=str(self.nranks), LOCAL_RANK=str(rank),
@@ -179,6 +185,34 @@ class Runner:
             raise
         wall = time.monotonic() - started
         return self._collect(trial_dir, status, reason, wall)
+
+    def _run_nccl_tests(self, trial_dir: Path, env: dict[str, str], sizes: Sequence[int], warmup: int,
+                        iters: int, started: float) -> TrialResult:
+        """One all_reduce_perf process over all GPUs; the rest of the pipeline is the same."""
+        assert self.nccl_tests is not None
+        cmd = nccltests.command(self.nccl_tests, sizes, self.nranks, warmup, iters)
+        try:
+            with open(trial_dir / "rank0.out", "wb") as out, open(trial_dir / "rank0.err", "wb") as err:
+                self._procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                                    start_new_session=True, cwd=trial_dir))
+            status, reason = self._wait(started)
+        except BaseException:
+            self.kill()
+            raise
+        wall = time.monotonic() - started
+        rows, version = nccltests.parse_output((trial_dir / "rank0.out").read_text(errors="replace"))
+        wanted = set(sizes)
+        results = [SizeResult(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, r.correct)
+                   for r in rows if r.size_bytes in wanted or not wanted]
+        if status == "ok" and not results:
+            status, reason = "error", "all_reduce_perf printed no result rows"
+        if status == "ok" and any(not s.correct for s in results):
+            status, reason = "wrong_result", "all_reduce_perf counted wrong values"
+        result = TrialResult(status=status, reason=reason, sizes=results, wall_s=round(wall, 2),
+                             start={"engine": "nccl-tests", "nccl_version": version, "pid": self._procs[0].pid},
+                             log_dir=str(trial_dir))
+        self._attach_nccl_log(trial_dir, result)
+        return result
 
     def _wait(self, started: float) -> tuple[str, str | None]:
         deadline = started + self.timeout_s
@@ -256,27 +290,32 @@ class Runner:
             status, reason = "error", "worker exited without finishing (no 'done' record)"
         if status == "ok" and any(not s.correct for s in sizes):
             status, reason = "wrong_result", "all-reduce result check failed"
-        nccl: dict[str, Any] = {}
-        logs = sorted(trial_dir.glob("nccl.*.log"))
-        if logs:
-            rank0_pid = start.get("pid")
-            chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
-            parsed = parse_nccl_log(chosen.read_text(errors="replace"))
-            nccl = summarize(parsed)
-            by_size = {}
-            for choice in parsed.tuning:
-                if choice.func.lower() == "allreduce":
-                    by_size[choice.size_bytes] = (choice.algo, choice.proto)
-            for s in sizes:
-                if s.size_bytes in by_size:
-                    s.algo, s.proto = by_size[s.size_bytes]
-            if parsed.errors and status == "ok":
-                status, reason = "error", f"NCCL: {parsed.errors[0]}"
+        result = TrialResult(status=status, reason=reason, sizes=sizes, wall_s=round(wall, 2), start=start,
+                             log_dir=str(trial_dir))
+        self._attach_nccl_log(trial_dir, result)
+        status, reason = result.status, result.reason
         if status != "ok" and reason and "see its log" in reason:
             err = (trial_dir / "rank0.err").read_text(errors="replace").strip().splitlines()
             if err:
                 reason += f": {err[-1][:200]}"
         if status in ("crashed", "error", "timeout") and not reason:
             reason = status
-        return TrialResult(status=status, reason=reason, sizes=sizes, wall_s=round(wall, 2), start=start,
-                           nccl=nccl, log_dir=str(trial_dir))
+        result.status, result.reason = status, reason
+        return result
+
+    @staticmethod
+    def _attach_nccl_log(trial_dir: Path, result: TrialResult) -> None:
+        """NCCL's INFO log of rank 0: versions, transports, and the algorithm/protocol per size."""
+        logs = sorted(trial_dir.glob("nccl.*.log"))
+        if not logs:
+            return
+        rank0_pid = result.start.get("pid")
+        chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
+        parsed = parse_nccl_log(chosen.read_text(errors="replace"))
+        result.nccl = summarize(parsed)
+        by_size = {c.size_bytes: (c.algo, c.proto) for c in parsed.tuning if c.func.lower() == "allreduce"}
+        for s in result.sizes:
+            if s.size_bytes in by_size:
+                s.algo, s.proto = by_size[s.size_bytes]
+        if parsed.errors and result.status == "ok":
+            result.status, result.reason = "error", f"NCCL: {parsed.errors[0]}"

@@ -108,6 +108,25 @@ def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
     return 100.0 * (math.exp(acc / total) - 1.0)
 
 
+def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
+                    weights: Mapping[int, float]) -> float:
+    """Weighted gain of repeated measurements, each size's change counted only beyond the spread
+    of both sides' repeats there. A consistent gain at quiet sizes survives; a difference at a size
+    that varies by 20% from run to run counts as nothing, in either direction."""
+    total = 0.0
+    acc = 0.0
+    for size, w in weights.items():
+        if w <= 0 or size not in cand or size not in base or base[size].median <= 0 or cand[size].median <= 0:
+            continue
+        x = math.log(cand[size].median / base[size].median)
+        margin = (base[size].noise_pct + cand[size].noise_pct) / 100.0
+        acc += w * math.copysign(max(0.0, abs(x) - margin), x)
+        total += w
+    if total == 0:
+        return 0.0
+    return 100.0 * (math.exp(acc / total) - 1.0)
+
+
 def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, float]) -> float:
     total = sum(w for s, w in weights.items() if s in base and w > 0)
     if total == 0:
@@ -117,11 +136,12 @@ def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, floa
 
 @dataclass
 class Verdict:
-    gain_pct: float
-    threshold_pct: float
+    gain_pct: float  # weighted gain of the medians
+    threshold_pct: float  # the configured minimum gain
     eligible: bool
     regressions: list[tuple[int, float]] = field(default_factory=list)  # (size, ratio)
     reason: str = ""
+    robust_gain_pct: float = 0.0  # weighted gain counting each size only beyond its noise
 
 
 def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights: Mapping[int, float], *,
@@ -130,8 +150,8 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
-    noise = weighted_noise_pct(base, weights)
-    threshold = max(min_gain_pct, noise)
+    robust = robust_gain_pct(cand, base, weights)
+    threshold = min_gain_pct
     regressions = []
     for size, w in sorted(weights.items()):
         if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
@@ -144,16 +164,18 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
             regressions.append((size, ratio))
     missing = [s for s, w in weights.items() if w > 0 and s in bm and s not in cm]
     if missing:
-        return Verdict(gain, threshold, False, regressions, f"no result at {len(missing)} size(s)")
+        return Verdict(gain, threshold, False, regressions, f"no result at {len(missing)} size(s)", robust)
     if regressions:
         worst = min(regressions, key=lambda r: r[1])
         return Verdict(gain, threshold, False, regressions,
                        f"{len(regressions)} size(s) slower than the defaults (worst {_fmt_size(worst[0])}: "
-                       f"x{worst[1]:.3f})")
-    if require_gain and gain <= threshold:
+                       f"x{worst[1]:.3f})", robust)
+    if require_gain and robust <= threshold:
         return Verdict(gain, threshold, False, regressions,
-                       f"gain {gain:+.2f}% is within the noise/minimum of {threshold:.2f}%")
-    return Verdict(gain, threshold, True, regressions, f"gain {gain:+.2f}% beats {threshold:.2f}%")
+                       f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
+                       f"the minimum of {threshold:.2f}%", robust)
+    return Verdict(gain, threshold, True, regressions,
+                   f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size", robust)
 
 
 def _fmt_size(n: int) -> str:

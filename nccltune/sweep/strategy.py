@@ -58,13 +58,16 @@ class SearchResult:
 
 
 TOPO_ONLY = "topology file only"
+# Carried by every candidate, so left out of labels: nccltune's topology file, and the policy
+# variables (not swept; set in the candidates so that a finished trial shows torch accepts them).
+CARRIED = {"NCCL_TOPO_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 
 
 def label_of(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> str:
-    """A short name for a candidate. Every candidate carries nccltune's topology file, so its
-    path is left out; the file alone is "topology file only"; no change at all is "defaults"."""
+    """A short name for a candidate: the swept variables it sets. The topology file alone is
+    "topology file only"; nothing at all is "defaults"."""
     base = base or {}
-    diff = {k: v for k, v in env.items() if base.get(k) != v and k != "NCCL_TOPO_FILE"}
+    diff = {k: v for k, v in env.items() if base.get(k) != v and k not in CARRIED}
     if diff:
         return " ".join(f"{k}={v}" for k, v in sorted(diff.items()))
     return TOPO_ONLY if "NCCL_TOPO_FILE" in env else "defaults"

@@ -1,0 +1,78 @@
+"""nccl-tests' all_reduce_perf as an alternative measuring engine: command line and output.
+
+all_reduce_perf drives every GPU from one process (`-g N`) and prints one row per size:
+size, count, type, redop, root, then time/algbw/busbw/#wrong out of place and again in place.
+nccltune reports the out-of-place columns (nccl-tests' headline numbers); a row counts as
+correct when neither #wrong column is non-zero.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+BINARY = "all_reduce_perf"
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+(.*)$")
+_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+
+
+@dataclass(frozen=True)
+class PerfRow:
+    size_bytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    correct: bool
+    inplace_busbw_gbps: float | None = None
+
+
+def find_binary(directory: str | None) -> str | None:
+    """all_reduce_perf in the configured directory, else on PATH."""
+    if directory:
+        candidate = Path(directory) / BINARY
+        return str(candidate) if candidate.exists() else None
+    return shutil.which(BINARY)
+
+
+def command(binary: str, sizes: Sequence[int], nranks: int, warmup: int, iters: int) -> list[str]:
+    """One process over all GPUs; a geometric ladder from the smallest to the largest size."""
+    ordered = sorted(sizes)
+    factor = ordered[1] // ordered[0] if len(ordered) > 1 and ordered[0] else 2
+    return [binary, "-b", str(ordered[0]), "-e", str(ordered[-1]), "-f", str(max(2, factor)),
+            "-g", str(nranks), "-w", str(warmup), "-n", str(iters), "-c", "1", "-d", "float", "-o", "sum"]
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_output(text: str) -> tuple[list[PerfRow], str | None]:
+    """Rows and the NCCL version from all_reduce_perf's output. Lines that are not rows are skipped."""
+    rows: list[PerfRow] = []
+    version = None
+    for line in text.splitlines():
+        m = _VERSION.search(line)
+        if m and version is None:
+            version = m.group(1)
+        if line.lstrip().startswith("#"):
+            continue
+        r = _ROW.match(line)
+        if not r:
+            continue
+        fields = r.group(6).split()
+        if len(fields) < 4:
+            continue
+        t, algbw, busbw = _float(fields[0]), _float(fields[1]), _float(fields[2])
+        if t is None or algbw is None or busbw is None:
+            continue
+        wrong = [w for w in (fields[3], fields[7] if len(fields) >= 8 else "0") if w.isdigit()]
+        rows.append(PerfRow(size_bytes=int(r.group(1)), time_us=t, algbw_gbps=algbw, busbw_gbps=busbw,
+                            correct=all(int(w) == 0 for w in wrong),
+                            inplace_busbw_gbps=_float(fields[6]) if len(fields) >= 8 else None))
+    return rows, version

@@ -1,0 +1,828 @@
+"""`nccltune daemon` as systemd runs it: a real process, a real notify socket, real demo sweeps.
+
+Most tests start `python -m nccltune daemon --demo <copied snapshot>` with NOTIFY_SOCKET bound
+by the test, and read its log and its sd_notify datagrams with timeouts. To keep the suite
+short on two cores, one demo sweep seeds a published state that the tests copy; a test that
+needs a sweep to start on such a copy runs the daemon with one sweep setting changed (the
+published tuning then no longer matches, as after a config change). Daemon helpers whose
+behaviour needs no process are tested directly on a Daemon object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from nccltune.config import with_overrides
+from nccltune.daemon import DEMO_BUSY_FILE, Daemon, DaemonOptions, describe_change
+from nccltune.lock import SweepLock
+from nccltune.pipeline import load_node, tuning_fingerprint
+from nccltune.sdnotify import Notifier
+from nccltune.store import Store
+from nccltune.topology.fingerprint import topology_facts
+from nccltune.topology.source import bundled_topologies_dir, load_topology
+
+pytest.importorskip("torch")
+
+SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
+PUBLISHED = ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
+# A sweep of 7 short trials: the defaults twice, NCCL_ALGO=Ring and the topology file alone,
+# then one round of finalists and defaults.
+BASE_CONFIG: dict[str, Any] = {
+    "sweep": {
+        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
+        "variables": {"NCCL_ALGO": ["Ring"]},
+        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
+    },
+    # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
+    # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
+    "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
+    "publish": {"metrics_dir": "metrics"},
+}
+SWEEP_S = 180.0  # generous bound for one demo sweep on a loaded 2-core machine
+START_S = 60.0
+
+
+def config_text(**changes: dict[str, Any]) -> str:
+    """BASE_CONFIG with some sections' keys changed: config_text(sweep={"min_gain_pct": 2})."""
+    doc = json.loads(json.dumps(BASE_CONFIG))
+    for section, values in changes.items():
+        doc.setdefault(section, {}).update(values)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+# The published tuning depends on this setting, so a daemon started with it on a seeded state
+# sees the tuning as stale and sweeps at once, without publishing anything first.
+RETUNE = {"sweep": {"min_gain_pct": 2.5}}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    # NCCL variables of whoever runs the tests would be pinned into the plan; a watchdog or
+    # notify socket of the calling service must not reach the daemon under test.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL", "TORCH_NCCL", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env.update(extra)
+    return env
+
+
+def published_bytes(state: Path) -> dict[str, bytes]:
+    return {name: (state / name).read_bytes() for name in PUBLISHED if (state / name).exists()}
+
+
+def provenance(state: Path) -> dict[str, Any]:
+    doc = json.loads((state / "nccl.json").read_text())
+    assert isinstance(doc["provenance"], dict)
+    return doc["provenance"]
+
+
+# -- a seeded state: one demo sweep, copied by the tests that need something published -------------
+
+
+def seeded_state(factory: pytest.TempPathFactory) -> Path:
+    """State dir of one finished demo sweep with BASE_CONFIG over the bundled 2-GPU snapshot,
+    made once per test session (the verify and env tests use the same one)."""
+    root = factory.getbasetemp() / "seeded-demo-sweep"
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        (root / "config.yaml").write_text(config_text())
+        got = subprocess.run(
+            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
+             "--state-dir", str(root / "state")],
+            capture_output=True, text=True, env=clean_env(), timeout=SWEEP_S, cwd=root)
+        assert got.returncode == 0, got.stderr
+        (root / "done").touch()
+    return root / "state"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_state(tmp_path_factory)
+
+
+# -- the daemon under test -------------------------------------------------------------------------
+
+
+class NotifyListener:
+    """The service manager's side of sd_notify: a bound datagram socket, read in a thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.messages: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            with self._lock:
+                self.messages.append(fields)
+
+    def all(self) -> list[dict[str, str]]:
+        with self._lock:
+            return list(self.messages)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@dataclass
+class DaemonRun:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    notify: NotifyListener
+    state: Path
+    snapshot: Path
+    config: Path
+    # pid -> create time of every process the daemon started, seen while waiting on it
+    ranks_seen: dict[int, float] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _fail(self, what: str) -> AssertionError:
+        return AssertionError(f"{what}\n--- daemon log ---\n{self.log()}\n--- notify ---\n{self.notify.all()}")
+
+    def wait(self, what: str, predicate: Callable[[], Any], timeout_s: float, *, alive: bool = True) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = predicate()
+            if got:
+                return got
+            if alive and self.proc.poll() is not None:
+                raise self._fail(f"the daemon exited ({self.proc.returncode}) while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise self._fail(f"timed out after {timeout_s:g} s waiting for {what}")
+            self._note_ranks()
+            time.sleep(0.05)
+
+    def wait_log(self, pattern: str, timeout_s: float, *, after: int = 0) -> re.Match[str]:
+        """The first match of `pattern` in the log at or after offset `after`."""
+        rx = re.compile(pattern)
+        match: re.Match[str] = self.wait(f"log /{pattern}/", lambda: rx.search(self.log(), after), timeout_s)
+        return match
+
+    def wait_notify(self, predicate: Callable[[dict[str, str]], bool], timeout_s: float, *,
+                    after: int = 0) -> int:
+        """Index of the first datagram at or after `after` that satisfies predicate."""
+        def find() -> int | None:
+            for i, msg in enumerate(self.notify.all()[after:], start=after):
+                if predicate(msg):
+                    return i + 1  # 1-based so that index 0 is truthy
+            return None
+        return int(self.wait("a notify datagram", find, timeout_s)) - 1
+
+    def wait_ready(self, timeout_s: float = START_S, after: int = 0) -> int:
+        return self.wait_notify(lambda m: m.get("READY") == "1", timeout_s, after=after)
+
+    def _note_ranks(self) -> None:
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.ranks_seen.setdefault(child.pid, child.create_time())
+        except psutil.Error:
+            pass
+
+    def still_running(self) -> list[psutil.Process]:
+        """Processes the daemon started that are still there (same pid and start time)."""
+        left = []
+        for pid, created in self.ranks_seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p)
+            except psutil.Error:
+                pass
+        return left
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Samples by metric name from the textfile, parsed as Prometheus would."""
+        path = self.state / "metrics" / "nccltune.prom"
+        families = text_string_to_metric_families(path.read_text())
+        out: dict[str, list[Any]] = {}
+        for fam in families:
+            for sample in fam.samples:
+                out.setdefault(sample.name, []).append(sample)
+        return out
+
+    def wait_metric(self, name: str, value: float, timeout_s: float) -> dict[str, list[Any]]:
+        def check() -> dict[str, list[Any]] | None:
+            try:
+                got = self.metrics()
+            except (OSError, ValueError):
+                return None
+            return got if [s.value for s in got.get(name, [])] == [value] else None
+        result: dict[str, list[Any]] = self.wait(f"metric {name} == {value}", check, timeout_s)
+        return result
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        self._note_ranks()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise self._fail("the daemon did not stop within the timeout after SIGTERM") from None
+
+
+@dataclass
+class Env:
+    root: Path
+    runs: list[DaemonRun] = field(default_factory=list)
+    listeners: list[NotifyListener] = field(default_factory=list)
+
+    def state_from(self, seeded: Path | None) -> Path:
+        state = self.root / "state"
+        if seeded is not None:
+            shutil.copytree(seeded, state)
+        return state
+
+    def snapshot(self) -> Path:
+        path = self.root / "snapshot.json"
+        if not path.exists():
+            shutil.copyfile(SNAPSHOT, path)
+        return path
+
+    def start(self, state: Path, *, config: str | None = None, extra_env: dict[str, str] | None = None,
+              args: tuple[str, ...] = (), name: str = "daemon") -> DaemonRun:
+        cfg = self.root / f"{name}.yaml"
+        cfg.write_text(config if config is not None else config_text())
+        notify_path = os.path.join(self.root, f"{name}.sock")
+        if len(notify_path) >= 100:  # sun_path is 108 bytes
+            notify_path = os.path.join(tempfile.mkdtemp(prefix="ntn"), "n.sock")
+        listener = NotifyListener(notify_path)
+        self.listeners.append(listener)
+        log_path = self.root / f"{name}.log"
+        env = clean_env(NOTIFY_SOCKET=notify_path, HOME=str(self.root), **(extra_env or {}))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nccltune", "daemon", "--demo", str(self.snapshot()), "--config", str(cfg),
+                 "--state-dir", str(state), "--poll-interval", "1", *args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.root)
+        run = DaemonRun(proc, log_path, listener, state, self.snapshot(), cfg)
+        self.runs.append(run)
+        return run
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    for run in e.runs:
+        if run.proc.poll() is None:
+            run._note_ranks()
+            run.proc.kill()
+            run.proc.wait(timeout=30)
+        for p in run.still_running():  # only processes the daemon under test started
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    for listener in e.listeners:
+        listener.close()
+
+
+def status_has(text: str) -> Callable[[dict[str, str]], bool]:
+    return lambda m: text in m.get("STATUS", "")
+
+
+def assert_no_ranks_left(run: DaemonRun) -> None:
+    left = [(p.pid, p.cmdline()) for p in run.still_running()]
+    assert not left, f"processes of the daemon still running: {left}"
+
+
+def manual(d: DaemonRun, command: str) -> subprocess.CompletedProcess[str]:
+    """`nccltune <command> --demo` on the daemon's state dir, as an operator would run it."""
+    return subprocess.run([sys.executable, "-m", "nccltune", command, "--demo", str(d.snapshot), "--config",
+                           str(d.config), "--state-dir", str(d.state)], capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+
+
+def last_run(state: Path) -> Any:
+    with Store(state / "history.db") as store:
+        runs = store.runs(limit=1)
+    assert runs
+    return runs[0]
+
+
+# -- start-up, sweep, publish, verify, metrics -----------------------------------------------------
+
+
+def test_start_up_notifies_ready_then_sweeps_publishes_verifies_and_exports(env: Env) -> None:
+    state = env.state_from(None)
+    d = env.start(state)
+    ready = d.wait_ready()
+    sweeping = d.wait_notify(status_has("sweeping"), START_S)
+    assert ready < sweeping, d.notify.all()
+    # Every trial is announced with a STATUS before it runs, so READY came before any trial.
+    first_trial = d.notify.all()[sweeping]["STATUS"]
+    assert re.match(r"sweeping 1/\d+: baseline", first_trial), first_trial
+    assert not any(m.get("STATUS", "").startswith("sweeping") for m in d.notify.all()[:ready + 1])
+
+    # While the daemon sweeps, the sweep lock is its: a manual sweep is refused (75).
+    got = manual(d, "sweep")
+    assert got.returncode == 75, got.stderr
+    assert f"another sweep is running (pid {d.proc.pid}" in got.stderr
+
+    d.wait_log(r"sweep done in", SWEEP_S)
+    for name in ("nccl.sh", "nccl.env", "nccl.json"):
+        assert (state / name).is_file()
+    prov = provenance(state)
+    assert (prov["state"], prov["generation"], prov["demo"]) == ("tuned", 1, True)
+    d.wait_log(r"verify passed", SWEEP_S)
+    metrics = d.wait_metric("nccltune_last_verify_success", 1.0, 30)
+    assert [s.value for s in metrics["nccltune_last_sweep_success"]] == [1.0]
+    assert [s.labels["version"] for s in metrics["nccltune_build_info"]]
+    assert all(name.startswith("nccltune_") for name in metrics)
+    busbw = metrics["nccltune_busbw_bytes_per_second"]
+    sizes = {int(s.labels["size_bytes"]) for s in busbw}
+    assert sizes == {4096, 16384, 65536, 262144, 1048576, 4194304}
+    assert {s.labels["setting"] for s in busbw} == {"default", "published"}
+    # Bytes per second: gloo on two cores moves at least 100 kB/s at 4 MiB and far below 1 TB/s.
+    assert all(1e5 < s.value < 1e12 for s in busbw if s.labels["size_bytes"] == "4194304"), busbw
+    with Store(state / "history.db") as store:
+        run = store.runs(limit=1, kind="sweep")[0]
+    expected = {r["size_bytes"]: r["default_busbw_gbps"] * 1e9 for r in run.summary["rows"]}
+    for s in busbw:
+        if s.labels["setting"] == "default":
+            assert s.value == pytest.approx(expected[int(s.labels["size_bytes"])])
+    assert d.log().index("daemon ready") < d.log().index("sweeping: nothing is published yet")
+
+    assert d.terminate() == 0
+    assert_no_ranks_left(d)
+
+
+# -- topology change -------------------------------------------------------------------------------
+
+
+def test_topology_change_republishes_a_safe_environment_then_retunes(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    before = provenance(state)
+    d = env.start(state)
+    ready = d.wait_ready()
+    # The seeded tuning matches this topology and config: nothing to do.
+    assert d.notify.all()[ready]["STATUS"] == "idle"
+    old_xml = (state / "ncclTopology.xml").read_text()
+
+    snap = json.loads(d.snapshot.read_text())
+    snap["nvml"]["gpus"][0]["nvlinks"][3]["active"] = False
+    tmp = d.snapshot.with_suffix(".tmp")
+    tmp.write_text(json.dumps(snap))
+    os.replace(tmp, d.snapshot)
+
+    changed = d.wait_log(r"topology changed \(\w+ -> \w+\): (.*)", 30)
+    assert "0000:00:06.0" in changed.group(1) and "nvlinks_active 18 -> 17" in changed.group(1)
+    d.wait_log(r"republished a safe environment", 30)
+    safe = provenance(state)
+    assert safe["state"] == "safe"
+    assert safe["generation"] == before["generation"] + 1
+    assert safe["topology_fingerprint"] != before["topology_fingerprint"]
+    safe_env = json.loads((state / "nccl.json").read_text())["env"]
+    assert safe_env["NCCL_TOPO_FILE"] == str(state / "ncclTopology.xml")
+    assert "NCCL_ALGO" not in safe_env
+    assert (state / "ncclTopology.xml").read_text() != old_xml
+
+    d.wait_log(r"sweeping: topology changed", 30)
+    d.wait_log(r"sweep done in", SWEEP_S)
+    tuned = provenance(state)
+    assert tuned["state"] == "tuned"
+    assert tuned["generation"] == before["generation"] + 2
+    assert tuned["topology_fingerprint"] == safe["topology_fingerprint"]
+    metrics = d.wait_metric("nccltune_topology_changes_total", 1.0, 30)
+    assert [s.value for s in metrics["nccltune_published_generation"]] == [tuned["generation"]]
+    assert d.terminate() == 0
+    assert_no_ranks_left(d)
+
+
+# -- SIGTERM ---------------------------------------------------------------------------------------
+
+
+def test_sigterm_during_a_sweep_stops_cleanly(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    d = env.start(state, config=config_text(**RETUNE))
+    d.wait_ready()
+    # After READY: start-up writes ncclTopology.xml for the published tuning when it is missing.
+    before = published_bytes(state)
+    d.wait_notify(status_has("sweeping"), START_S)
+
+    def ranks() -> list[int]:
+        try:
+            return [p.pid for p in psutil.Process(d.proc.pid).children(recursive=True)
+                    if any("worker.py" in part for part in p.cmdline())]
+        except psutil.Error:
+            return []
+    assert d.wait("rank processes", ranks, 60)
+    d._note_ranks()
+    # A verify would measure beside the sweep: refused (75) like a second sweep.
+    got = manual(d, "verify")
+    assert got.returncode == 75, got.stderr
+    assert f"pid {d.proc.pid}" in got.stderr
+    stopping_from = len(d.notify.all())
+    assert d.terminate() == 0
+    msgs = d.notify.all()[stopping_from:]
+    assert any(m.get("STOPPING") == "1" for m in msgs), msgs
+    assert_no_ranks_left(d)
+    assert published_bytes(state) == before
+    assert last_run(state).status == "interrupted"
+    assert "sweep stopped: the service is stopping" in d.log()
+
+    # The daemon lock was released: another daemon starts on the same state and stops as asked.
+    again = env.start(state, args=("--max-polls", "1"), name="again")
+    assert again.proc.wait(timeout=START_S) == 0, again.log()
+    assert "stopping after 1 poll(s)" in again.log()
+
+
+# -- SIGHUP ----------------------------------------------------------------------------------------
+
+
+def test_sighup_keeps_the_old_config_when_the_new_one_is_invalid(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    d = env.start(state)
+    ready = d.wait_ready()
+
+    d.config.write_text("daemon:\n  quiet_period_s: -1\n")
+    d.proc.send_signal(signal.SIGHUP)
+    reloading = d.wait_notify(lambda m: m.get("RELOADING") == "1", 30, after=ready + 1)
+    assert int(d.notify.all()[reloading]["MONOTONIC_USEC"]) > 0
+    d.wait_log(r"ERROR .*new configuration is invalid, keeping the old one: .*daemon\.yaml:2", 30)
+    again = d.wait_ready(30, after=reloading + 1)
+    assert d.notify.all()[again]["STATUS"] == "idle"
+    # Still polling with the old config: the metrics file (old metrics_dir) comes back.
+    (state / "metrics" / "nccltune.prom").unlink()
+    d.wait("the metrics file rewritten", (state / "metrics" / "nccltune.prom").exists, 30)
+    assert d.proc.poll() is None
+
+    # A valid change is taken, and a changed sweep setting makes the published tuning stale.
+    d.config.write_text(config_text(daemon={"quiet_period_s": 0, "verify_interval_s": 3600}))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"configuration reloaded", 30)
+    d.wait_ready(30, after=again + 1)
+    assert "sweeping" not in d.log()
+    d.config.write_text(config_text(**RETUNE))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"sweeping: NCCL, nccltune or the sweep settings changed", 30)
+    assert d.terminate() == 0
+    assert_no_ranks_left(d)
+
+
+# -- one daemon, one sweep at a time ---------------------------------------------------------------
+
+
+def test_a_second_daemon_on_the_same_state_dir_exits_75(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    first = env.start(state)
+    first.wait_ready()
+    second = env.start(state, name="second")
+    assert second.proc.wait(timeout=START_S) == 75
+    assert f"another daemon is running (pid {first.proc.pid}" in second.log()
+    assert not any(m.get("READY") for m in second.notify.all())
+    assert first.proc.poll() is None
+    assert first.terminate() == 0
+
+
+def test_a_held_sweep_lock_keeps_the_daemon_from_sweeping(env: Env) -> None:
+    state = env.state_from(None)
+    with SweepLock(state / "sweep.lock"):
+        d = env.start(state)
+        d.wait_ready()
+        d.wait_log(rf"sweep not started: another sweep is running \(pid {os.getpid()}", 30)
+        got = manual(d, "sweep")
+        assert got.returncode == 75, got.stderr
+        assert f"pid {os.getpid()}" in got.stderr
+        assert not any(m.get("STATUS", "").startswith("sweeping") for m in d.notify.all())
+        assert d.terminate() == 0
+    with Store(state / "history.db") as store:
+        assert store.runs() == []
+    assert not (state / "nccl.json").exists()
+
+
+# -- a job starts while the daemon sweeps ----------------------------------------------------------
+
+
+def test_a_job_that_starts_during_a_sweep_stops_it_and_keeps_the_files(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    d = env.start(state, config=config_text(**RETUNE))
+    d.wait_ready()
+    before = published_bytes(state)
+    assert set(before) == set(PUBLISHED)
+    sweeping = d.wait_notify(status_has("sweeping"), START_S)
+    (state / DEMO_BUSY_FILE).touch()
+    stopped = d.wait_log(r"sweep stopped: a job started on the GPUs", 30)
+    pending = d.wait_notify(status_has("idle, sweep pending"), 30, after=sweeping)
+    assert published_bytes(state) == before
+    run = last_run(state)
+    assert (run.kind, run.status) == ("sweep", "interrupted")
+    # While the job runs no new sweep starts, quiet period 0 or not.
+    refused = stopped
+    for _ in range(3):
+        refused = d.wait_log(r"sweep pending \(.*\) but not now: GPUs in use", 30, after=refused.end())
+    assert "sweeping: " not in d.log()[stopped.end():]
+    assert not any(m.get("STATUS", "").startswith("sweeping") for m in d.notify.all()[pending:])
+    assert d.terminate() == 0
+    assert_no_ranks_left(d)
+    assert published_bytes(state) == before
+
+
+# -- degraded --------------------------------------------------------------------------------------
+
+
+def test_an_unreadable_node_degrades_the_daemon_and_keeps_the_files(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    d = env.start(state)
+    d.wait_ready()
+    d.wait_metric("nccltune_degraded", 0.0, 30)
+    before = published_bytes(state)
+    good = d.snapshot.read_bytes()
+    d.snapshot.write_text('{"kind": "nccltune-snapshot", "nvml": ')
+
+    d.wait_log(r"ERROR .*degraded: cannot read the node: .*snapshot\.json", 30)
+    degraded = d.wait_notify(status_has("degraded"), 30)
+    d.wait_metric("nccltune_degraded", 1.0, 30)
+    assert published_bytes(state) == before
+
+    d.snapshot.write_bytes(good)
+    d.wait_log(r"leaving degraded state", 30)
+    d.wait_notify(lambda m: m.get("STATUS") == "idle", 30, after=degraded + 1)
+    d.wait_metric("nccltune_degraded", 0.0, 30)
+    assert published_bytes(state) == before
+    assert "topology changed" not in d.log()
+    assert d.terminate() == 0
+
+
+# -- a hanging worker ------------------------------------------------------------------------------
+
+
+def test_a_hanging_worker_times_out_and_the_daemon_keeps_polling(env: Env) -> None:
+    state = env.state_from(None)
+    d = env.start(state, config=config_text(bench={"trial_timeout_s": 5}),
+                  extra_env={"NCCLTUNE_WORKER_FAULT": "hang@1"})
+    d.wait_ready()
+    d.wait_log(r"trial 1/\d+ baseline defaults #1: timeout \(no result within 5 s", 60)
+    d.wait_log(r"sweep failed: every run of NCCL's defaults failed", 60)
+    d.wait_metric("nccltune_last_sweep_success", 0.0, 30)
+    assert_no_ranks_left(d)
+    (state / "metrics" / "nccltune.prom").unlink()
+    d.wait("the metrics file rewritten", (state / "metrics" / "nccltune.prom").exists, 30)
+    assert d.proc.poll() is None
+    assert not (state / "nccl.json").exists()
+    assert last_run(state).status == "failed"
+    assert d.terminate() == 0
+
+
+# -- bad start-up input ----------------------------------------------------------------------------
+
+
+def test_an_invalid_config_exits_78_before_ready(env: Env) -> None:
+    state = env.state_from(None)
+    d = env.start(state, config="daemon:\n  poll_interval_s: 0\n")
+    assert d.proc.wait(timeout=START_S) == 78
+    assert "daemon.yaml:2" in d.log() and "poll_interval_s" in d.log()
+    time.sleep(0.3)  # anything sent has arrived by now
+    assert not any(m.get("READY") for m in d.notify.all())
+    assert not (state / "daemon.lock").exists()
+
+
+def test_a_corrupt_history_is_moved_aside_at_start(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    (state / "history.db").write_bytes(b"this is not an SQLite database\0" * 64)
+    d = env.start(state, config=config_text(**RETUNE))
+    d.wait_ready()
+    aside = list(state.glob("history.db.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not an SQLite")
+    assert d.log().index("is corrupt") < d.log().index("daemon ready")
+    # The new history works: the sweep that follows is recorded there.
+    d.wait_notify(status_has("sweeping"), START_S)
+    assert d.terminate() == 0
+    run = last_run(state)
+    assert (run.kind, run.status) == ("sweep", "interrupted")
+
+
+# -- helpers, without a process --------------------------------------------------------------------
+
+
+def _edited_snapshot(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    snap = json.loads(SNAPSHOT.read_text())
+    edit(snap)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(snap))
+    return path
+
+
+def test_describe_change_names_the_link_that_went_down(tmp_path: Path) -> None:
+    def one_link_down(snap: dict[str, Any]) -> None:
+        snap["nvml"]["gpus"][1]["nvlinks"][0]["active"] = False
+    old = topology_facts(load_topology(str(SNAPSHOT)))
+    new = topology_facts(load_topology(str(_edited_snapshot(tmp_path, one_link_down))))
+    assert describe_change(old, new) == ["gpus 0000:00:07.0: nvlinks_active 18 -> 17",
+                                         "nvlinks 0000:00:07.0->NVS: count 18 -> 17"]
+    assert describe_change(old, old) == []
+
+
+def test_describe_change_between_two_machines() -> None:
+    a = topology_facts(load_topology("dgx-a100-8gpu"))
+    b = topology_facts(load_topology("hgx-h100-8gpu"))
+    changes = describe_change(a, b)
+    assert "driver_version: '535.161.08' -> '550.54.15'" in changes
+    assert "gpus 0000:07:00.0 is gone" in changes and "gpus 0000:1b:00.0 is new" in changes
+    assert "nics mlx5_0: speed_mbps 200000 -> 400000" not in changes  # NICs are keyed by PCI address
+
+
+def test_describe_change_tells_nics_without_a_pci_address_apart() -> None:
+    nics = [{"name": "eth0", "bus_id": None, "speed_mbps": 1000, "kind": "eth"},
+            {"name": "eth1", "bus_id": None, "speed_mbps": 1000, "kind": "eth"}]
+    slower = [dict(nics[0], speed_mbps=100), nics[1]]
+    assert describe_change({"nics": nics}, {"nics": slower}) == ["nics eth0: speed_mbps 1000 -> 100"]
+    assert describe_change({"nics": nics}, {"nics": nics[:1]}) == ["nics eth1 is gone"]
+    # Nothing that tells the entries apart: the list is still reported as changed.
+    same_name = [{"x": 1}, {"x": 2}]
+    assert describe_change({"pci": same_name}, {"pci": same_name[:1]}) == ["pci changed"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_daemon(tmp_path: Path, *, clock: Callable[[], float] = time.monotonic,
+                wall: dt.datetime | None = None, state: Path | None = None, **overrides: object) -> Daemon:
+    cfg = tmp_path / "config.yaml"
+    if not cfg.exists():
+        cfg.write_text(config_text())
+    opts = DaemonOptions(config_path=cfg, overrides={"state_dir": str(state or tmp_path / "state"), **overrides},
+                         demo=str(SNAPSHOT))
+    d = Daemon(opts, notifier=Notifier(env={}), clock=clock,
+               wall_clock=(lambda: wall) if wall is not None else dt.datetime.now)
+    d.node = load_node(d.cfg, d.opts.demo)
+    d.facts = topology_facts(d.node.topo)
+    return d
+
+
+def test_may_sweep_now_respects_the_maintenance_window(tmp_path: Path) -> None:
+    night = dt.datetime(2026, 3, 1, 23, 30)
+    noon = dt.datetime(2026, 3, 1, 12, 0)
+    d = make_daemon(tmp_path, wall=noon, **{"daemon.maintenance_window": "22:00-04:00"})
+    assert d.may_sweep_now() == "outside the maintenance window 22:00-04:00"
+    d.wall_clock = lambda: night
+    assert d.may_sweep_now() is None
+    d.wall_clock = lambda: dt.datetime(2026, 3, 2, 3, 59)
+    assert d.may_sweep_now() is None
+    d.wall_clock = lambda: dt.datetime(2026, 3, 2, 4, 0)
+    assert d.may_sweep_now() is not None
+
+
+def test_may_sweep_now_with_a_window_that_excludes_the_real_time(tmp_path: Path) -> None:
+    d = make_daemon(tmp_path)
+    now = dt.datetime.now()
+    start, end = now + dt.timedelta(hours=2), now + dt.timedelta(hours=3)
+    d.cfg = with_overrides(d.cfg, **{"daemon.maintenance_window": f"{start:%H:%M}-{end:%H:%M}"})
+    assert d.may_sweep_now() == f"outside the maintenance window {start:%H:%M}-{end:%H:%M}"
+    d.cfg = with_overrides(d.cfg, **{"daemon.maintenance_window": None})
+    assert d.may_sweep_now() is None
+
+
+def test_may_sweep_now_waits_for_the_quiet_period_after_the_gpus_were_busy(tmp_path: Path) -> None:
+    clock = FakeClock()
+    d = make_daemon(tmp_path, clock=clock, **{"daemon.quiet_period_s": 300})
+    assert d.may_sweep_now() is None
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / DEMO_BUSY_FILE).touch()
+    d.poll()
+    assert d.may_sweep_now() == "GPUs in use"
+    (tmp_path / "state" / DEMO_BUSY_FILE).unlink()
+    clock.now += 10
+    d.poll()
+    assert d.may_sweep_now() == "GPUs busy within the last 300 s"
+    clock.now += 289
+    assert d.may_sweep_now() == "GPUs busy within the last 300 s"
+    clock.now += 1
+    assert d.may_sweep_now() is None
+
+
+def test_may_sweep_now_refuses_busy_gpus_without_a_quiet_period(tmp_path: Path) -> None:
+    d = make_daemon(tmp_path, clock=FakeClock())  # quiet_period_s: 0
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / DEMO_BUSY_FILE).touch()
+    d.poll()
+    assert d.may_sweep_now() == "GPUs in use"
+    (tmp_path / "state" / DEMO_BUSY_FILE).unlink()
+    d.poll()
+    assert d.may_sweep_now() is None
+
+
+def test_an_nvml_error_during_a_poll_degrades_and_keeps_the_published_files(
+        tmp_path: Path, seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    shutil.copytree(seeded, state)
+    before = published_bytes(state)
+    d = make_daemon(tmp_path)
+
+    class NVMLError_GpuIsLost(Exception):  # as pynvml names it: not an NccltuneError
+        pass
+
+    def lost(*_args: object) -> None:
+        raise NVMLError_GpuIsLost("GPU is lost")
+
+    monkeypatch.setattr("nccltune.daemon.load_node", lost)
+    d.need_sweep = "topology changed"
+    d.poll()
+    assert d.metrics.degraded
+    assert d.status_text == "degraded: NVML error: GPU is lost"
+    assert d.may_sweep_now() == "degraded"
+    d.maybe_sweep()  # refused: nothing runs, nothing is published
+    d.write_metrics()
+    assert "nccltune_degraded 1.0" in (state / "metrics" / "nccltune.prom").read_text()
+    assert published_bytes(state) == before
+    monkeypatch.undo()
+    d.poll()
+    assert not d.metrics.degraded
+    assert d.status_text == "idle, sweep pending (topology changed)"
+
+
+def _matching_daemon(tmp_path: Path, seeded: Path) -> Daemon:
+    """A daemon over a copy of the seeded state that believes what start() would."""
+    state = tmp_path / "state"
+    shutil.copytree(seeded, state)
+    d = make_daemon(tmp_path)
+    d.nccl = {"nccl_version": provenance(state).get("nccl_version")}
+    assert d.node is not None
+    d.tuning_fp = tuning_fingerprint(d.cfg, d.node.fingerprint, d.nccl["nccl_version"], True)
+    return d
+
+
+def test_a_reload_with_new_sweep_settings_schedules_a_sweep(tmp_path: Path, seeded: Path) -> None:
+    d = _matching_daemon(tmp_path, seeded)
+    d._check_published()
+    assert d.need_sweep is None
+    (tmp_path / "config.yaml").write_text(config_text(daemon={"quiet_period_s": 0, "poll_interval_s": 30}))
+    d.reload()
+    assert d.cfg.daemon.poll_interval_s == 30 and d.need_sweep is None
+    (tmp_path / "config.yaml").write_text(config_text(**RETUNE))
+    d.reload()
+    assert d.need_sweep == "NCCL, nccltune or the sweep settings changed since the published tuning"
+    assert d.status_text.startswith("idle, sweep pending")
+
+
+def test_a_corrupt_nccl_json_schedules_a_sweep_instead_of_stopping(tmp_path: Path, seeded: Path) -> None:
+    d = _matching_daemon(tmp_path, seeded)
+    (tmp_path / "state" / "nccl.json").write_text("{not json")
+    d._regenerate_xml()
+    d._check_published()
+    assert d.need_sweep == "the published files cannot be read"
+
+
+@pytest.mark.parametrize(("sweep_on_start", "first_calls"), [
+    (True, ["start", "poll", "sweep"]),
+    (False, ["start", "sleep", "poll", "sweep"]),
+])
+def test_sweep_on_start_skips_the_first_poll_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      sweep_on_start: bool, first_calls: list[str]) -> None:
+    d = make_daemon(tmp_path, **{"daemon.sweep_on_start": sweep_on_start})
+    d.opts.max_polls = 2
+    calls: list[str] = []
+
+    def start() -> None:
+        calls.append("start")
+        d.need_sweep = "nothing is published yet"
+
+    monkeypatch.setattr(d, "install_signals", lambda: None)
+    monkeypatch.setattr(d, "start", start)
+    monkeypatch.setattr(d, "_sleep", lambda s: calls.append("sleep"))
+    monkeypatch.setattr(d, "poll", lambda: calls.append("poll"))
+    monkeypatch.setattr(d, "maybe_sweep", lambda: calls.append("sweep"))
+    monkeypatch.setattr(d, "maybe_verify", lambda: None)
+    monkeypatch.setattr(d, "write_metrics", lambda: None)
+    assert d.run() == 0
+    assert calls == [*first_calls, "sleep", "poll", "sweep"]

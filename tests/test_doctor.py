@@ -1,0 +1,322 @@
+"""`nccltune doctor`: diagnose() on recorded topologies, and the command with --input --json."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from nccltune.cli import main
+from nccltune.doctor import Finding, default_conf_files, diagnose, read_conf_file
+from nccltune.publish import Provenance, publish
+from nccltune.topology.fingerprint import topology_fingerprint
+from nccltune.topology.model import Topology
+from nccltune.topology.paths import compute_paths
+from nccltune.topology.source import bundled_topologies_dir, load_topology
+
+NVSWITCH = "h200x2-nvswitch-vm"
+PCIE_ONLY = "pcie-4gpu-2socket"
+NVLINK_SNAPSHOTS = ("h200x2-nvswitch-vm", "dgx-a100-8gpu", "hgx-h100-8gpu", "pcie-2gpu-nvlink-bridge")
+ALL_SNAPSHOTS = (*NVLINK_SNAPSHOTS, PCIE_ONLY)
+
+
+def topo(name: str) -> Topology:
+    return load_topology(name)
+
+
+def run(t: Topology, tmp_path: Path, env: dict[str, str] | None = None, conf: list[Path] | None = None,
+        publish_dir: Path | None = None) -> list[Finding]:
+    return diagnose(t, compute_paths(t), env=env or {}, publish_dir=publish_dir or tmp_path / "nothing-published",
+                    conf_files=conf or [], topologyd_file=tmp_path / "no-topologyd.xml")
+
+
+def codes(findings: list[Finding], severity: str | None = None) -> list[str]:
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+def one(findings: list[Finding], code: str) -> Finding:
+    found = [f for f in findings if f.code == code]
+    assert len(found) == 1, findings
+    return found[0]
+
+
+def conf_file(tmp_path: Path, text: str, name: str = "nccl.conf") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    return path
+
+
+def publish_for(t: Topology, directory: Path, env: dict[str, str], *, fingerprint: str | None = None,
+                demo: bool = False) -> None:
+    prov = Provenance(nccltune_version="0.1.0", created_at="2026-01-01T00:00:00+00:00",
+                      topology_fingerprint=fingerprint or topology_fingerprint(t), nccl_version="2.21.5",
+                      backend="nccl", demo=demo, profile="balanced")
+    publish(directory, env, prov)
+
+
+# -- a clean node ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_SNAPSHOTS)
+def test_a_clean_environment_has_no_errors_or_warnings(name: str, tmp_path: Path) -> None:
+    findings = run(topo(name), tmp_path)
+    assert codes(findings, "error") == [] and codes(findings, "warning") == []
+    # What remains is informational (the PCIe snapshot was recorded idle, at Gen1).
+    assert set(codes(findings)) <= {"pcie-gen"}
+
+
+# -- P2P -------------------------------------------------------------------------------------------
+
+
+def test_p2p_disabled_on_nvswitch_is_an_error(tmp_path: Path) -> None:
+    f = one(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_DISABLE": "1"}), "p2p-disabled")
+    assert f.severity == "error"
+    assert "NCCL_P2P_DISABLE=1 (from the environment)" in f.message and "NVLink" in f.message
+    assert "unset NCCL_P2P_DISABLE" in f.fix
+    assert "p2p-disabled" not in codes(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_DISABLE": "0"}))
+    # Without NVLink, P2P off is a choice with a cost, not this error.
+    assert "p2p-disabled" not in codes(run(topo(PCIE_ONLY), tmp_path, {"NCCL_P2P_DISABLE": "1"}))
+
+
+def test_p2p_level_in_lower_case_is_an_error_naming_the_silent_ignore(tmp_path: Path) -> None:
+    findings = run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "nvl"})
+    f = one(findings, "invalid-value")
+    assert f.severity == "error"
+    assert "NCCL_P2P_LEVEL" in f.message and "silently ignores 'nvl'" in f.message and "'NVL'" in f.message
+    assert codes(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "NVL"}), "error") == []
+
+
+def test_p2p_level_loc_turns_off_nvlink(tmp_path: Path) -> None:
+    f = one(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "LOC"}), "p2p-level-loc")
+    assert f.severity == "error"
+
+
+# -- LL128 -----------------------------------------------------------------------------------------
+
+
+def test_ll128_on_a_pcie_only_node_is_an_error(tmp_path: Path) -> None:
+    f = one(run(topo(PCIE_ONLY), tmp_path, {"NCCL_PROTO": "LL128"}), "explicit-ll128")
+    assert f.severity == "error"
+    assert "would not enable it" in f.message and "corruption" in f.message
+
+
+@pytest.mark.parametrize("name", NVLINK_SNAPSHOTS)
+def test_ll128_on_nvlink_is_only_a_warning(name: str, tmp_path: Path) -> None:
+    f = one(run(topo(name), tmp_path, {"NCCL_PROTO": "LL128"}), "explicit-ll128")
+    assert f.severity == "warning"
+    assert "would enable it here anyway" in f.message
+
+
+@pytest.mark.parametrize("value", ["Simple,LL128", "allreduce:ll128", "LL,LL128,Simple"])
+def test_ll128_is_found_in_lists_and_per_function_values(value: str, tmp_path: Path) -> None:
+    assert one(run(topo(PCIE_ONLY), tmp_path, {"NCCL_PROTO": value}), "explicit-ll128").severity == "error"
+
+
+@pytest.mark.parametrize("value", ["^LL128", "Simple", "LL"])
+def test_excluding_or_not_naming_ll128_is_fine(value: str, tmp_path: Path) -> None:
+    assert "explicit-ll128" not in codes(run(topo(PCIE_ONLY), tmp_path, {"NCCL_PROTO": value}))
+
+
+# -- torch and debugging leftovers -----------------------------------------------------------------
+
+
+def test_deprecated_async_error_handling_warns(tmp_path: Path) -> None:
+    f = one(run(topo(NVSWITCH), tmp_path, {"NCCL_ASYNC_ERROR_HANDLING": "1"}), "deprecated-async-error-handling")
+    assert f.severity == "warning" and "deprecated" in f.message
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in f.fix
+    both = one(run(topo(NVSWITCH), tmp_path, {"NCCL_ASYNC_ERROR_HANDLING": "1",
+                                              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}),
+               "deprecated-async-error-handling")
+    assert "wins over it" in both.message
+
+
+@pytest.mark.parametrize(("value", "warned"), [("INFO", True), ("info", True), ("TRACE", True), ("WARN", False)])
+def test_nccl_debug_left_on_warns(value: str, warned: bool, tmp_path: Path) -> None:
+    findings = run(topo(NVSWITCH), tmp_path, {"NCCL_DEBUG": value})
+    assert ("debug-on" in codes(findings, "warning")) is warned
+
+
+# -- NCCL's conf files -----------------------------------------------------------------------------
+
+
+def test_a_graph_file_in_a_conf_file_is_an_error(tmp_path: Path) -> None:
+    conf = conf_file(tmp_path, "# tuned by hand\nNCCL_GRAPH_FILE=/etc/nccl-graph.xml\n")
+    f = one(run(topo(NVSWITCH), tmp_path, conf=[conf]), "graph-file-in-conf")
+    assert f.severity == "error"
+    assert str(conf) in f.message and "/etc/nccl-graph.xml" in f.message
+    assert str(conf) in f.fix
+
+
+def test_a_stale_topo_file_in_a_conf_file_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "gone" / "ncclTopology.xml"
+    conf = conf_file(tmp_path, f"NCCL_TOPO_FILE={missing}\n")
+    f = one(run(topo(NVSWITCH), tmp_path, conf=[conf]), "stale-topo-file")
+    assert f.severity == "error" and str(missing) in f.message and str(conf) in f.message
+    present = tmp_path / "ncclTopology.xml"
+    present.write_text("<system/>\n")
+    conf.write_text(f"NCCL_TOPO_FILE={present}\n")
+    assert "stale-topo-file" not in codes(run(topo(NVSWITCH), tmp_path, conf=[conf]))
+
+
+def test_a_crlf_conf_file_keeps_the_carriage_return_as_nccl_does(tmp_path: Path) -> None:
+    # NCCL strips only '\n': the value it sees ends in '\r' and names no file.
+    present = tmp_path / "ncclTopology.xml"
+    present.write_text("<system/>\n")
+    conf = conf_file(tmp_path, f"NCCL_TOPO_FILE={present}\r\nNCCL_DEBUG=INFO\r\n")
+    assert read_conf_file(conf) == {"NCCL_TOPO_FILE": f"{present}\r", "NCCL_DEBUG": "INFO\r"}
+    findings = run(topo(NVSWITCH), tmp_path, conf=[conf])
+    assert one(findings, "stale-topo-file").severity == "error"
+    assert "debug-on" not in codes(findings)  # NCCL does not recognise "INFO\r" either
+
+
+def test_conf_files_are_read_the_way_nccl_reads_them(tmp_path: Path) -> None:
+    conf = conf_file(tmp_path, "#NCCL_DEBUG=INFO\nNCCL_DEBUG=WARN\nNCCL_DEBUG=INFO\n no-equals\n"
+                               " NCCL_PROTO=LL128\nNCCL_ALGO= Ring\n")
+    # The first value of a name wins (setenv without overwrite), nothing is trimmed.
+    assert read_conf_file(conf) == {"NCCL_DEBUG": "WARN", " NCCL_PROTO": "LL128", "NCCL_ALGO": " Ring"}
+    assert read_conf_file(tmp_path / "missing.conf") == {}
+
+
+def test_the_environment_wins_over_conf_files_and_the_first_file_over_the_second(tmp_path: Path) -> None:
+    first = conf_file(tmp_path, "NCCL_DEBUG=INFO\n", "user.conf")
+    second = conf_file(tmp_path, "NCCL_DEBUG=WARN\nNCCL_P2P_DISABLE=1\n", "etc.conf")
+    findings = run(topo(NVSWITCH), tmp_path, conf=[first, second])
+    assert str(first) in one(findings, "debug-on").message
+    assert str(second) in one(findings, "p2p-disabled").message
+    findings = run(topo(NVSWITCH), tmp_path, {"NCCL_DEBUG": "WARN", "NCCL_P2P_DISABLE": "0"}, conf=[first, second])
+    assert "debug-on" not in codes(findings) and "p2p-disabled" not in codes(findings)
+
+
+def test_default_conf_files_follow_nccl(tmp_path: Path) -> None:
+    assert default_conf_files({"HOME": str(tmp_path)}) == [tmp_path / ".nccl.conf", Path("/etc/nccl.conf")]
+    assert default_conf_files({"HOME": str(tmp_path), "NCCL_CONF_FILE": "/x.conf"}) == \
+        [Path("/x.conf"), Path("/etc/nccl.conf")]
+
+
+# -- what nccltune published -----------------------------------------------------------------------
+
+
+def test_an_environment_variable_overriding_a_published_value_warns(tmp_path: Path) -> None:
+    t = topo(NVSWITCH)
+    pub = tmp_path / "pub"
+    publish_for(t, pub, {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    findings = run(t, tmp_path, {"NCCL_ALGO": "Tree"}, publish_dir=pub)
+    f = one(findings, "env-overrides-published")
+    assert f.severity == "warning"
+    assert "NCCL_ALGO=Tree" in f.message and "published Ring" in f.message
+    assert codes(run(t, tmp_path, {"NCCL_ALGO": "Ring"}, publish_dir=pub)) == []
+
+
+def test_a_published_file_writable_by_others_is_an_error(tmp_path: Path) -> None:
+    t = topo(NVSWITCH)
+    pub = tmp_path / "pub"
+    publish_for(t, pub, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert codes(run(t, tmp_path, publish_dir=pub)) == []
+    (pub / "nccl.env").chmod(0o666)
+    f = one(run(t, tmp_path, publish_dir=pub), "published-writable")
+    assert f.severity == "error"
+    assert str(pub / "nccl.env") in f.message and "666" in f.message
+    assert f.fix == f"chmod 644 {pub / 'nccl.env'}"
+
+
+def test_a_published_tuning_for_another_topology_is_an_error(tmp_path: Path) -> None:
+    t = topo(NVSWITCH)
+    pub = tmp_path / "pub"
+    publish_for(t, pub, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, fingerprint="0123456789abcdef")
+    f = one(run(t, tmp_path, publish_dir=pub), "published-topology-stale")
+    assert f.severity == "error"
+    assert "0123456789abcdef" in f.message and topology_fingerprint(t) in f.message
+
+
+def test_a_published_demo_tuning_and_a_missing_topo_file_are_errors(tmp_path: Path) -> None:
+    t = topo(NVSWITCH)
+    pub = tmp_path / "pub"
+    publish_for(t, pub, {"NCCL_TOPO_FILE": str(pub / "ncclTopology.xml")}, demo=True)
+    findings = run(t, tmp_path, publish_dir=pub)
+    assert set(codes(findings, "error")) == {"published-demo", "published-topo-missing"}
+
+
+def test_a_corrupt_published_file_is_a_finding_not_a_crash(tmp_path: Path) -> None:
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    (pub / "nccl.json").write_text("{not json")
+    f = one(run(topo(NVSWITCH), tmp_path, publish_dir=pub), "published-corrupt")
+    assert f.severity == "error" and "nccl.json" in f.message
+
+
+# -- the node --------------------------------------------------------------------------------------
+
+
+def _edited(tmp_path: Path, name: str, edit: Any) -> Path:
+    snap = json.loads((bundled_topologies_dir() / f"{name}.json").read_text())
+    edit(snap)
+    path = tmp_path / f"{name}-edited.json"
+    path.write_text(json.dumps(snap))
+    return path
+
+
+def test_an_inactive_nvlink_is_an_error(tmp_path: Path) -> None:
+    def link_down(snap: dict[str, Any]) -> None:
+        snap["nvml"]["gpus"][1]["nvlinks"][5]["active"] = False
+    t = load_topology(str(_edited(tmp_path, NVSWITCH, link_down)))
+    f = one(run(t, tmp_path), "nvlink-inactive")
+    assert f.severity == "error"
+    assert "GPU1 (0000:00:07.0): only 17 of 18 NVLinks are active" in f.message
+
+
+def test_a_narrow_pcie_link_warns(tmp_path: Path) -> None:
+    def narrow(snap: dict[str, Any]) -> None:
+        snap["nvml"]["gpus"][0]["pcie_cur_width"] = 8
+    t = load_topology(str(_edited(tmp_path, NVSWITCH, narrow)))
+    f = one(run(t, tmp_path), "pcie-width")
+    assert f.severity == "warning" and "x8 of x16" in f.message
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def doctor_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
+    # HOME and NCCL_CONF_FILE point at the test's own (missing) conf file, not the user's.
+    base.update(HOME=str(tmp_path), NCCL_CONF_FILE=str(tmp_path / "nccl.conf"), **(env or {}))
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, base, clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["doctor", "--state-dir", str(tmp_path / "state"), *args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.skipif(Path("/etc/nccl.conf").exists(), reason="this machine has an /etc/nccl.conf")
+def test_doctor_json_on_a_clean_snapshot_exits_0(tmp_path: Path) -> None:
+    rc, out, err = doctor_cli(tmp_path, "--input", str(bundled_topologies_dir() / f"{NVSWITCH}.json"), "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1 and doc["kind"] == "doctor"
+    assert doc["counts"] == {"error": 0, "warning": 0, "info": 0}
+    assert doc["findings"] == []
+    assert NVSWITCH in doc["source"]
+
+
+def test_doctor_json_with_an_error_exits_1(tmp_path: Path) -> None:
+    conf = conf_file(tmp_path, "NCCL_GRAPH_FILE=/tmp/graph.xml\n")
+    rc, out, err = doctor_cli(tmp_path, "--input", str(bundled_topologies_dir() / f"{NVSWITCH}.json"), "--json",
+                              env={"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"})
+    assert rc == 1, err
+    doc = json.loads(out)
+    assert doc["counts"]["error"] == 2 and doc["counts"]["warning"] == 1
+    assert [f["code"] for f in doc["findings"]] == ["p2p-disabled", "graph-file-in-conf", "debug-on"]
+    assert all(f["fix"] for f in doc["findings"])
+    assert str(conf) in doc["findings"][1]["message"]
+
+
+def test_doctor_with_only_warnings_exits_0_and_prints_text(tmp_path: Path) -> None:
+    rc, out, err = doctor_cli(tmp_path, "--input", PCIE_ONLY, env={"NCCL_DEBUG": "INFO"})
+    assert rc == 0, err
+    assert "WARNING [debug-on]" in out
+    assert "0 error(s), 1 warning(s)" in out

@@ -1,0 +1,156 @@
+"""`nccltune env` and `nccltune exec` over what a demo sweep published."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import yaml
+
+from nccltune.cli import main
+from nccltune.topology.source import bundled_topologies_dir
+
+pytest.importorskip("torch")
+
+SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
+# Must equal BASE_CONFIG of test_daemon.py: both build (and share) the same seeded sweep.
+BASE_CONFIG: dict[str, Any] = {
+    "sweep": {
+        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
+        "variables": {"NCCL_ALGO": ["Ring"]},
+        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
+    },
+    # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
+    # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
+    "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
+    "publish": {"metrics_dir": "metrics"},
+}
+POLICY = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL", "TORCH_NCCL", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env.update(extra)
+    return env
+
+
+def seeded_state(factory: pytest.TempPathFactory) -> Path:
+    """State dir of one finished demo sweep (shared with test_daemon.py within a session)."""
+    root = factory.getbasetemp() / "seeded-demo-sweep"
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+        got = subprocess.run(
+            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
+             "--state-dir", str(root / "state")],
+            capture_output=True, text=True, env=clean_env(), timeout=180, cwd=root)
+        assert got.returncode == 0, got.stderr
+        (root / "done").touch()
+    return root / "state"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_state(tmp_path_factory)
+
+
+@pytest.fixture
+def published(seeded: Path) -> dict[str, str]:
+    env = json.loads((seeded / "nccl.json").read_text())["env"]
+    assert isinstance(env, dict)
+    return env
+
+
+def cli(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, clean_env(**(env or {})), clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def nccltune_exec(state: Path, *cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # exec replaces the process, so it runs in its own interpreter.
+    return subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), "--", *cmd],
+                          capture_output=True, text=True, env=clean_env(**(env or {})), timeout=60)
+
+
+# -- env ------------------------------------------------------------------------------------------------
+
+
+def test_env_json_has_a_schema_version_and_the_published_env(seeded: Path, published: dict[str, str]) -> None:
+    rc, out, err = cli("env", "--format", "json", "--state-dir", seeded)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    assert doc["env"] == published
+    assert published[POLICY] == "3"
+    assert doc["provenance"]["demo"] is True and doc["provenance"]["state"] == "tuned"
+
+
+def test_env_with_nothing_published_exits_1(tmp_path: Path) -> None:
+    rc, out, err = cli("env", "--format", "json", "--state-dir", tmp_path)
+    assert rc == 1 and out == ""
+    assert "nothing is published" in err and "nccltune sweep" in err
+
+
+# -- exec -------------------------------------------------------------------------------------------------
+
+
+def test_exec_runs_the_command_with_the_published_environment(seeded: Path, published: dict[str, str]) -> None:
+    got = nccltune_exec(seeded, "sh", "-c", 'printf %s "$TORCH_NCCL_ASYNC_ERROR_HANDLING"')
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == published[POLICY]
+    assert got.stderr == ""
+    got = nccltune_exec(seeded, "env")
+    seen = dict(line.split("=", 1) for line in got.stdout.splitlines() if "=" in line)
+    assert {k: seen.get(k) for k in published} == published
+
+
+def test_exec_lets_a_variable_the_caller_set_win_and_says_so(seeded: Path, published: dict[str, str]) -> None:
+    got = nccltune_exec(seeded, "sh", "-c", 'printf %s "$TORCH_NCCL_ASYNC_ERROR_HANDLING"', env={POLICY: "1"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == "1"
+    assert f"nccltune: {POLICY}=1 from the environment overrides the published {published[POLICY]}" in got.stderr
+    # The same value as published is no override: nothing to say.
+    same = nccltune_exec(seeded, "true", env={POLICY: published[POLICY]})
+    assert same.returncode == 0 and same.stderr == ""
+
+
+def test_exec_passes_the_arguments_and_the_exit_status_through(seeded: Path) -> None:
+    got = nccltune_exec(seeded, "sh", "-c", 'printf "%s|" "$@"; exit 7', "sh", "a b", "", "--", "-x")
+    assert got.returncode == 7
+    assert got.stdout == "a b||--|-x|"
+
+
+@pytest.mark.parametrize("args", [["exec"], ["exec", "--"]])
+def test_exec_without_a_command_is_a_usage_error(args: list[str], seeded: Path) -> None:
+    rc, out, err = cli(args[0], "--state-dir", seeded, *args[1:])
+    assert rc == 2
+    assert out == ""
+    assert "give a command after --" in err
+
+
+def test_exec_of_a_missing_command_is_a_usage_error(seeded: Path) -> None:
+    got = nccltune_exec(seeded, "/nonexistent/command")
+    assert got.returncode == 2
+    assert "cannot run /nonexistent/command" in got.stderr
+
+
+def test_exec_with_nothing_published_runs_with_the_current_environment(tmp_path: Path) -> None:
+    got = nccltune_exec(tmp_path, "sh", "-c", 'printf %s "${TORCH_NCCL_ASYNC_ERROR_HANDLING-unset}"')
+    assert got.returncode == 0
+    assert got.stdout == "unset"
+    assert "nothing published" in got.stderr

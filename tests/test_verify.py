@@ -1,0 +1,299 @@
+"""`nccltune verify`: a short all-reduce with the published environment, judged against the sweep.
+
+The end-to-end tests run the real worker (gloo) on a copy of one demo sweep's state. The tests
+of how rows are judged use a scripted worker (given as the worker interpreter) that reports
+chosen bandwidths, so that pass and fail do not depend on the noise of a shared CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import yaml
+
+from nccltune import __version__
+from nccltune.cli import main
+from nccltune.config import Config, load_config, with_overrides
+from nccltune.errors import CheckFailed
+from nccltune.lock import SweepLock
+from nccltune.store import Store
+from nccltune.topology.source import bundled_topologies_dir
+from nccltune.verify import DEMO_VERIFY_SIZES, run_verify
+
+pytest.importorskip("torch")
+
+SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
+# Must equal BASE_CONFIG of test_daemon.py: both build (and share) the same seeded sweep.
+BASE_CONFIG: dict[str, Any] = {
+    "sweep": {
+        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
+        "variables": {"NCCL_ALGO": ["Ring"]},
+        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
+    },
+    # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
+    # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
+    "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
+    "publish": {"metrics_dir": "metrics"},
+}
+# gloo on two shared cores differs by tens of percent from one run to the next; the real-worker
+# tests check the plumbing with a wide threshold, the scripted ones check the judgement.
+WIDE_THRESHOLD = "90"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL", "TORCH_NCCL", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env.update(extra)
+    return env
+
+
+def seeded_state(factory: pytest.TempPathFactory) -> Path:
+    """State dir of one finished demo sweep (shared with test_daemon.py within a session)."""
+    root = factory.getbasetemp() / "seeded-demo-sweep"
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+        got = subprocess.run(
+            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
+             "--state-dir", str(root / "state")],
+            capture_output=True, text=True, env=clean_env(), timeout=180, cwd=root)
+        assert got.returncode == 0, got.stderr
+        (root / "done").touch()
+    return root / "state"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_state(tmp_path_factory)
+
+
+@pytest.fixture
+def state(seeded: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "state"
+    shutil.copytree(seeded, copy)
+    return copy
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+    return path
+
+
+def cli(*args: str | Path) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, clean_env(), clear=True), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def verify_json(config: Path, state: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    rc, out, err = cli("verify", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--json", *extra)
+    doc = json.loads(out) if out.strip() else {}
+    return rc, doc, err
+
+
+def verify_runs(state: Path) -> list[Any]:
+    with Store(state / "history.db") as store:
+        return store.runs(limit=None, kind="verify")
+
+
+# -- with the real worker --------------------------------------------------------------------------
+
+
+def test_verify_after_a_sweep_passes_with_rows_and_is_recorded(config: Path, state: Path) -> None:
+    rc, doc, err = verify_json(config, state, "--threshold", WIDE_THRESHOLD)
+    assert rc == 0, (err, doc)
+    assert doc["schema_version"] == 1 and doc["kind"] == "verify"
+    assert doc["passed"] is True and doc["reason"] == "bus bandwidth as expected"
+    assert doc["demo"] is True and "CPU DEMO" in doc["label"]
+    assert doc["env_source"] == f"published in {state}"
+    assert doc["env"] == json.loads((state / "nccl.json").read_text())["env"]
+    rows = doc["sizes"]
+    assert [r["size_bytes"] for r in rows] == list(DEMO_VERIFY_SIZES)
+    assert all(r["measured_gbps"] > 0 and r["expected_gbps"] > 0 and r["ok"] for r in rows)
+    assert all(r["allowed_pct"] >= float(WIDE_THRESHOLD) for r in rows)
+    runs = verify_runs(state)
+    assert [(r.id, r.status, r.demo) for r in runs] == [(doc["run_id"], "ok", True)]
+    assert runs[0].summary["passed"] is True
+    with Store(state / "history.db") as store:
+        trials = store.trials(doc["run_id"])
+    assert [(t.phase, t.status) for t in trials] == [("verify", "ok"), ("verify", "ok")]
+
+
+def test_verify_below_a_floor_fails_with_exit_1(config: Path, state: Path) -> None:
+    rc, doc, err = verify_json(config, state, "--floor", "1e9")
+    assert rc == 1, err
+    assert doc["passed"] is False
+    assert "below" in doc["reason"] and "4MiB" in doc["reason"]
+    assert doc["expectation"] == "floor 1e+09 GB/s at 4MiB"
+    big = next(r for r in doc["sizes"] if r["size_bytes"] == max(DEMO_VERIFY_SIZES))
+    assert big["ok"] is False and big["drift_pct"] < -99
+    assert [r.status for r in verify_runs(state)] == ["failed"]
+
+
+def test_verify_text_output_says_fail_and_why(config: Path, state: Path) -> None:
+    rc, out, err = cli("verify", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--floor", "1e9")
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert lines[0].startswith("*** CPU DEMO")
+    assert lines[1].startswith("FAIL: 4MiB:") and "below the expected" in lines[1]
+    assert any("<-- below" in line for line in lines)
+
+
+# -- nothing to verify against ---------------------------------------------------------------------
+
+
+def test_verify_with_nothing_published_exits_1_and_says_to_sweep(config: Path, tmp_path: Path) -> None:
+    state = tmp_path / "empty"
+    rc, doc, err = verify_json(config, state)
+    assert rc == 1
+    assert doc == {}
+    assert "nothing is published" in err and "nccltune sweep" in err
+    assert not state.exists()
+
+
+def test_verify_without_a_sweep_in_history_exits_1_with_a_hint(config: Path, seeded: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    for name in ("nccl.sh", "nccl.env", "nccl.json"):
+        shutil.copy(seeded / name, state / name)
+    rc, _doc, err = verify_json(config, state)
+    assert rc == 1
+    assert "no finished sweep for this topology" in err
+    assert "hint: run `nccltune sweep`, or pass --floor GBPS" in err
+    assert verify_runs(state) == []
+
+
+def test_verify_while_a_sweep_holds_the_lock_exits_75(config: Path, state: Path) -> None:
+    with SweepLock(state / "sweep.lock"):
+        rc, _doc, err = verify_json(config, state)
+    assert rc == 75
+    assert f"pid {os.getpid()}" in err
+    assert verify_runs(state) == []
+
+
+# -- the judgement, with a scripted worker ---------------------------------------------------------
+
+FAKE_WORKER = textwrap.dedent("""\
+    #!{python}
+    # Speaks the worker's JSON-lines protocol with bandwidths from $FAKE_BUSBW ({{size: GB/s}});
+    # sizes it does not list are skipped, as the real worker skips what does not fit.
+    import json, os, sys
+    args = sys.argv[2:]
+    sizes = [int(s) for s in args[args.index("--sizes") + 1].split(",")]
+    table = json.loads(os.environ["FAKE_BUSBW"])
+    if os.environ["RANK"] == "0":
+        print(json.dumps({{"event": "start", "backend": "gloo", "world_size": 2, "pid": os.getpid()}}))
+        for size in sizes:
+            bw = table.get(str(size))
+            if bw is None:
+                print(json.dumps({{"event": "skip", "size_bytes": size, "reason": "scripted"}}))
+                continue
+            print(json.dumps({{"event": "size", "size_bytes": size, "time_us": 1.0, "algbw_gbps": bw,
+                              "busbw_gbps": bw, "correct": True}}))
+        print(json.dumps({{"event": "done"}}))
+""")
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> Path:
+    path = tmp_path / "fake-python"
+    path.write_text(FAKE_WORKER.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def _cfg(config: Path, state: Path) -> Config:
+    return with_overrides(load_config(config), state_dir=str(state))
+
+
+def _record_sweep(state: Path, rows: list[dict[str, float]]) -> int:
+    """A finished sweep of this topology with these rows: the newest, so verify's expectation."""
+    with Store(state / "history.db") as store:
+        fingerprint = store.runs(limit=1, kind="sweep")[0].fingerprint
+        run_id = store.start_run(kind="sweep", fingerprint=fingerprint, backend="gloo", demo=True, profile=None,
+                                 nccl_version=None, driver_version=None, torch_version=None,
+                                 nccltune_version=__version__, hostname=socket.gethostname(), topology={},
+                                 config={})
+        store.finish_run(run_id, status="ok", summary={"rows": rows})
+    return run_id
+
+
+def _verify_with(table: dict[int, float], config: Path, state: Path, fake_python: Path, **kw: Any) -> Any:
+    with mock.patch.dict(os.environ, clean_env(FAKE_BUSBW=json.dumps({str(k): v for k, v in table.items()})),
+                         clear=True):
+        return run_verify(_cfg(config, state), demo=str(SNAPSHOT), python=str(fake_python), **kw)
+
+
+def test_a_drop_beyond_the_allowed_drift_fails_and_within_passes(config: Path, state: Path,
+                                                                 fake_python: Path) -> None:
+    # Expected GB/s and the run-to-run noise (%) the sweep measured; at 1 MiB twice the noise
+    # (30%) is wider than the threshold (20%) and is what is allowed there.
+    sweep = {262144: (1.0, 1.0), 1 << 20: (2.0, 15.0), 4 << 20: (4.0, 2.0)}
+    run_id = _record_sweep(state, [{"size_bytes": s, "default_busbw_gbps": bw / 2, "tuned_busbw_gbps": bw,
+                                    "default_noise_pct": noise} for s, (bw, noise) in sweep.items()])
+    allowed = {262144: 20.0, 1 << 20: 30.0, 4 << 20: 20.0}
+    within = {s: bw * (1 - 0.9 * allowed[s] / 100) for s, (bw, _noise) in sweep.items()}
+    result = _verify_with(within, config, state, fake_python, threshold_pct=20.0)
+    assert result.passed, result.reason
+    assert result.expectation.startswith(f"sweep {run_id} of ")
+    assert [(r.size_bytes, r.allowed_pct, r.ok) for r in result.rows] == [(s, allowed[s], True) for s in sweep]
+    assert [r.drift_pct for r in result.rows] == [pytest.approx(-0.9 * allowed[s]) for s in sweep]
+
+    beyond = {**within, 1 << 20: 2.0 * (1 - 0.31)}
+    result = _verify_with(beyond, config, state, fake_python, threshold_pct=20.0)
+    assert not result.passed
+    assert result.reason == "1MiB: 1.38 GB/s is 31.0% below the expected 2.00"
+    assert [r.ok for r in result.rows] == [True, False, True]
+    # --current compares against what the defaults measured instead.
+    result = _verify_with(beyond, config, state, fake_python, threshold_pct=20.0, use_current=True)
+    assert result.passed, result.reason
+    assert result.env == {} and result.env_source == "current environment"
+
+
+def test_a_size_that_was_not_measured_fails_verify_without_a_crash(config: Path, state: Path,
+                                                                   fake_python: Path) -> None:
+    # The floor applies to the largest size; the worker skips exactly that one.
+    table = {s: 1.0 for s in DEMO_VERIFY_SIZES[:-1]}
+    result = _verify_with(table, config, state, fake_python, floor_gbps=0.5)
+    assert not result.passed
+    assert result.reason == "4MiB: not measured"
+    assert [r.status for r in verify_runs(state)] == ["failed"]
+
+
+def test_a_sweep_that_measured_none_of_the_verify_sizes_gives_no_expectation(config: Path, state: Path,
+                                                                             fake_python: Path) -> None:
+    cfg = _cfg(config, state)
+    _record_sweep(state, [{"size_bytes": 4096, "default_busbw_gbps": 1.0, "tuned_busbw_gbps": 1.0,
+                           "default_noise_pct": 1.0}])
+    with pytest.raises(CheckFailed, match=r"sweep \d+ measured none of the verify sizes"):
+        run_verify(cfg, demo=str(SNAPSHOT), python=str(fake_python))
+    assert verify_runs(state) == []
+
+
+def test_every_trial_failing_fails_verify(config: Path, state: Path, fake_python: Path) -> None:
+    fake_python.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(5)\n")
+    result = _verify_with({}, config, state, fake_python, threshold_pct=50.0)
+    assert not result.passed
+    assert result.reason.startswith("every verify trial failed: rank ")
+    assert all(r.measured_gbps is None and not r.ok for r in result.rows)
+    with Store(state / "history.db") as store:
+        trials = store.trials(verify_runs(state)[0].id)
+    assert [t.status for t in trials] == ["crashed", "crashed"]
