@@ -1,7 +1,7 @@
 """The sweep plan on every bundled topology: what is measured, what is pruned, and why.
 
 The P2P level expectations are worked out by hand from each snapshot's raw path matrix with the
-signature rule of nccl-internals 2.5 (two levels are equivalent iff no NVML-P2P-OK GPU pair has
+signature rule of paths.cc (two levels are equivalent iff no NVML-P2P-OK GPU pair has
 a raw type strictly above the lower level and at or below the higher one), and written out per
 topology, so that a change in either the path code or the pruning code shows up here.
 """
@@ -161,7 +161,7 @@ def test_kept_levels_have_distinct_signatures_and_pruned_ones_repeat_one(name: s
 
 
 @pytest.mark.parametrize(("values", "expected"), [
-    # nccl-internals 2.5, equivalences on every topology.
+    # Equivalences on every topology.
     (["SYS", "4", "5", "9"], {"4": "SYS", "5": "SYS", "9": "SYS"}),
     (["LOC", "0"], {"0": "LOC"}),
 ])

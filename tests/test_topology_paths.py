@@ -2,7 +2,7 @@
 
 Every expectation below was derived from the snapshot's PCI tree as NCCL sees it (switch
 upstream ports are `<pci>` nodes, a device on a root port hangs off its `<cpu>`, one `<cpu>` per
-NUMA node) with NCCL 2.28's rules (nccl-internals §2.2): a GPU/NIC to its switch is PIX, PCI to
+NUMA node) with NCCL 2.28's rules (paths.cc, ncclTopoSetPaths): a GPU/NIC to its switch is PIX, PCI to
 PCI is PXB, a PCI hop touching a CPU is PHB, CPU to CPU is SYS, a path is its worst hop, and of
 several paths NCCL keeps the one with the fewest hops, then the highest bottleneck bandwidth.
 Bandwidths are NCCL's model (§1.4): NVLink per link sm90 20.6 and sm80 20 GB/s, PCIe

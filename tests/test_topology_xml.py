@@ -1,6 +1,6 @@
 """NCCL topology XML: the writer's dialect, golden files, round trips and bad input.
 
-NCCL reads NCCL_TOPO_FILE with its own small parser (xml.cc, nccl-internals §1.2), so the writer
+NCCL reads NCCL_TOPO_FILE with its own small parser (xml.cc), so the writer
 is checked line by line against that parser's rules, not just for being well-formed XML.
 """
 
@@ -100,7 +100,7 @@ def test_writer_output_equals_golden(name: str) -> None:
 
 
 def test_golden_h100_matches_nccl_example_1_8a() -> None:
-    """The H100 file carries the tree of NCCL's hand-written example (nccl-internals §1.8 a)."""
+    """The H100 file carries the tree of NCCL's hand-written example (the HGX H100 topology-file example)."""
     text = (GOLDEN / "hgx-h100-8gpu.xml").read_text()
     cpus = re.findall(r'<cpu numaid="(\d)" affinity="([0-9a-f,]+)" arch="x86_64" vendor="GenuineIntel" '
                       r'familyid="6" modelid="143">', text)

@@ -41,8 +41,8 @@ class TuningChoice:
     """One ``<Func>: <n> Bytes -> Algo <A> proto <P> channel{Lo..Hi}={lo..hi}`` line.
 
     Printed by rank 0 only, under the TUNING subsystem, once per collective launch
-    (``src/enqueue.cc``; names since 2.25, numbers in 2.21-2.24 per nccl-internals.md table
-    0.1, which are kept as text).
+    (``src/enqueue.cc``; names since 2.25; 2.21-2.24 print numbers,
+    which are kept as text).
     """
 
     func: str

@@ -1,7 +1,7 @@
 """Topology-aware pruning and the sweep plan: what will be measured, what was pruned and why.
 
 Values that cannot change anything on this node are measured once or not at all:
-  * NCCL_P2P_LEVEL / NCCL_P2P_DISABLE by the signature rule (nccl-internals 2.5): two levels are
+  * NCCL_P2P_LEVEL / NCCL_P2P_DISABLE by the signature rule (paths.cc, ncclTopoCheckP2p): two levels are
     equivalent iff no GPU pair with NVML P2P allowed has a raw path type between them;
   * network knobs (GDR, PXN, cross-NIC, IB QPs) on a single node, where all-reduce never
     crosses a NIC;
@@ -230,7 +230,7 @@ def _list_entries(value: str) -> list[tuple[str, bool, set[str]]]:
 
 def _prune_algo(value: str, nvls_ok: bool) -> str | None:
     # All-reduce follows its own `allreduce:` entry (the last one replaces earlier ones), else the
-    # unscoped first entry (nccl-internals 4).
+    # unscoped first entry (NCCL_ALGO syntax, 2.24+).
     entries = _list_entries(value)
     scoped = [e for e in entries if e[0] == "allreduce"]
     unscoped = [e for e in entries if e[0] == ""]

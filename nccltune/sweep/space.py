@@ -3,7 +3,7 @@
 Every value a user gives (config `sweep.variables`/`sweep.pin`, the environment, `--set`) is
 validated here before anything runs, because NCCL silently ignores many invalid spellings
 (`NCCL_P2P_LEVEL=nvl`, `NCCL_DEBUG_SUBSYS` with one bad token) and fails hard on others
-(an unknown `NCCL_ALGO` token). Facts are from NCCL 2.28-2.30 (nccl-internals sections 2-4).
+(an unknown `NCCL_ALGO` token). Facts are from NCCL 2.28-2.30 (paths.cc, tuning.cc, misc/param.cc).
 """
 
 from __future__ import annotations

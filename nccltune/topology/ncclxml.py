@@ -73,7 +73,7 @@ _ATTR = re.compile(rf"( +)({_NAME})=(?:\"([^\"]*)\"|'([^']*)')")
 
 
 def check_dialect(text: str, path: str) -> None:
-    """Check text against NCCL's parser rules (nccl-internals 1.2).
+    """Check text against NCCL's parser rules (xml.cc, xmlGetNode and xmlLoadSub).
 
     NCCL reads a sequence of tags separated by spaces and line breaks: no declaration, no
     tabs, no text between tags, each tag with its attributes on one line, every value quoted.

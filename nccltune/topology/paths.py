@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .model import CLASS_NVLINK_CPU, Topology, XNode
 
-# Names are stable across NCCL versions, numbers are not (2.28+ numbering; nccl-internals 0.1).
+# Names are stable across NCCL versions, numbers are not (2.28+ numbering; graph.h).
 PATH_TYPES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS")
 RANK = {name: i for i, name in enumerate(PATH_TYPES)}
 
