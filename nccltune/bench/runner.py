@@ -1,7 +1,7 @@
 """Rank launcher: every trial in a fresh set of rank processes, with a hard timeout.
 
-NCCL caches most of its variables per process (NCCL_PARAM values are cached per process, include/param.h), so each candidate
-environment gets new processes. All ranks of a trial run in their own process groups; on a
+NCCL caches most of its variables per process (NCCL_PARAM in include/param.h), so each
+candidate environment gets new processes. All ranks of a trial run in their own process groups; on a
 timeout, a crash of any rank, Ctrl-C or an abort request, every group is killed. A failed trial
 is reported with its reason and the caller goes on. This is the only module that starts rank
 processes.
