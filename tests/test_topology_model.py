@@ -51,7 +51,8 @@ def _reordered(snap: Snapshot) -> Snapshot:
 
 def _volatile(snap: Snapshot) -> Snapshot:
     """What changes from one reading to the next on an unchanged node."""
-    gpus = tuple(dataclasses.replace(g, pcie_cur_gen=1, pcie_cur_width=4,
+    # GPUs drop the link *generation* when idle; the width stays (a narrower link is a fault).
+    gpus = tuple(dataclasses.replace(g, pcie_cur_gen=1,
                                      processes=(GpuProcess(pid=4242, used_memory_bytes=1 << 30),))
                  for g in snap.nvml.gpus)
     pci = tuple(dataclasses.replace(d, current_link_speed="2.5 GT/s PCIe", current_link_width=1)
@@ -69,6 +70,15 @@ def test_fingerprint_ignores_order_and_volatile_readings(name: str) -> None:
     assert _fp(_reordered(snap)) == fp
     assert _fp(_volatile(snap)) == fp
     assert _fp(_volatile(_reordered(snap))) == fp
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fingerprint_changes_when_a_gpu_link_trains_narrower_than_its_maximum(name: str) -> None:
+    snap = _snap(name)
+    g0 = snap.nvml.gpus[0]
+    assert g0.pcie_max_width
+    narrow = _with_gpus(snap, (dataclasses.replace(g0, pcie_cur_width=g0.pcie_max_width // 2), *snap.nvml.gpus[1:]))
+    assert _fp(narrow) != _fp(snap)
 
 
 def _lose_one_nvlink(snap: Snapshot) -> Snapshot:

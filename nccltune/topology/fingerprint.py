@@ -1,7 +1,7 @@
 """Topology fingerprint: a stable hash of the facts that, when they change, invalidate a tuning.
 
 In: GPU set (bus ids, model, compute capability), NVLink counts per target, PCIe maximum
-generation/width, switch tree, NUMA layout, NIC set and speeds, driver version. Out: anything
+generation/width and whether a link runs narrower than its maximum, switch tree, NUMA layout, NIC set and speeds, driver version. Out: anything
 volatile (current PCIe generation, which drops at idle; processes; temperatures; order of
 enumeration).
 """
@@ -20,7 +20,11 @@ def topology_facts(topo: Topology) -> dict[str, Any]:
     for g in topo.gpus:
         gpus.append({"bus_id": g.bus_id, "name": g.name, "sm": g.sm, "numa": g.numa_node,
                      "pcie_max_gen": g.pcie_max_gen, "pcie_max_width": g.pcie_max_width,
-                     "nvlinks_active": g.nvlinks_active})
+                     "nvlinks_active": g.nvlinks_active,
+                     # A link trained to fewer lanes than it has is a fault (a bad riser or slot);
+                     # the current *generation* is left out, since GPUs drop it whenever idle.
+                     "pcie_width_degraded": bool(g.pcie_cur_width and g.pcie_max_width
+                                                 and g.pcie_cur_width < g.pcie_max_width)})
     pci = []
     nvlinks = []
     cpus = []
