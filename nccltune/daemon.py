@@ -1,17 +1,19 @@
 """`nccltune daemon`: the node service. Keeps NCCL settings right as the node changes.
 
-Start-up: load and validate the config (exit 78, so systemd does not loop), probe NVML and the
-worker's torch/NCCL, compute the fingerprints, regenerate ncclTopology.xml, notify READY; if
-nothing valid is published for this fingerprint, schedule a sweep.
+Start-up: load and validate the config (exit 78, so systemd does not loop), open the history
+(a corrupt one is moved aside), probe NVML and the worker's torch/NCCL, compute the
+fingerprints, regenerate ncclTopology.xml, notify READY; if nothing valid is published for this
+fingerprint, schedule a sweep (at once with daemon.sweep_on_start, else after one poll interval).
 
 Loop (every poll interval, NVML only, never torch in this process): a changed topology
 fingerprint is logged with what changed, a safe environment is republished at once (the new
 topology file, no values tuned on the old topology) and a re-sweep is scheduled. Sweeps start
-only when the GPUs have been free of compute processes for the quiet period, inside the
-maintenance window if one is set; a job that starts during a sweep stops it (workers killed,
+only while the GPUs are free of compute processes and have been for the quiet period, inside
+the maintenance window if one is set; a job that starts during a sweep stops it (workers killed,
 last published files kept). Verification runs periodically and after each sweep; drift beyond
 the threshold is logged, exported and schedules a re-sweep. SIGTERM stops cleanly, SIGHUP
-reloads the config (keeping the old one when the new one is invalid).
+reloads the config (keeping the old one when the new one is invalid; new sweep settings
+schedule a re-sweep, as they would at start-up).
 """
 
 from __future__ import annotations
@@ -192,7 +194,10 @@ class Daemon:
         if self.node is not None:
             self._refresh_tuning_fingerprint()
             # New sweep settings make the published tuning stale, as they do at start-up.
-            self._check_published()
+            try:
+                self._check_published()
+            except NccltuneError as exc:  # a failed safe republish: the config itself is fine
+                log.error("cannot republish a safe environment: %s", exc)
             self.status(self._idle_status() if not self.metrics.degraded else self.status_text)
         self.notifier.ready(self.status_text)
 
