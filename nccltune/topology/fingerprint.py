@@ -1,9 +1,9 @@
 """Topology fingerprint: a stable hash of the facts that, when they change, invalidate a tuning.
 
 In: GPU set (bus ids, model, compute capability), NVLink counts per target, PCIe maximum
-generation/width and whether a link runs narrower than its maximum, switch tree, NUMA layout, NIC set and speeds, driver version. Out: anything
-volatile (current PCIe generation, which drops at idle; processes; temperatures; order of
-enumeration).
+generation/width and whether a link runs narrower than its maximum, switch tree, NUMA layout,
+NIC set and speeds, driver version. Out: anything volatile (current PCIe generation, which
+drops at idle; processes; temperatures; order of enumeration).
 """
 
 from __future__ import annotations
