@@ -40,9 +40,10 @@ def plot_run(run: Any, trials: list[Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, points in sorted(series_by_label(trials).items()):
         sizes = sorted(points)
-        style = {"linewidth": 2.5} if label in ("NCCL defaults", chosen) else {"linewidth": 1, "alpha": 0.7}
+        main_line = label in ("NCCL defaults", chosen)
         name = f"{label} (published)" if label == chosen else label
-        ax.plot(sizes, [points[s] for s in sizes], marker="o", label=name, **style)
+        ax.plot(sizes, [points[s] for s in sizes], marker="o", label=name,
+                linewidth=2.5 if main_line else 1.0, alpha=1.0 if main_line else 0.7)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
