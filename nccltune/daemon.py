@@ -33,7 +33,7 @@ from . import __version__
 from .bench.runner import TrialAborted, find_worker_python
 from .config import Config, load_config, with_overrides
 from .doctor import default_conf_files, diagnose
-from .errors import BusyError, NccltuneError
+from .errors import BusyError, NccltuneError, UnavailableError
 from .lock import SweepLock
 from .metrics import MetricsState, write_metrics
 from .pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
@@ -217,7 +217,7 @@ class Daemon:
             pass
         self.node = load_node(self.cfg, self.opts.demo)
         self.facts = topology_facts(self.node.topo)
-        self.nccl = probe_nccl(find_worker_python(self.opts.python or self.cfg.bench.python))
+        self.nccl = self._probe_nccl()
         self.metrics.nccl_version = self.nccl.get("nccl_version")
         self._update_node_metrics()
         self._refresh_tuning_fingerprint()
@@ -228,6 +228,14 @@ class Daemon:
         log.info("nccltune %s daemon ready: %d GPU(s), fingerprint %s, NCCL %s%s", __version__,
                  len(self.node.topo.gpus), self.node.fingerprint, self.nccl.get("nccl_version") or "n/a",
                  " (CPU demo)" if self.node.demo else "")
+
+    def _probe_nccl(self) -> dict[str, Any]:
+        """The worker interpreter's torch and NCCL; empty when it has no torch (nccl-tests engine)."""
+        try:
+            return probe_nccl(find_worker_python(self.opts.python or self.cfg.bench.python))
+        except UnavailableError as exc:
+            log.info("no torch for the worker (%s); NCCL version unknown to the daemon", exc.message)
+            return {}
 
     def _refresh_tuning_fingerprint(self) -> None:
         assert self.node is not None
@@ -391,7 +399,7 @@ class Daemon:
             now = None
         if now != self.nccl.get("nccl_lib_stat"):
             old = self.nccl.get("nccl_version")
-            self.nccl = probe_nccl(find_worker_python(self.opts.python or self.cfg.bench.python))
+            self.nccl = self._probe_nccl()
             self.metrics.nccl_version = self.nccl.get("nccl_version")
             log.warning("NCCL library %s changed (version %s -> %s)", lib, old, self.nccl.get("nccl_version"))
             self._refresh_tuning_fingerprint()

@@ -211,6 +211,7 @@ class SweepPipeline:
         self.python = python or cfg.bench.python
         self._node = node
         self.nccl_tests: str | None = None
+        self.worker_python = self.python or sys.executable
         if self.profile not in BUILTIN_PROFILES and self.profile not in cfg.sweep.profiles:
             raise InputError(cfg.path or "config", f"unknown profile {self.profile!r}",
                              line=cfg.lines.get("sweep.profile"),
@@ -253,6 +254,7 @@ class SweepPipeline:
         weights = profile_weights(self.profile, plan.sizes, self.cfg.sweep.profiles)
         self.nccl_tests = resolve_engine(self.cfg, node)
         python = (self.python or sys.executable) if self.nccl_tests else find_worker_python(self.python)
+        self.worker_python = find_worker_python(self.python) if not self.nccl_tests else python
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
             return self._run_locked(store, node, plan, weights, python, started)
@@ -342,7 +344,11 @@ class SweepPipeline:
                 topology_fingerprint=fingerprint, nccl_version=versions["nccl"], backend=node.backend,
                 demo=node.demo, profile=self.profile, gains=gains,
                 note=(DEMO_LABEL if node.demo else None),
-                tuning_fingerprint=tuning_fingerprint(cfg, fingerprint, versions["nccl"], node.demo))
+                # The daemon compares this with what it computes from its own probe of the worker's
+                # NCCL, so both sides take the version from the same place.
+                tuning_fingerprint=tuning_fingerprint(
+                    cfg, fingerprint, None if node.demo else probe_nccl(self.worker_python).get("nccl_version"),
+                    node.demo))
             if "NCCL_TOPO_FILE" in chosen_env:
                 atomic_write(cfg.topology_file, xml_text)
             published = publish(cfg.publish_dir, publish_env, prov)

@@ -300,11 +300,8 @@ def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | Non
     Raises:
         InputError: see validate_env.
     """
-    clean = validate_env(env)
-    _check_provenance(prov)
     # Single quotes are belt and braces: the safe set needs no quoting at all.
-    body = [f"export {name}='{value}'" for name, value in clean.items()]
-    return "\n".join([*_header_lines(prov, generation), *body]) + "\n"
+    return _render_lines(env, prov, generation, "export {name}='{value}'")
 
 
 def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None) -> str:
@@ -315,9 +312,14 @@ def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | No
     Raises:
         InputError: see validate_env.
     """
+    return _render_lines(env, prov, generation, "{name}={value}")
+
+
+def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | None, line: str) -> str:
+    """Header, then one line per variable (sorted), after validating names, values and provenance."""
     clean = validate_env(env)
     _check_provenance(prov)
-    body = [f"{name}={value}" for name, value in clean.items()]
+    body = [line.format(name=name, value=value) for name, value in clean.items()]
     return "\n".join([*_header_lines(prov, generation), *body]) + "\n"
 
 

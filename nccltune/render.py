@@ -202,14 +202,23 @@ def sweep_doc(report: Any) -> dict[str, Any]:
     }
 
 
+def fmt_bw(gbps: float) -> str:
+    """GB/s with the digits that matter: 345.2, 12.34, 0.0123 (CPU demo sizes move little)."""
+    if gbps >= 100:
+        return f"{gbps:.1f}"
+    if gbps >= 1:
+        return f"{gbps:.2f}"
+    return f"{gbps:.3g}"
+
+
 def rows_text(rows: list[dict[str, Any]]) -> list[str]:
     table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
     for r in rows:
         table.append([
             _fmt_size(r["size_bytes"]) + ("" if r.get("weight", 1) else " (not in profile)"),
-            f"{r['default_busbw_gbps']:.2f}", f"±{r['default_noise_pct']:.1f}%",
-            f"{r['tuned_busbw_gbps']:.2f}", f"{r['ratio']:.3f}",
-            f"{r.get('default_algo_proto') or '?'} -> {r.get('tuned_algo_proto') or '?'}",
+            fmt_bw(r["default_busbw_gbps"]), f"±{r['default_noise_pct']:.1f}%",
+            fmt_bw(r["tuned_busbw_gbps"]), f"{r['ratio']:.3f}",
+            f"{r.get('default_algo_proto') or '-'} -> {r.get('tuned_algo_proto') or '-'}",
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     numeric = (1, 2, 3, 4)

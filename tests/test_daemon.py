@@ -40,27 +40,15 @@ from nccltune.pipeline import load_node, tuning_fingerprint
 from nccltune.sdnotify import Notifier
 from nccltune.store import Store
 from nccltune.topology.fingerprint import topology_facts
-from nccltune.topology.source import bundled_topologies_dir, load_topology
+from nccltune.topology.source import load_topology
 
 pytest.importorskip("torch")
 
-SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
+from demo_state import BASE_CONFIG, SNAPSHOT, SWEEP_S, clean_env, seeded_state
+
 PUBLISHED = ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
 # A sweep of 7 short trials: the defaults twice, NCCL_ALGO=Ring and the topology file alone,
 # then one round of finalists and defaults.
-BASE_CONFIG: dict[str, Any] = {
-    "sweep": {
-        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
-        "variables": {"NCCL_ALGO": ["Ring"]},
-        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
-                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
-    },
-    # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
-    # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
-    "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
-    "publish": {"metrics_dir": "metrics"},
-}
-SWEEP_S = 180.0  # generous bound for one demo sweep on a loaded 2-core machine
 START_S = 60.0
 
 
@@ -77,15 +65,6 @@ def config_text(**changes: dict[str, Any]) -> str:
 RETUNE = {"sweep": {"min_gain_pct": 2.5}}
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    # NCCL variables of whoever runs the tests would be pinned into the plan; a watchdog or
-    # notify socket of the calling service must not reach the daemon under test.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NCCL", "TORCH_NCCL", "NOTIFY_SOCKET", "WATCHDOG_"))}
-    env.update(extra)
-    return env
-
-
 def published_bytes(state: Path) -> dict[str, bytes]:
     return {name: (state / name).read_bytes() for name in PUBLISHED if (state / name).exists()}
 
@@ -97,23 +76,6 @@ def provenance(state: Path) -> dict[str, Any]:
 
 
 # -- a seeded state: one demo sweep, copied by the tests that need something published -------------
-
-
-def seeded_state(factory: pytest.TempPathFactory) -> Path:
-    """State dir of one finished demo sweep with BASE_CONFIG over the bundled 2-GPU snapshot,
-    made once per test session (the verify and env tests use the same one)."""
-    root = factory.getbasetemp() / "seeded-demo-sweep"
-    if not (root / "done").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir()
-        (root / "config.yaml").write_text(config_text())
-        got = subprocess.run(
-            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
-             "--state-dir", str(root / "state")],
-            capture_output=True, text=True, env=clean_env(), timeout=SWEEP_S, cwd=root)
-        assert got.returncode == 0, got.stderr
-        (root / "done").touch()
-    return root / "state"
 
 
 @pytest.fixture(scope="module")

@@ -6,59 +6,20 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import pytest
-import yaml
 
 from nccltune.cli import main
-from nccltune.topology.source import bundled_topologies_dir
 
 pytest.importorskip("torch")
 
-SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
-# Must equal BASE_CONFIG of test_daemon.py: both build (and share) the same seeded sweep.
-BASE_CONFIG: dict[str, Any] = {
-    "sweep": {
-        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
-        "variables": {"NCCL_ALGO": ["Ring"]},
-        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
-                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
-    },
-    # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
-    # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
-    "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
-    "publish": {"metrics_dir": "metrics"},
-}
+from demo_state import clean_env, seeded_state
+
 POLICY = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NCCL", "TORCH_NCCL", "NOTIFY_SOCKET", "WATCHDOG_"))}
-    env.update(extra)
-    return env
-
-
-def seeded_state(factory: pytest.TempPathFactory) -> Path:
-    """State dir of one finished demo sweep (shared with test_daemon.py within a session)."""
-    root = factory.getbasetemp() / "seeded-demo-sweep"
-    if not (root / "done").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir()
-        (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
-        got = subprocess.run(
-            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
-             "--state-dir", str(root / "state")],
-            capture_output=True, text=True, env=clean_env(), timeout=180, cwd=root)
-        assert got.returncode == 0, got.stderr
-        (root / "done").touch()
-    return root / "state"
 
 
 @pytest.fixture(scope="module")

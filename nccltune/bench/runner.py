@@ -173,12 +173,7 @@ class Runner:
             for rank in range(self.nranks):
                 renv = dict(env, RANK=str(rank), WORLD_SIZE=str(self.nranks), LOCAL_RANK=str(rank),
                             LOCAL_WORLD_SIZE=str(self.nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                # The child holds its own copies of these descriptors; ours close right away.
-                with open(trial_dir / f"rank{rank}.out", "wb") as out, \
-                        open(trial_dir / f"rank{rank}.err", "wb") as err:
-                    self._procs.append(subprocess.Popen(
-                        cmd, env=renv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                        start_new_session=True, cwd=trial_dir))
+                self._spawn(trial_dir, f"rank{rank}", cmd, renv)
             status, reason = self._wait(started)
         except BaseException:
             self.kill()
@@ -186,15 +181,20 @@ class Runner:
         wall = time.monotonic() - started
         return self._collect(trial_dir, status, reason, wall)
 
+    def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        """Start one process in its own session (so its whole group can be killed), output to files."""
+        # The child holds its own copies of these descriptors; ours close right away.
+        with open(trial_dir / f"{name}.out", "wb") as out, open(trial_dir / f"{name}.err", "wb") as err:
+            self._procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, cwd=trial_dir))
+
     def _run_nccl_tests(self, trial_dir: Path, env: dict[str, str], sizes: Sequence[int], warmup: int,
                         iters: int, started: float) -> TrialResult:
         """One all_reduce_perf process over all GPUs; the rest of the pipeline is the same."""
         assert self.nccl_tests is not None
         cmd = nccltests.command(self.nccl_tests, sizes, self.nranks, warmup, iters)
         try:
-            with open(trial_dir / "rank0.out", "wb") as out, open(trial_dir / "rank0.err", "wb") as err:
-                self._procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True, cwd=trial_dir))
+            self._spawn(trial_dir, "rank0", cmd, env)
             status, reason = self._wait(started)
         except BaseException:
             self.kill()
