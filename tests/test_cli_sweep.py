@@ -399,7 +399,10 @@ def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
         [sys.executable, "-m", "nccltune", "sweep", "--demo", "--config", str(demo.config),
          "--state-dir", str(state), "--python", str(wrapper)],
         cwd=tmp_path, env={**_clean_environ(), "PYTHONPATH": str(REPO)}, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A test run started in the background (nohup, `&` without job control) ignores SIGINT, and
+        # children inherit that; give the sweep the default disposition a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def first_trial_running() -> bool:
             # The first trial's directory exists, both ranks started, and rank 0 has set up its
