@@ -345,10 +345,12 @@ class Daemon:
 
     def gpus_busy(self, node: Node | None = None) -> list[int]:
         """Compute processes on the GPUs that are not this daemon's own trial ranks."""
-        if (node or self.node) is not None and (node or self.node).demo:  # type: ignore[union-attr]
+        node = node or self.node
+        if node is None:
+            return []
+        if node.demo:
             return [0] if (Path(self.cfg.state_dir) / DEMO_BUSY_FILE).exists() else []
-        snap = (node or self.node).snapshot  # type: ignore[union-attr]
-        pids = {p.pid for g in snap.nvml.gpus for p in g.processes}
+        pids = {p.pid for g in node.snapshot.nvml.gpus for p in g.processes}
         return sorted(pids - _own_descendants())
 
     def poll(self) -> None:

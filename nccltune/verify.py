@@ -122,7 +122,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         source = f"published in {cfg.publish_dir}"
     import os
 
-    base_env = {k: v for k, v in os.environ.items() if not (use_current is False and k in env)}
+    # The published values win over the calling environment's (the runner lays the candidate on top).
+    base_env = dict(os.environ)
     state.mkdir(parents=True, exist_ok=True)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
