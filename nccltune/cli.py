@@ -163,13 +163,6 @@ def out(text: str) -> None:
     sys.stdout.flush()
 
 
-def resolve_path(p: str | None) -> Path | None:
-    return Path(p) if p else None
-
-
-# -- dispatch ----------------------------------------------------------------------------------------
-
-
 def dispatch(args: argparse.Namespace) -> int:
     handler = _HANDLERS.get(args.command)
     if handler is None:  # pragma: no cover - argparse only accepts known commands

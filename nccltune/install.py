@@ -18,10 +18,11 @@ UNITS = ("nccltune.service", "nccltune-sweep.service")
 
 
 def units_dir() -> Path:
-    here = Path(__file__).resolve().parents[1] / "systemd"
-    if not here.is_dir():
-        raise UnavailableError(f"unit files not found at {here}", hint="install from a source checkout")
-    return here
+    """`systemd/` of the source tree, or its copy installed as package data."""
+    for here in (Path(__file__).resolve().parents[1] / "systemd", Path(__file__).resolve().parent / "units"):
+        if here.is_dir():
+            return here
+    raise UnavailableError("the unit files are not installed with this nccltune", hint="install from a source checkout")
 
 
 def systemd_quote(word: str) -> str:

@@ -254,17 +254,6 @@ def sweep_text(report: Any) -> str:
     return "\n".join(lines)
 
 
-def provenance_from_dict(doc: dict[str, Any]) -> Any:
-    from .publish import Provenance
-
-    return Provenance(
-        nccltune_version=str(doc.get("nccltune_version", "?")), created_at=str(doc.get("created_at", "?")),
-        topology_fingerprint=str(doc.get("topology_fingerprint", "?")), nccl_version=doc.get("nccl_version"),
-        backend=str(doc.get("backend", "?")), demo=bool(doc.get("demo", False)), profile=doc.get("profile"),
-        gains=dict(doc.get("gains") or {}), note=doc.get("note"),
-        tuning_fingerprint=doc.get("tuning_fingerprint"), state=str(doc.get("state", "tuned")))
-
-
 def _run_dict(run: Any) -> dict[str, Any]:
     return {"id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
             "finished_at": run.finished_at, "fingerprint": run.fingerprint, "backend": run.backend,

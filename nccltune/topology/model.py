@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..hw.cpuset import cpulist_from_cpus, cpumask_from_cpus, cpus_from_cpulist, cpus_from_cpumask
+from ..hw.cpuset import cpulist_from_cpus, cpumask_from_cpus, cpus_from_cpumask
 from ..hw.types import Gpu, Nic, PciDevice, Snapshot
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 # NCCL's class codes (xml.cc kvDictPciClass; prefix match).
 CLASS_NVSWITCH = "0x068000"
 CLASS_NVLINK_CPU = "0x068001"
-CLASS_BRIDGE = "0x060400"
 # NVML reports an NVSwitch that a VM cannot see as FFFFFFFF:FF:FF.0; NCCL 2.28.9 writes it back
 # in this 7-digit form (seen in the reference machine's NCCL_TOPO_DUMP_FILE).
 NCCL_INVISIBLE_BUSID = "fffffff:ff:ff.0"
@@ -472,7 +471,3 @@ def _int(text: str | None) -> int | None:
         return int(text, 0)
     except ValueError:
         return None
-
-
-def gpu_affinity_cpus(info: GpuInfo) -> list[int]:
-    return cpus_from_cpulist(info.cpu_affinity) if info.cpu_affinity else []

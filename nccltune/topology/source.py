@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hw.types import Snapshot
 from .model import Topology, from_snapshot
 from .ncclxml import load_xml, looks_like_xml
 from .snapshot import load_snapshot, record_snapshot
@@ -49,7 +48,3 @@ def load_topology(input_path: str | None = None, *, with_nics: bool = True,
         return load_xml(path)
     snap = load_snapshot(path)
     return from_snapshot(snap, with_nics=with_nics, source=f"snapshot:{path}")
-
-
-def topology_from_snapshot(snap: Snapshot, source: str, with_nics: bool = True) -> Topology:
-    return from_snapshot(snap, with_nics=with_nics, source=source)
