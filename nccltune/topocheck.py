@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench.nccllog import parse_nccl_log
-from .bench.runner import Runner, find_worker_python
+from .bench.nccllog import NcclLog, parse_nccl_log
+from .bench.runner import Runner, TrialResult, find_worker_python
 from .errors import UnavailableError
 from .hw.nvml import read_nvml
 from .topology.diff import TopoDiff, diff_trees
@@ -49,6 +49,25 @@ class TopoCheck:
     notes: list[str] = field(default_factory=list)
 
 
+def verdict_of(log: NcclLog, result: TrialResult) -> tuple[bool, str]:
+    """Did NCCL take the file? From its INFO log and the trial: ignored (could not open it),
+    rejected (parse or attribute errors, or init failed without loading), silently not loaded,
+    loaded but the all-reduce failed or was wrong, or loaded and correct."""
+    loaded = bool(log.topo_loaded) and not log.topo_open_error
+    correct = None if not result.sizes else all(s.correct for s in result.sizes)
+    if log.topo_open_error:
+        return False, f"NCCL ignored the file: could not open it ({log.topo_open_error})"
+    if log.errors or (result.status in ("crashed", "error") and not loaded):
+        return False, f"NCCL rejected the file: {(log.errors or [result.reason or result.status])[0]}"
+    if not loaded:
+        return False, "NCCL did not say it loaded the file (no 'Loading topology file' line)"
+    if result.status != "ok":
+        return False, f"NCCL loaded the file but the all-reduce failed: {result.reason}"
+    if correct is False:
+        return False, "NCCL loaded the file but the all-reduce result was wrong"
+    return True, "NCCL loaded the file and the all-reduce was correct"
+
+
 def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: float = 180.0,
                         keep_dump: Path | None = None, env: dict[str, str] | None = None) -> TopoCheck:
     """Raises: InputError when the file is not valid for NCCL's parser (checked before running);
@@ -61,10 +80,10 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
     dump = keep_dump or (work / "nccl-redump.xml")
     base = dict(os.environ if env is None else env)
     base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": str(dump.resolve())})
-    runner = Runner(python=find_worker_python(python), backend="nccl", nranks=max(2, len(nvml.gpus)),
-                    base_env=base, work_dir=work, timeout_s=timeout_s)
     if len(nvml.gpus) < 2:
         raise UnavailableError("topo check needs at least two GPUs for an all-reduce")
+    runner = Runner(python=find_worker_python(python), backend="nccl", nranks=len(nvml.gpus),
+                    base_env=base, work_dir=work, timeout_s=timeout_s)
     result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
     text = "".join(p.read_text(errors="replace") for p in sorted(Path(result.log_dir or work).glob("nccl.*.log")))
     log = parse_nccl_log(text)
@@ -76,18 +95,7 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
             dump_diff = TopoDiff(changed=[f"NCCL's re-dump could not be read: {exc}"])
     loaded = bool(log.topo_loaded) and not log.topo_open_error
     correct = None if not result.sizes else all(s.correct for s in result.sizes)
-    if log.topo_open_error:
-        passed, verdict = False, f"NCCL ignored the file: could not open it ({log.topo_open_error})"
-    elif log.errors or (result.status in ("crashed", "error") and not loaded):
-        passed, verdict = False, f"NCCL rejected the file: {(log.errors or [result.reason or result.status])[0]}"
-    elif not loaded:
-        passed, verdict = False, "NCCL did not say it loaded the file (no 'Loading topology file' line)"
-    elif result.status != "ok":
-        passed, verdict = False, f"NCCL loaded the file but the all-reduce failed: {result.reason}"
-    elif correct is False:
-        passed, verdict = False, "NCCL loaded the file but the all-reduce result was wrong"
-    else:
-        passed, verdict = True, "NCCL loaded the file and the all-reduce was correct"
+    passed, verdict = verdict_of(log, result)
     check = TopoCheck(
         xml=str(xml), passed=passed, verdict=verdict, loaded=loaded, open_error=log.topo_open_error,
         hints=list(log.topo_hints), warnings=list(log.warnings), errors=list(log.errors),
