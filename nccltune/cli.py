@@ -35,7 +35,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.")
+    parser = _Parser(
+        prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.",
+        epilog="exit codes: 0 ok, 1 check failed, 2 usage, 69 no GPU/NVML/torch, 75 busy (lock held or GPUs "
+               "in use), 78 bad config or input. Without GPUs: `nccltune sweep --demo`.")
     parser.add_argument("--version", action="version", version=f"nccltune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
