@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import EXIT_CHECK_FAILED, BusyError, InputError, NccltuneError
 
@@ -353,6 +353,15 @@ def _unlink_quietly(path: Path) -> None:
         log.warning("could not remove temporary file %s: %s", path, exc)
 
 
+def _fail_without_temp(tmp: Path, path: Path, exc: BaseException) -> NoReturn:
+    """Remove the temp file, then re-raise: an OSError as PublishError naming the target, anything
+    else (KeyboardInterrupt mid-write) as it is. The target itself is never touched."""
+    _unlink_quietly(tmp)
+    if isinstance(exc, OSError):
+        raise PublishError(path, exc) from exc
+    raise exc
+
+
 def _write_temp(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> Path:
     """Write ``data`` to a new temp file next to ``path``, durably, with ``mode``; return its path.
 
@@ -388,13 +397,8 @@ def _write_temp(path: Path, data: bytes, mode: int, owner: tuple[int, int] | Non
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError as exc:
-        _unlink_quietly(tmp)
-        raise PublishError(path, exc) from exc
-    except BaseException:
-        # KeyboardInterrupt or similar mid-write: still leave no temp file behind.
-        _unlink_quietly(tmp)
-        raise
+    except BaseException as exc:
+        _fail_without_temp(tmp, path, exc)
     return tmp
 
 
@@ -449,12 +453,8 @@ def _atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | N
     tmp = _write_temp(path, data, mode, owner)
     try:
         os.replace(tmp, path)
-    except OSError as exc:
-        _unlink_quietly(tmp)
-        raise PublishError(path, exc) from exc
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
+    except BaseException as exc:
+        _fail_without_temp(tmp, path, exc)
     _fsync_dir(path.parent)
 
 

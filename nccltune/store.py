@@ -309,10 +309,7 @@ class Store:
                 raise InputError(str(self.path), f"database is unusable: {corrupt.detail}") from None
         except sqlite3.Error as exc:
             if _error_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED):
-                raise BusyError(
-                    f"{self.path}: database stayed locked for {BUSY_TIMEOUT_MS} ms",
-                    hint="another nccltune process is writing to it; try again",
-                ) from exc
+                raise self._locked() from exc
             raise InputError(
                 str(self.path),
                 f"cannot open the history database: {exc}",
@@ -412,6 +409,10 @@ class Store:
     ) -> None:
         self.close()
 
+    def _locked(self) -> BusyError:
+        return BusyError(f"{self.path}: database stayed locked for {BUSY_TIMEOUT_MS} ms",
+                         hint="another nccltune process is writing to it; try again")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; the lock is taken up front so that the busy timeout applies."""
@@ -419,10 +420,7 @@ class Store:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if _error_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED):
-                raise BusyError(
-                    f"{self.path}: database stayed locked for {BUSY_TIMEOUT_MS} ms",
-                    hint="another nccltune process is writing to it; try again",
-                ) from exc
+                raise self._locked() from exc
             raise
         try:
             yield self._conn
