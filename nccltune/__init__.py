@@ -1,3 +1,3 @@
 """nccltune: topology-aware NCCL tuning for GPU nodes."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -188,6 +188,16 @@ class SweepReport:
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: str = ""
     profile: str | None = None
+    method: str | None = None  # how the trials measured: placement and timing
+
+
+def measuring_method(start: Mapping[str, Any]) -> str | None:
+    """'out-of-place; host clock, ...' from a trial's start record; None before any trial started."""
+    if start.get("engine") == "nccl-tests":
+        return "out-of-place; all_reduce_perf (nccl-tests)"
+    if not start.get("timing"):
+        return None
+    return f"{start.get('placement', 'in-place')}; {start['timing']}"
 
 
 ProgressFn = Callable[[int, int, str, str, "TrialResult | None"], None]
@@ -296,7 +306,7 @@ class SweepPipeline:
         search_holder: list[Search] = []
         seq = [0]
         failed: list[tuple[str, str]] = []
-        versions: dict[str, str | None] = {"nccl": None, "torch": None}
+        versions: dict[str, str | None] = {"nccl": None, "torch": None, "method": None}
         nccl_info: dict[str, dict[str, Any]] = {}
 
         def measure(env: dict[str, str], phase: str, label: str
@@ -308,6 +318,7 @@ class SweepPipeline:
             result = runner.run(env, plan.sizes, warmup=warmup, iters=iters, label=label)
             versions["nccl"] = versions["nccl"] or result.start.get("nccl_version") or result.nccl.get("version")
             versions["torch"] = versions["torch"] or result.start.get("torch_version")
+            versions["method"] = versions["method"] or measuring_method(result.start)
             store.add_trial(
                 run_id, seq=seq[0], phase=cast(Phase, phase), label=label, env=env,
                 status=cast(TrialStatus, result.status if result.status in
@@ -359,7 +370,8 @@ class SweepPipeline:
             store.finish_run(run_id, status="ok", chosen_env=publish_env, published_generation=published.generation,
                              summary={"chosen": chosen_label, "rows": rows, "summary": summary,
                                       "nccl_version": versions["nccl"], "torch_version": versions["torch"],
-                                      "trials": seq[0], "failed": failed, "plan_pruned": len(plan.pruned)})
+                                      "method": versions["method"], "trials": seq[0], "failed": failed,
+                                      "plan_pruned": len(plan.pruned)})
         except BaseException as exc:
             runner.kill()
             status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted)) else "failed"
@@ -371,7 +383,8 @@ class SweepPipeline:
             result=result, chosen_env=publish_env, chosen_label=chosen_label, published=published,
             topology_file=str(cfg.topology_file) if "NCCL_TOPO_FILE" in chosen_env else None,
             nccl_version=versions["nccl"], torch_version=versions["torch"], trials=seq[0], failed_trials=failed,
-            wall_s=round(time.monotonic() - started, 1), rows=rows, summary=summary, profile=self.profile)
+            wall_s=round(time.monotonic() - started, 1), rows=rows, summary=summary, profile=self.profile,
+            method=versions["method"])
 
 
 def report_rows(result: SearchResult, chosen: Finalist | None,

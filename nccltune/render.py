@@ -188,6 +188,7 @@ def sweep_doc(report: Any) -> dict[str, Any]:
         "fingerprint": report.fingerprint,
         "nccl_version": report.nccl_version,
         "torch_version": report.torch_version,
+        "method": report.method,
         "profile": report.profile,
         "trials": report.trials,
         "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
@@ -237,7 +238,7 @@ def sweep_text(report: Any) -> str:
                  f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
     lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
-                 "(all-reduce, float32 sum, in place)")
+                 f"(all-reduce, float32 sum, {report.method or 'no trial measured'})")
     lines.append("")
     lines.extend(rows_text(report.rows))
     lines.append("")

@@ -37,6 +37,7 @@ def wrapper(tmp_path: Path) -> Path:
     lines = ["#!/bin/sh", f'echo $$ > {where}/"$RANK".tmp && mv {where}/"$RANK".tmp {where}/"$RANK".pid']
     for name in SEEN:
         lines.append(f'printf "%s\\n" "{name}=${{{name}-<unset>}}" >> {where}/"$RANK".env')
+    lines.append(f'printf "%s\\n" "$*" > {where}/"$RANK".args')
     lines.append(f'exec {shlex.quote(sys.executable)} "$@"')
     path = tmp_path / "python-wrapper"
     path.write_text("\n".join(lines) + "\n")
@@ -100,6 +101,19 @@ def test_ok_trial_reports_correct_sizes_with_nccl_tests_busbw(wrapper: Path, tmp
     lines = (Path(result.log_dir) / "rank0.out").read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == ["start", "size", "size", "done"]
     _assert_all_gone(_pids(tmp_path))
+
+
+def test_the_timing_choice_reaches_the_worker(wrapper: Path, tmp_path: Path) -> None:
+    runner = _runner(wrapper, tmp_path)
+    assert _run(runner).ok
+    default_args = (tmp_path / "ranks" / "0.args").read_text()
+    assert "--timing" not in default_args and "--no-prequeue" not in default_args
+    result = runner.run({}, SIZES, warmup=1, iters=2, timing="events", prequeue=False)
+    assert result.ok, result.reason
+    args = (tmp_path / "ranks" / "1.args").read_text().split()
+    assert args[args.index("--timing") + 1] == "events" and "--no-prequeue" in args
+    # On CPU the timing choice changes nothing: gloo is timed by the host clock, in place.
+    assert result.start["timing"] == "host clock" and result.start["placement"] == "in-place"
 
 
 def test_the_candidate_reaches_every_rank_and_wins_over_the_base_env(wrapper: Path, tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ class SizeResult:
     correct: bool
     algo: str | None = None
     proto: str | None = None
+    gpu_time_us: float | None = None  # CUDA-event time beside the host-clock time, where both exist
 
 
 @dataclass
@@ -147,7 +148,10 @@ class Runner:
         return env
 
     def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
-            check: bool = True, label: str = "", prequeue: bool = True) -> TrialResult:
+            check: bool = True, label: str = "", timing: str = "auto", prequeue: bool = True,
+            max_blocks: int = 1) -> TrialResult:
+        """One trial. `timing`: the worker's GPU timing (auto, direct or events); `prequeue` applies to
+        events; `max_blocks`: timed blocks per size, the median reported (see worker.block_count)."""
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +166,10 @@ class Runner:
                "--timeout-s", str(max(30.0, self.timeout_s))]
         if not check:
             cmd.append("--no-check")
+        if timing != "auto":
+            cmd += ["--timing", timing]
+        if max_blocks > 1:
+            cmd += ["--max-blocks", str(max_blocks)]
         if not prequeue:
             cmd.append("--no-prequeue")
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
@@ -279,7 +287,8 @@ class Runner:
                     sizes.append(SizeResult(
                         size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]),
                         algbw_gbps=float(doc["algbw_gbps"]), busbw_gbps=float(doc["busbw_gbps"]),
-                        correct=bool(doc["correct"])))
+                        correct=bool(doc["correct"]),
+                        gpu_time_us=float(doc["gpu_time_us"]) if doc.get("gpu_time_us") is not None else None))
                 except (KeyError, TypeError, ValueError):
                     status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
             elif event == "done":
