@@ -14,10 +14,29 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
   if [ ! -x "$venv/bin/python" ]; then
     "$PYTHON" -m venv --system-site-packages "$venv"
   fi
-  if ! "$venv/bin/python" -c 'import nccltune, pynvml, lxml, psutil, yaml' 2>/dev/null; then
-    # --no-build-isolation: GPU nodes often have no route to a package index, and setuptools is there.
+  # Where $PYTHON itself runs in a virtual environment (a node's torch often lives in one),
+  # --system-site-packages reaches only the base interpreter's packages: a .pth file adds that
+  # environment's own, after the venv's. Rewritten each time, so a moved environment is followed.
+  parent_sites=$("$PYTHON" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')
+  pth="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nccltune-node-packages.pth"
+  if [ -n "$parent_sites" ]; then printf '%s\n' "$parent_sites" > "$pth"; else rm -f "$pth"; fi
+  deps='import pynvml, lxml, psutil, yaml'
+  if ! "$venv/bin/python" -c "$deps" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q --no-build-isolation -e . \
-      || "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
+      || { echo "bringup: nccltune needs nvidia-ml-py, lxml, psutil and pyyaml next to the node's torch" \
+                "($PYTHON); install them there, or give this node a package index" >&2; exit 1; }
+  fi
+  # The console script is the proof of an install: `import nccltune` also works from this directory.
+  if [ ! -x "$venv/bin/nccltune" ]; then
+    if ! "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e . 2>"$venv/pip-editable.log"; then
+      # Offline nodes may lack what an editable build needs (the `wheel` package under older
+      # setuptools). nccltune is pure Python: point the venv at this source tree and write the
+      # same entry point pip would.
+      echo "bringup: editable install failed (see $venv/pip-editable.log); linking the source tree instead" >&2
+      printf '%s\n' "$PWD" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nccltune-source.pth"
+      printf '#!%s\nimport sys\nfrom nccltune.cli import main\nsys.exit(main())\n' "$PWD/$venv/bin/python" > "$venv/bin/nccltune"
+      chmod 0755 "$venv/bin/nccltune"
+    fi
   fi
   exec "$venv/bin/nccltune" sweep "$@"
 fi
@@ -25,7 +44,7 @@ venv=.venv
 if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import nccltune, torch, pynvml, lxml, psutil, yaml' 2>/dev/null; then
+if [ ! -x "$venv/bin/nccltune" ] || ! "$venv/bin/python" -c 'import torch, pynvml, lxml, psutil, yaml' 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q torch==2.13.0   # the CPU build; see README
   "$venv/bin/python" -m pip install -q -e .
