@@ -2,8 +2,9 @@
 
 Scores compare a candidate with NCCL's defaults size by size, as ratios, so that 64 KiB and
 1 GiB count by their profile weight and not by their raw GB/s. A candidate qualifies only when
-its weighted gain beats both the configured minimum and the measured run-to-run noise, and no
-size the profile cares about got slower than the allowed regression (beyond that size's noise).
+its weighted gain beats both the configured minimum and the measured run-to-run noise, the
+weighted gain of the plain medians is positive too, and no size the profile cares about got
+slower than the allowed regression (beyond that size's noise).
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
         return Verdict(gain, threshold, False, regressions,
                        f"{len(regressions)} size(s) slower than the defaults (worst {_fmt_size(worst[0])}: "
                        f"x{worst[1]:.3f})", robust)
+    if require_gain and gain <= 0.0:
+        # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
+        # themselves saying "slower overall" is evidence enough not to publish.
+        return Verdict(gain, threshold, False, regressions,
+                       f"the medians are slower overall (gain {gain:+.2f}%), although {robust:+.2f}% beyond "
+                       "the noise at each size", robust)
     if require_gain and robust <= threshold:
         return Verdict(gain, threshold, False, regressions,
                        f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
