@@ -7,7 +7,8 @@ set -u
 OUT=${OUT:-/tmp/nccltune-daemon}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=$PWD
 state=$(mktemp -d /tmp/nccltune-daemon-state.XXXX)
 cat > "$OUT/daemon.yaml" <<YAML
 sweep:

@@ -5,12 +5,10 @@
 set -u
 OUT=${OUT:-/tmp/nccltune-gpu}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# Never sweep or use NVLink multicast on shared hosts.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=$PWD
 PY=${PY:-python3}
 REF=${REF:-}
-step() { echo; echo "=== $* ($(date +%T))"; }
 step versions; nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'
 step record; $PY -m nccltune topo record "$OUT/h200x2-nvswitch-vm.json" \
   --description "2x NVIDIA H200 joined by 18 NVLinks through an NVSwitch, in a Firecracker VM (NUMA unknown to NVML, flat PCIe)"

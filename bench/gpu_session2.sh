@@ -4,9 +4,9 @@
 set -u
 OUT=${OUT:-/tmp/nccltune-gpu}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=$PWD
 PY=${PY:-python3}
-step() { echo; echo "=== $* ($(date +%T))"; }
 $PY -m nccltune topo --xml "$OUT/ncclTopology.xml" > /dev/null
 step fidelity; $PY bench/compare_envs.py --repeats 2 --timing-modes --env "NCCL_TOPO_FILE=$OUT/ncclTopology.xml" \
   ${REF:+--nccl-tests "$REF"} --json "$OUT/fidelity.json" 2>&1 | tee "$OUT/fidelity.txt"

@@ -8,7 +8,8 @@ OUT=${OUT:-/tmp/nccltune-staged-vs-exhaustive}
 PY=${PY:-python3}
 DEMO=${1:-}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=$PWD
 cat > "$OUT/space.yaml" <<'YAML'
 sweep:
   variables:
@@ -20,10 +21,10 @@ sweep:
 YAML
 for mode in staged exhaustive; do
   flag=""; [ "$mode" = exhaustive ] && flag=--exhaustive
-  s0=$(date +%s.%N)
+  s0=$(date +%s)
   $PY -m nccltune sweep $DEMO $flag --config "$OUT/space.yaml" --state-dir "$OUT/$mode" --json \
     > "$OUT/$mode.json" 2> "$OUT/$mode.err"
-  echo "$mode: rc=$? wall=$(echo "$(date +%s.%N) - $s0" | bc) s"
+  echo "$mode: rc=$? wall=$(( $(date +%s) - s0 )) s"
 done
 $PY - "$OUT" <<'PYEOF'
 import json, sys
