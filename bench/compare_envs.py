@@ -24,7 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nccltune.bench import nccltests
 from nccltune.bench.runner import Runner, find_worker_python
+from nccltune.pipeline import measuring_method
 from nccltune.publish import read_published
 from nccltune.sweep.select import fmt_size, profile_weights, weighted_gain_pct
 
@@ -32,13 +34,16 @@ from nccltune.sweep.select import fmt_size, profile_weights, weighted_gain_pct
 def parse_nccl_tests(path: Path, column: str) -> dict[int, float]:
     """busbw per size from all_reduce_perf output (column 'in' or 'out' of place), or the medians
     of a summary with lines like '4194304 B  median  119.41 ...' (out of place)."""
-    out = {}
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    rows, _version = nccltests.parse_output(text)
+    if rows:
+        return {r.size_bytes: (r.busbw_gbps if column == "out" else r.inplace_busbw_gbps or r.busbw_gbps)
+                for r in rows}
+    out: dict[int, float] = {}
+    for line in text.splitlines():
         f = line.split()
-        if len(f) >= 13 and f[0].isdigit() and f[1].isdigit():
-            out[int(f[0])] = float(f[7] if column == "out" else f[11])
-        elif len(f) >= 4 and f[0].isdigit() and f[1:3] == ["B", "median"] and f[0] not in map(str, out):
-            out[int(f[0])] = float(f[3])
+        if len(f) >= 4 and f[0].isdigit() and f[1:3] == ["B", "median"]:
+            out.setdefault(int(f[0]), float(f[3]))
     return out
 
 
@@ -100,7 +105,7 @@ def main() -> int:
             if not res.ok:
                 print(f"{label} #{r + 1}: {res.status} {res.reason}", file=sys.stderr)
                 continue
-            method[label] = f"{res.start.get('placement')}; {res.start.get('timing')}"
+            method[label] = measuring_method(res.start) or "?"
             if res.start.get("placement") == "in-place" and res.start.get("direct_nccl"):
                 method[label] += f" (direct NCCL unavailable: {res.start['direct_nccl']})"
             runs[label].append(res.busbw())

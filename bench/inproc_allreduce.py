@@ -23,9 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.bench.worker import loaded_nccl_path
-
-NCCL_FLOAT32, NCCL_SUM = 7, 0
+from nccltune.bench.worker import DirectNccl, loaded_nccl_path
 
 
 def check(lib: ctypes.CDLL, rc: int, what: str) -> None:
@@ -61,17 +59,14 @@ def main() -> int:
     comms = (ctypes.c_void_p * ngpus)()
     devs = (ctypes.c_int * ngpus)(*range(ngpus))
     check(lib, lib.ncclCommInitAll(comms, ngpus, devs), "ncclCommInitAll")
-    lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_void_p, ctypes.c_void_p]
+    ranks = [DirectNccl(lib, int(comms[g] or 0)) for g in range(ngpus)]  # the worker's own call per GPU
     streams = [torch.cuda.Stream(device=g) for g in range(ngpus)]  # type: ignore[no-untyped-call]
     factor = 2.0 * (ngpus - 1) / ngpus
 
-    def launch(send: list[Any], recv: list[Any], count: int) -> None:
+    def launch(send: list[Any], recv: list[Any]) -> None:
         check(lib, lib.ncclGroupStart(), "ncclGroupStart")
         for g in range(ngpus):
-            check(lib, lib.ncclAllReduce(ctypes.c_void_p(send[g].data_ptr()), ctypes.c_void_p(recv[g].data_ptr()),
-                                         count, NCCL_FLOAT32, NCCL_SUM, comms[g],
-                                         ctypes.c_void_p(streams[g].cuda_stream)), "ncclAllReduce")
+            ranks[g].all_reduce(send[g], recv[g], streams[g].cuda_stream)
         check(lib, lib.ncclGroupEnd(), "ncclGroupEnd")
 
     def sync() -> None:
@@ -87,11 +82,11 @@ def main() -> int:
             recv = [torch.empty_like(t) for t in send]
             for placement, dst in (("out", recv), ("in", send)):
                 for _w in range(args.warmup):
-                    launch(send, dst, count)
+                    launch(send, dst)
                 sync()
                 t0 = time.perf_counter()
                 for _i in range(args.iters):
-                    launch(send, dst, count)
+                    launch(send, dst)
                 sync()
                 us = (time.perf_counter() - t0) * 1e6 / args.iters
                 results[placement].setdefault(size, []).append(size / us * 1e-3 * factor)

@@ -306,7 +306,7 @@ class SweepPipeline:
         search_holder: list[Search] = []
         seq = [0]
         failed: list[tuple[str, str]] = []
-        versions: dict[str, str | None] = {"nccl": None, "torch": None, "method": None}
+        seen: dict[str, str | None] = {"nccl": None, "torch": None, "method": None}  # as the first trial that tells
         nccl_info: dict[str, dict[str, Any]] = {}
 
         def measure(env: dict[str, str], phase: str, label: str
@@ -316,9 +316,9 @@ class SweepPipeline:
             if self.progress:
                 self.progress(seq[0], max(total, seq[0]), phase, label, None)
             result = runner.run(env, plan.sizes, warmup=warmup, iters=iters, label=label)
-            versions["nccl"] = versions["nccl"] or result.start.get("nccl_version") or result.nccl.get("version")
-            versions["torch"] = versions["torch"] or result.start.get("torch_version")
-            versions["method"] = versions["method"] or measuring_method(result.start)
+            seen["nccl"] = seen["nccl"] or result.start.get("nccl_version") or result.nccl.get("version")
+            seen["torch"] = seen["torch"] or result.start.get("torch_version")
+            seen["method"] = seen["method"] or measuring_method(result.start)
             store.add_trial(
                 run_id, seq=seq[0], phase=cast(Phase, phase), label=label, env=env,
                 status=cast(TrialStatus, result.status if result.status in
@@ -352,7 +352,7 @@ class SweepPipeline:
             prov = Provenance(
                 nccltune_version=__version__,
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                topology_fingerprint=fingerprint, nccl_version=versions["nccl"], backend=node.backend,
+                topology_fingerprint=fingerprint, nccl_version=seen["nccl"], backend=node.backend,
                 demo=node.demo, profile=self.profile, gains=gains,
                 note=(DEMO_LABEL if node.demo else None),
                 # The daemon compares this with what it computes from its own probe of the worker's
@@ -369,8 +369,8 @@ class SweepPipeline:
             summary = summarize(result, chosen, node.demo)
             store.finish_run(run_id, status="ok", chosen_env=publish_env, published_generation=published.generation,
                              summary={"chosen": chosen_label, "rows": rows, "summary": summary,
-                                      "nccl_version": versions["nccl"], "torch_version": versions["torch"],
-                                      "method": versions["method"], "trials": seq[0], "failed": failed,
+                                      "nccl_version": seen["nccl"], "torch_version": seen["torch"],
+                                      "method": seen["method"], "trials": seq[0], "failed": failed,
                                       "plan_pruned": len(plan.pruned)})
         except BaseException as exc:
             runner.kill()
@@ -382,9 +382,9 @@ class SweepPipeline:
             run_id=run_id, demo=node.demo, backend=node.backend, fingerprint=fingerprint, plan=plan,
             result=result, chosen_env=publish_env, chosen_label=chosen_label, published=published,
             topology_file=str(cfg.topology_file) if "NCCL_TOPO_FILE" in chosen_env else None,
-            nccl_version=versions["nccl"], torch_version=versions["torch"], trials=seq[0], failed_trials=failed,
+            nccl_version=seen["nccl"], torch_version=seen["torch"], trials=seq[0], failed_trials=failed,
             wall_s=round(time.monotonic() - started, 1), rows=rows, summary=summary, profile=self.profile,
-            method=versions["method"])
+            method=seen["method"])
 
 
 def report_rows(result: SearchResult, chosen: Finalist | None,

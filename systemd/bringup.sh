@@ -18,7 +18,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
   # --system-site-packages reaches only the base interpreter's packages: a .pth file adds that
   # environment's own, after the venv's. Rewritten each time, so a moved environment is followed.
   parent_sites=$("$PYTHON" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')
-  pth="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nccltune-node-packages.pth"
+  site_dir=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  pth="$site_dir/nccltune-node-packages.pth"
   if [ -n "$parent_sites" ]; then printf '%s\n' "$parent_sites" > "$pth"; else rm -f "$pth"; fi
   deps='import pynvml, lxml, psutil, yaml'
   if ! "$venv/bin/python" -c "$deps" 2>/dev/null; then
@@ -33,7 +34,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
       # setuptools). nccltune is pure Python: point the venv at this source tree and write the
       # same entry point pip would.
       echo "bringup: editable install failed (see $venv/pip-editable.log); linking the source tree instead" >&2
-      printf '%s\n' "$PWD" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nccltune-source.pth"
+      printf '%s\n' "$PWD" > "$site_dir/nccltune-source.pth"
       printf '#!%s\nimport sys\nfrom nccltune.cli import main\nsys.exit(main())\n' "$PWD/$venv/bin/python" > "$venv/bin/nccltune"
       chmod 0755 "$venv/bin/nccltune"
     fi

@@ -165,6 +165,7 @@ def test_demo_sweep_json_is_labelled_and_publishes(demo: Demo) -> None:
     assert doc["summary"].startswith("[CPU demo, not NCCL numbers]")
     assert doc["backend"] == "gloo"
     assert doc["torch_version"]
+    assert doc["method"] == "in-place; host clock"  # gloo: torch's all_reduce, host-timed
     assert doc["failed_trials"] == []
     # 2 baselines and 2 screened; then the topology file alone (and NCCL_ALGO=Ring only when it
     # screened above the noise) and one more run of the defaults.
