@@ -46,29 +46,28 @@ nccltune_mode_ok() {
     return 0
 }
 
-# nccltune_trusted FILE: 0 when FILE is a regular root-owned file that only root may change.
+# nccltune_ls PATH WHY: sets nccltune_mode and nccltune_uid from `ls -ldn PATH`, or says WHY.
 # `ls -ldn` is used because stat(1) options differ between GNU, BSD and busybox.
-nccltune_trusted() {
+nccltune_ls() {
     nccltune_meta=$(LC_ALL=C ls -ldn -- "$1" 2>/dev/null) || {
-        nccltune_warn "cannot stat it"
+        nccltune_warn "$2"
         return 1
     }
     read -r nccltune_mode nccltune_links nccltune_uid nccltune_rest <<EOF_META
 $nccltune_meta
 EOF_META
+}
+
+# nccltune_trusted FILE: 0 when FILE is a regular root-owned file that only root may change.
+nccltune_trusted() {
+    nccltune_ls "$1" "cannot stat it" || return 1
     case $nccltune_mode in
         -*) ;;
         *) nccltune_warn "it is not a regular file ($nccltune_mode); symlinks are not followed"; return 1 ;;
     esac
     nccltune_mode_ok file "$nccltune_mode" "$nccltune_uid" || return 1
     nccltune_dir=$(dirname -- "$1")
-    nccltune_meta=$(LC_ALL=C ls -ldn -- "$nccltune_dir/." 2>/dev/null) || {
-        nccltune_warn "cannot stat its directory $nccltune_dir"
-        return 1
-    }
-    read -r nccltune_mode nccltune_links nccltune_uid nccltune_rest <<EOF_META
-$nccltune_meta
-EOF_META
+    nccltune_ls "$nccltune_dir/." "cannot stat its directory $nccltune_dir" || return 1
     nccltune_mode_ok directory "$nccltune_mode" "$nccltune_uid"
 }
 

@@ -300,3 +300,19 @@ def test_prolog_refuses_file_not_owned_by_root(env_dir: Path) -> None:
 def test_prolog_without_file_is_silent(env_dir: Path) -> None:
     proc = run_prolog(["/bin/sh"], env_dir / "absent.env")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def _trust_check(script: Path) -> str:
+    """The shell functions that decide whether a published file may be used."""
+    text = script.read_text()
+    start = text.index("nccltune_warn() {")
+    end = text.index("\n}\n", text.index("nccltune_trusted() {")) + 3
+    return text[start:end]
+
+
+def test_the_launchers_share_one_trust_check_word_for_word() -> None:
+    # Each launcher installs as a single file, so each carries the check; they must not drift.
+    prolog = _trust_check(REPO / "systemd" / "slurm-prolog.sh")
+    wrapper = _trust_check(REPO / "systemd" / "nccltune-torchrun")
+    assert "nccltune_mode_ok" in prolog and "nccltune_ls" in prolog
+    assert prolog == wrapper

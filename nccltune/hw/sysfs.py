@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from .cpuset import cpulist_from_cpus, cpus_from_cpumask
-from .types import CpuInfo, IbPort, Nic, NumaNode, PciDevice, SysfsSnapshot, normalize_bus_id
+from .types import CpuInfo, IbPort, Nic, NumaNode, PciDevice, SysfsSnapshot, normalize_bus_id, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,7 @@ class SysfsReader:
             return None
 
     def _read_int(self, rel: str | Path) -> int | None:
-        text = self._read(rel)
-        if text is None:
-            return None
-        try:
-            return int(text, 0)
-        except ValueError:
-            return None
+        return parse_int(self._read(rel))
 
     def read(self, gpu_bus_ids: list[str] | tuple[str, ...] = ()) -> SysfsSnapshot:
         """Read the node. `gpu_bus_ids` (from NVML) are added to the NVIDIA devices found in sysfs."""

@@ -19,6 +19,17 @@ SNAPSHOT_SCHEMA_VERSION = 1
 _BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
+def parse_int(text: str | None) -> int | None:
+    """An integer as sysfs and NCCL's XML write them (decimal, or 0x-prefixed hex); None if absent
+    or not a number."""
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
 def normalize_bus_id(bus_id: str) -> str:
     """Return a PCI bus id in NCCL's form, lowercase `dddd:bb:dd.f`.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 MiB = 1 << 20
@@ -73,19 +73,28 @@ def profile_weights(name: str, sizes: Sequence[int],
     raise KeyError(name)
 
 
-def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float],
-                      weights: Mapping[int, float]) -> float:
-    """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
+def _gain_pct(terms: Iterable[tuple[float, float]]) -> float:
+    """(weight, log ratio) pairs -> weighted geometric-mean gain in percent (0 without weight)."""
     total = 0.0
     acc = 0.0
-    for size, w in weights.items():
-        if w <= 0 or size not in cand or size not in base or base[size] <= 0 or cand[size] <= 0:
-            continue
-        acc += w * math.log(cand[size] / base[size])
+    for w, x in terms:
+        acc += w * x
         total += w
     if total == 0:
         return 0.0
     return 100.0 * (math.exp(acc / total) - 1.0)
+
+
+def _beyond(x: float, margin: float) -> float:
+    """A log ratio with `margin` taken off its size: what is left beyond the noise."""
+    return math.copysign(max(0.0, abs(x) - margin), x)
+
+
+def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float],
+                      weights: Mapping[int, float]) -> float:
+    """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
+    return _gain_pct((w, math.log(cand[s] / base[s])) for s, w in weights.items()
+                     if w > 0 and cand.get(s, 0) > 0 and base.get(s, 0) > 0)
 
 
 def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
@@ -95,18 +104,9 @@ def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
     One run of a candidate against the baseline median: a difference no larger than twice the
     defaults' own spread at that size counts as nothing, so noisy sizes cannot rank candidates.
     """
-    total = 0.0
-    acc = 0.0
-    for size, w in weights.items():
-        if w <= 0 or size not in cand or size not in base or base[size].median <= 0 or cand[size] <= 0:
-            continue
-        x = math.log(cand[size] / base[size].median)
-        margin = 2.0 * base[size].noise_pct / 100.0
-        acc += w * math.copysign(max(0.0, abs(x) - margin), x)
-        total += w
-    if total == 0:
-        return 0.0
-    return 100.0 * (math.exp(acc / total) - 1.0)
+    return _gain_pct((w, _beyond(math.log(cand[s] / base[s].median), 2.0 * base[s].noise_pct / 100.0))
+                     for s, w in weights.items()
+                     if w > 0 and cand.get(s, 0) > 0 and s in base and base[s].median > 0)
 
 
 def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
@@ -114,18 +114,10 @@ def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats]
     """Weighted gain of repeated measurements, each size's change counted only beyond the spread
     of both sides' repeats there. A consistent gain at quiet sizes survives; a difference at a size
     that varies by 20% from run to run counts as nothing, in either direction."""
-    total = 0.0
-    acc = 0.0
-    for size, w in weights.items():
-        if w <= 0 or size not in cand or size not in base or base[size].median <= 0 or cand[size].median <= 0:
-            continue
-        x = math.log(cand[size].median / base[size].median)
-        margin = (base[size].noise_pct + cand[size].noise_pct) / 100.0
-        acc += w * math.copysign(max(0.0, abs(x) - margin), x)
-        total += w
-    if total == 0:
-        return 0.0
-    return 100.0 * (math.exp(acc / total) - 1.0)
+    return _gain_pct((w, _beyond(math.log(cand[s].median / base[s].median),
+                                 (base[s].noise_pct + cand[s].noise_pct) / 100.0))
+                     for s, w in weights.items()
+                     if w > 0 and s in cand and s in base and cand[s].median > 0 and base[s].median > 0)
 
 
 def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, float]) -> float:

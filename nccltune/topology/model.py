@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..hw.cpuset import cpulist_from_cpus, cpumask_from_cpus, cpus_from_cpumask
-from ..hw.types import Gpu, Nic, PciDevice, Snapshot
+from ..hw.types import Gpu, Nic, PciDevice, Snapshot, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -414,18 +414,18 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
     def walk(node: XNode, numa: int | None, affinity: str | None) -> None:
         for child in node.children:
             if child.tag == "cpu":
-                n = _int(child.attrs.get("numaid"))
+                n = parse_int(child.attrs.get("numaid"))
                 walk(child, n, _cpulist_of_mask(child.attrs.get("affinity")))
             elif child.tag == "pci":
                 gpu = next((c for c in child.children if c.tag == "gpu"), None)
                 if gpu is not None:
                     links = [c for c in gpu.children if c.tag == "nvlink"]
-                    count = sum(_int(c.attrs.get("count")) or 0 for c in links)
-                    dev = _int(gpu.attrs.get("dev"))
+                    count = sum(parse_int(c.attrs.get("count")) or 0 for c in links)
+                    dev = parse_int(gpu.attrs.get("dev"))
                     gpus.append(GpuInfo(
                         index=dev if dev is not None else len(gpus),
                         bus_id=child.attrs.get("busid", "?"),
-                        sm=_int(gpu.attrs.get("sm")),
+                        sm=parse_int(gpu.attrs.get("sm")),
                         numa_node=numa if numa is not None and numa >= 0 else None,
                         cpu_affinity=affinity,
                         nvlinks_total=count, nvlinks_active=count,
@@ -434,10 +434,10 @@ def from_xml_tree(system: XNode, *, source: str) -> Topology:
             elif child.tag == "nic":
                 bus = node.attrs.get("busid") if node.tag == "pci" else None
                 for net in (c for c in child.children if c.tag == "net"):
-                    net_devs.append(_int(net.attrs.get("dev")))
+                    net_devs.append(parse_int(net.attrs.get("dev")))
                     nics.append(NicInfo(
                         name=net.attrs.get("name", f"net{len(nics)}"), kind="ib" if bus else "eth",
-                        bus_id=bus, speed_mbps=_int(net.attrs.get("speed")), active=True,
+                        bus_id=bus, speed_mbps=parse_int(net.attrs.get("speed")), active=True,
                         numa_node=numa if numa is not None and numa >= 0 else None,
                         gdr=(net.attrs.get("gdr") == "1") if "gdr" in net.attrs else None,
                     ))
@@ -463,11 +463,3 @@ def _cpulist_of_mask(mask: str | None) -> str | None:
     except ValueError:
         return None
 
-
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text, 0)
-    except ValueError:
-        return None
