@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nccltune.bench import nccltests
 from nccltune.bench.runner import Runner, find_worker_python
-from nccltune.pipeline import measuring_method
 from nccltune.publish import read_published
 from nccltune.sweep.select import fmt_size, profile_weights, weighted_gain_pct
 
@@ -105,7 +104,7 @@ def main() -> int:
             if not res.ok:
                 print(f"{label} #{r + 1}: {res.status} {res.reason}", file=sys.stderr)
                 continue
-            method[label] = measuring_method(res.start) or "?"
+            method[label] = res.method or "?"
             if res.start.get("placement") == "in-place" and res.start.get("direct_nccl"):
                 method[label] += f" (direct NCCL unavailable: {res.start['direct_nccl']})"
             runs[label].append(res.busbw())

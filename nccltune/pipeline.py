@@ -191,15 +191,6 @@ class SweepReport:
     method: str | None = None  # how the trials measured: placement and timing
 
 
-def measuring_method(start: Mapping[str, Any]) -> str | None:
-    """'out-of-place; host clock, ...' from a trial's start record; None before any trial started."""
-    if start.get("engine") == "nccl-tests":
-        return "out-of-place; all_reduce_perf (nccl-tests)"
-    if not start.get("timing"):
-        return None
-    return f"{start.get('placement', 'in-place')}; {start['timing']}"
-
-
 ProgressFn = Callable[[int, int, str, str, "TrialResult | None"], None]
 
 
@@ -318,7 +309,7 @@ class SweepPipeline:
             result = runner.run(env, plan.sizes, warmup=warmup, iters=iters, label=label)
             seen["nccl"] = seen["nccl"] or result.start.get("nccl_version") or result.nccl.get("version")
             seen["torch"] = seen["torch"] or result.start.get("torch_version")
-            seen["method"] = seen["method"] or measuring_method(result.start)
+            seen["method"] = seen["method"] or result.method
             store.add_trial(
                 run_id, seq=seq[0], phase=cast(Phase, phase), label=label, env=env,
                 status=cast(TrialStatus, result.status if result.status in

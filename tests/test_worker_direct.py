@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from nccltune.bench.runner import TrialResult
 from nccltune.bench.worker import DirectNccl, loaded_nccl_path, version_code
-from nccltune.pipeline import measuring_method
 
 MAPS = """\
 7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6
@@ -120,4 +120,4 @@ def test_a_non_blocking_failure_is_reported() -> None:
     ({}, None),
 ])
 def test_the_sweep_names_how_it_measured(start: dict[str, str], method: str | None) -> None:
-    assert measuring_method(start) == method
+    assert TrialResult("ok", None, [], 1.0, start=start).method == method

@@ -71,6 +71,16 @@ class TrialResult:
     def busbw(self) -> dict[int, float]:
         return {s.size_bytes: s.busbw_gbps for s in self.sizes}
 
+    @property
+    def method(self) -> str | None:
+        """How the trial measured, 'placement; timing' (e.g. 'out-of-place; host clock, ...'), from
+        the worker's start record; None when no worker started."""
+        if self.start.get("engine") == "nccl-tests":
+            return "out-of-place; all_reduce_perf (nccl-tests)"
+        if not self.start.get("timing"):
+            return None
+        return f"{self.start.get('placement', 'in-place')}; {self.start['timing']}"
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
