@@ -1,7 +1,7 @@
 """Measure NCCL environments side by side with the runner: medians of interleaved repeats.
 
     python bench/compare_envs.py --repeats 5 --published /var/lib/nccltune \
-        --nccl-tests ../shared/reference/h200x2-nvswitch-vm/nccl-tests/all_reduce_perf.default.txt
+        --nccl-tests /path/to/all_reduce_perf.default.txt
 
 Every setting (NCCL defaults first, then each --env / --published one) runs in fresh rank
 processes, round-robin, `--repeats` times, so drift hits all alike. Prints busbw medians per
@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.bench import nccltests
-from nccltune.bench.runner import Runner, find_worker_python
 from nccltune.publish import read_published
 from nccltune.sweep.select import fmt_size, profile_weights, weighted_gain_pct
+from nccltune.trials import nccltests
+from nccltune.trials.runner import Runner, find_worker_python
 
 
 def parse_nccl_tests(path: Path, column: str) -> dict[int, float]:

@@ -6,7 +6,7 @@ One process drives every visible GPU (ncclCommInitAll), each iteration is one NC
 ncclAllReduce per GPU on its own stream, and the time is the host clock from the first launch to
 the completion of every stream, divided by the iterations; out of place, then in place, float32
 sum, 5 warm-up and 20 timed iterations per size as all_reduce_perf's defaults. NCCL is the library
-torch loaded, called through ctypes. This is a stand-in measured in the same session as the worker,
+torch loaded, called through ctypes. This is a stand-in measured in the same run as the worker,
 not nccl-tests itself: it shares nccl-tests' process layout and timer, not its code.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.bench.worker import DirectNccl, loaded_nccl_path
+from nccltune.trials.worker import DirectNccl, loaded_nccl_path
 
 
 def check(lib: ctypes.CDLL, rc: int, what: str) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.bench.runner import Runner, find_worker_python
 from nccltune.sweep.select import fmt_size
+from nccltune.trials.runner import Runner, find_worker_python
 
 
 def main() -> int:

@@ -16,9 +16,9 @@ from . import __version__
 from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 
 if TYPE_CHECKING:
-    from .bench.runner import TrialResult
     from .config import Config
     from .store import Store
+    from .trials.runner import TrialResult
 
 log = logging.getLogger(__name__)
 

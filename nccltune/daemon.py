@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .bench.runner import TrialAborted, find_worker_python
 from .config import Config, load_config, with_overrides
 from .doctor import default_conf_files, diagnose
 from .errors import BusyError, NccltuneError, UnavailableError
@@ -42,6 +41,7 @@ from .sdnotify import Notifier, watchdog_interval_s
 from .store import Store
 from .topology.fingerprint import topology_facts
 from .topology.ncclxml import render_xml
+from .trials.runner import TrialAborted, find_worker_python
 from .verify import run_verify
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """`nccltune install`: put the systemd units in place and enable the service.
 
-The unit files ship in the package source's `systemd/` folder; ExecStart is rewritten to the
-nccltune executable actually installed, so the unit never points at a path that does not exist.
+The unit files ship in the source tree's `systemd/` folder (the config example in `examples/`);
+ExecStart is rewritten to the nccltune executable actually installed, so the unit never points at a
+path that does not exist.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from .publish import atomic_write
 UNITS = ("nccltune.service", "nccltune-sweep.service")
 
 
-def units_dir() -> Path:
-    """`systemd/` of the source tree, or its copy installed as package data."""
-    for here in (Path(__file__).resolve().parents[1] / "systemd", Path(__file__).resolve().parent / "units"):
+def shipped_dir(source: str, packaged: str) -> Path:
+    """A folder of the source tree (`systemd/`, `examples/`, `launchers/`), or its copy installed as
+    package data."""
+    for here in (Path(__file__).resolve().parents[1] / source, Path(__file__).resolve().parent / packaged):
         if here.is_dir():
             return here
-    raise UnavailableError("the unit files are not installed with this nccltune", hint="install from a source checkout")
+    raise UnavailableError(f"the {source} files are not installed with this nccltune",
+                           hint="install from a source checkout")
+
+
+def units_dir() -> Path:
+    return shipped_dir("systemd", "units")
 
 
 def systemd_quote(word: str) -> str:
@@ -52,7 +59,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
         done.append(f"installed {target / name} (ExecStart {exe})")
     conf_dir = prefix / "etc/nccltune"
     conf_dir.mkdir(parents=True, exist_ok=True)
-    example = units_dir() / "config.example.yaml"
+    example = shipped_dir("examples", "examples") / "config.yaml"
     if example.exists() and not (conf_dir / "config.yaml").exists():
         atomic_write(conf_dir / "config.yaml", example.read_text())
         done.append(f"installed {conf_dir / 'config.yaml'} (all defaults; edit to taste)")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from . import __version__
-from .bench.runner import Runner, TrialAborted, TrialResult, find_worker_python
 from .config import Config, config_to_dict
 from .errors import BusyError, InputError, UnavailableError, UsageError
 from .hw.types import Snapshot
@@ -36,6 +35,7 @@ from .topology.ncclxml import render_xml
 from .topology.paths import PathMatrix, compute_paths
 from .topology.snapshot import load_snapshot, record_snapshot
 from .topology.source import resolve_snapshot
+from .trials.runner import Runner, TrialAborted, TrialResult, find_worker_python
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def resolve_engine(cfg: Config, node: Node) -> str | None:
     """
     if cfg.bench.engine != "nccl-tests":
         return None
-    from .bench.nccltests import find_binary
+    from .trials.nccltests import find_binary
 
     if node.demo:
         raise InputError(cfg.path or "config", "bench.engine nccl-tests measures NCCL on GPUs; the CPU demo "

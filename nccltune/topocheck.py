@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench.nccllog import NcclLog, parse_nccl_log
-from .bench.runner import Runner, TrialResult, find_worker_python
 from .errors import UnavailableError
 from .hw.nvml import read_nvml
+from .nccl.debuglog import NcclLog, parse_nccl_log
 from .topology.diff import TopoDiff, diff_trees
 from .topology.ncclxml import load_xml
+from .trials.runner import Runner, TrialResult, find_worker_python
 
 CHECK_SIZES = (1 << 20, 64 << 20)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .bench.runner import Runner, find_worker_python
 from .config import Config, config_to_dict
 from .errors import BusyError, CheckFailed
 from .lock import SweepLock
@@ -24,6 +23,7 @@ from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node, resol
 from .publish import read_published
 from .store import Backend, Measurement, Store, TrialStatus
 from .sweep.select import fmt_size
+from .trials.runner import Runner, find_worker_python
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)

@@ -27,7 +27,7 @@ from nccltune.config import (
 )
 from nccltune.errors import EXIT_CONFIG, InputError
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "systemd" / "config.example.yaml"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "config.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:

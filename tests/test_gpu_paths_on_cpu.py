@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.bench.nccllog import parse_nccl_log
-from nccltune.bench.runner import SizeResult, TrialResult
 from nccltune.cli import main
 from nccltune.errors import EXIT_BUSY
 from nccltune.hw.types import GpuProcess
+from nccltune.nccl.debuglog import parse_nccl_log
 from nccltune.topocheck import verdict_of
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 from nccltune.topology.source import bundled_topologies_dir
+from nccltune.trials.runner import SizeResult, TrialResult
 
 LOGS = Path(__file__).parent / "fixtures" / "nccllog"
 

@@ -47,7 +47,7 @@ def test_install_rewrites_exec_start_and_keeps_the_rest(tmp_path: Path) -> None:
         assert (units / name).stat().st_mode & 0o777 == 0o644
     assert f"installed {units / 'nccltune.service'} (ExecStart /opt/x/bin/nccltune)" in out
     config = tmp_path / "etc/nccltune/config.yaml"
-    assert config.read_text() == (SOURCE / "config.example.yaml").read_text()
+    assert config.read_text() == (SOURCE.parent / "examples" / "config.yaml").read_text()
     assert "config.yaml (all defaults" in out
     assert not [p for p in (tmp_path / "etc").rglob(".*")], "temp files left"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.bench import nccltests
 from nccltune.cli import main
 from nccltune.errors import EXIT_CONFIG
+from nccltune.trials import nccltests
 
 REFERENCE = Path(__file__).parent / "fixtures" / "nccl-tests"
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.bench.runner import Runner, TrialAborted, TrialResult, find_worker_python
-from nccltune.bench.worker import FAULT_VAR
 from nccltune.errors import EXIT_BUSY, EXIT_UNAVAILABLE, BusyError, NccltuneError, UnavailableError
 from nccltune.lock import SweepLock
+from nccltune.trials.runner import Runner, TrialAborted, TrialResult, find_worker_python
+from nccltune.trials.worker import FAULT_VAR
 
 pytest.importorskip("torch")
 

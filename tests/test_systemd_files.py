@@ -12,8 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_UNITS = REPO / ".ci" / "check-units"
-WRAPPER = REPO / "systemd" / "nccltune-torchrun"
-PROLOG = REPO / "systemd" / "slurm-prolog.sh"
+WRAPPER = REPO / "launchers" / "nccltune-torchrun"
+PROLOG = REPO / "launchers" / "slurm-prolog.sh"
 
 IS_ROOT = os.geteuid() == 0
 # A root-owned file can only be made by root; without it the scripts (rightly) refuse everything.
@@ -312,7 +312,7 @@ def _trust_check(script: Path) -> str:
 
 def test_the_launchers_share_one_trust_check_word_for_word() -> None:
     # Each launcher installs as a single file, so each carries the check; they must not drift.
-    prolog = _trust_check(REPO / "systemd" / "slurm-prolog.sh")
-    wrapper = _trust_check(REPO / "systemd" / "nccltune-torchrun")
+    prolog = _trust_check(REPO / "launchers" / "slurm-prolog.sh")
+    wrapper = _trust_check(REPO / "launchers" / "nccltune-torchrun")
     assert "nccltune_mode_ok" in prolog and "nccltune_ls" in prolog
     assert prolog == wrapper

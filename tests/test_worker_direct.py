@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nccltune.bench.runner import TrialResult
-from nccltune.bench.worker import DirectNccl, loaded_nccl_path, version_code
+from nccltune.trials.runner import TrialResult
+from nccltune.trials.worker import DirectNccl, loaded_nccl_path, version_code
 
 MAPS = """\
 7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6

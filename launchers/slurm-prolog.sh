@@ -1,19 +1,27 @@
 #!/bin/sh
-# nccltune-torchrun: torchrun with the NCCL settings that nccltune published for this node.
+# nccltune Slurm TaskProlog: hands the NCCL settings that nccltune published for this node
+# (/var/lib/nccltune/nccl.env) to every task of every job step.
 #
-# Install:
-#   install -m 0755 systemd/nccltune-torchrun /usr/local/bin/nccltune-torchrun
-# then launch jobs with `nccltune-torchrun ARGS...` wherever `torchrun ARGS...` was used.
+# Install on each compute node:
+#   install -m 0755 launchers/slurm-prolog.sh /etc/slurm/nccltune-task-prolog.sh
+# and in slurm.conf:
+#   TaskProlog=/etc/slurm/nccltune-task-prolog.sh
+# slurm.conf takes a single TaskProlog; if there is one already, run this script from it and
+# pass its stdout through. A path given as the first argument replaces the default file.
 #
-# Sources /var/lib/nccltune/nccl.sh (or $NCCLTUNE_ENV_FILE) when it exists and can be trusted:
-# a regular file owned by root, writable by nobody else, in a directory only root can change.
-# Anything else is reported on stderr and the job starts with NCCL's defaults, since a missing
-# tuning must never stop a job, and a file another user can edit must never run in it.
-# Variables the file sets override those already in the environment unless the file itself
-# says otherwise.
+# Protocol (slurm.conf(5), TaskProlog): slurmstepd runs this as the job's user before each task
+# and applies every stdout line "export NAME=value" to the task's environment, taking the value
+# literally (no shell expansion, no quote removal). So only lines of the form
+#   (NCCL|TORCH_NCCL|NCCLTUNE)_NAME=value   with value in [A-Za-z0-9_./:,=+^@%-]
+# are passed on, and the file is never sourced or evaluated: a line such as
+# NCCL_X=$(cmd) is skipped, not run. The file must be a regular file owned by root and writable
+# by nobody else, in a directory only root can change; otherwise nothing is exported.
+# Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
 
-nccltune_prog=nccltune-torchrun
-nccltune_env_file=${NCCLTUNE_ENV_FILE:-/var/lib/nccltune/nccl.sh}
+nccltune_prog=nccltune-task-prolog
+nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
+# Names and values that Slurm passes through unchanged and that no shell would expand.
+nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
 
 nccltune_warn() {
     printf '%s: not using %s: %s\n' "$nccltune_prog" "$nccltune_env_file" "$1" >&2
@@ -69,14 +77,15 @@ if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
     elif [ ! -r "$nccltune_env_file" ]; then
         nccltune_warn "it is not readable by uid $(id -u)"
     else
-        # Parse first: a syntax error half-way would leave half of the settings applied.
-        if ! /bin/sh -n "$nccltune_env_file" 2>/dev/null; then
-            nccltune_warn "it is not valid sh (check with: sh -n $nccltune_env_file)"
-        # `command` keeps an error inside the file from ending this script (POSIX 2.14).
-        elif ! command . "$nccltune_env_file"; then
-            printf '%s: %s returned an error; continuing\n' "$nccltune_prog" "$nccltune_env_file" >&2
+        # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
+        LC_ALL=C grep -E -e "$nccltune_valid" -- "$nccltune_env_file" | LC_ALL=C sed 's/^/export /'
+        nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' \
+            -- "$nccltune_env_file")
+        if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
+            printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
+                "$nccltune_prog" "$nccltune_env_file" "$nccltune_skipped" >&2
         fi
     fi
 fi
 
-exec torchrun "$@"
+exit 0

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NccltuneError, UnavailableError
+from ..nccl.debuglog import parse_nccl_log, summarize
 from . import nccltests
-from .nccllog import parse_nccl_log, summarize
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Tests for nccltune.bench.nccllog against a real NCCL 2.28.9 log and hand-written ones."""
+"""Tests for nccltune.nccl.debuglog against a real NCCL 2.28.9 log and hand-written ones."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.bench.nccllog import (
+from nccltune.nccl.debuglog import (
     GraphSearch,
     NcclLog,
     TuningChoice,

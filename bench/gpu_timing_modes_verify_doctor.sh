@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Second GPU session: fidelity with the prequeued timing, a full sweep, the published setting
+# Worker fidelity with the prequeued timing, a full sweep, the published setting
 # against the defaults, verify, doctor and the daemon. Results in $OUT.
 set -u
 OUT=${OUT:-/tmp/nccltune-gpu}

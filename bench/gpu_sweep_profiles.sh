@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `nccltune sweep` with the final code for the `large` and the `balanced` profile, each followed by
 # its published environment against NCCL's defaults in the same run (medians of 3 repeats).
-#   OUT=/tmp/x bash bench/gpu_session7.sh
+#   OUT=/tmp/x bash bench/gpu_sweep_profiles.sh
 set -u
 OUT=${OUT:-/tmp/nccltune-gpu7}
 mkdir -p "$OUT"

@@ -7,7 +7,7 @@
 # (gloo backend, a recorded 2-GPU topology), labelled as such: those are not NCCL numbers.
 # Extra arguments go to `nccltune sweep` (e.g. --state-dir DIR, --plan, --json).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   venv=.venv-node

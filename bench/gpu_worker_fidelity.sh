@@ -2,11 +2,11 @@
 # Fidelity of the worker's direct NCCL timing (out of place, host clock, as all_reduce_perf):
 # against nccl-tests' reference curves of this machine type (REF: a directory holding
 # grid-summary.txt and all_reduce_perf.nch32.txt), against the worker's other timing modes, and
-# against an in-process stand-in of all_reduce_perf -g 2 measured in the same session.
-#   OUT=/tmp/x REF=../shared/reference/h200x2-nvswitch-vm/nccl-tests bash bench/gpu_session5.sh
+# against an in-process stand-in of all_reduce_perf -g 2 measured in the same run.
+#   OUT=/tmp/x REF=/path/to/reference-nccl-tests-dir bash bench/gpu_worker_fidelity.sh
 set -u
 OUT=${OUT:-/tmp/nccltune-gpu5}
-REF=${REF:-../shared/reference/h200x2-nvswitch-vm/nccl-tests}
+REF=${REF:?set REF to a directory of all_reduce_perf outputs of this machine type (grid-summary.txt, all_reduce_perf.nch32.txt)}
 mkdir -p "$OUT"
 . "$(dirname "$0")/gpu_env.sh"
 export PYTHONPATH=$PWD

@@ -1,1 +1,0 @@
-"""Benchmarking: the rank launcher, the torch worker and NCCL log parsing."""

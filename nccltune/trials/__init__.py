@@ -1,0 +1,1 @@
+"""Trials: the rank launcher (runner), the rank program (worker) and the nccl-tests adapter."""
