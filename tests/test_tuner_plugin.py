@@ -1,7 +1,8 @@
 """nccltune's NCCL tuner plugin, built with the system C compiler and driven through ctypes as NCCL drives it.
 
 Every test runs twice: against the normal build, and (test_same_tests_under_sanitizers) in a child
-pytest against a build with -fsanitize=address,undefined whose runtime is preloaded.
+pytest against a build with -fsanitize=address,undefined whose runtime is preloaded; that child also
+runs test_tuner_table.py, whose C/Python agreement cases feed the C parser hundreds of bad tables.
 """
 
 from __future__ import annotations
@@ -530,7 +531,8 @@ def test_same_tests_under_sanitizers(tmp_path: Path) -> None:
                            env=env, capture_output=True, text=True, check=False, timeout=120)
     assert probe.returncode != 0 and "heap-buffer-overflow" in probe.stderr, probe.stderr[-2000:]
 
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", __file__],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", __file__,
+                           str(Path(__file__).with_name("test_tuner_table.py"))],
                           env=env, capture_output=True, text=True, check=False, timeout=600,
                           cwd=Path(__file__).resolve().parents[1])
     out = proc.stdout + proc.stderr

@@ -8,10 +8,10 @@ its file and line first.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
@@ -52,7 +52,7 @@ class TableEntry:
     algo: str
     proto: str
     channels: int = 0
-    line: int | None = None  # where a parsed entry came from; not part of the rendered text
+    line: int | None = field(default=None, compare=False)  # where a parsed entry came from; not rendered
 
     def shape(self) -> tuple[str, int, int, int]:
         return (self.collective, self.nnodes, self.nranks, self.ranks_per_node)
@@ -64,6 +64,17 @@ class TunerTable:
 
     fingerprint: str
     entries: tuple[TableEntry, ...] = ()
+
+    def choice(self, collective: str, n_bytes: int, nnodes: int, nranks: int,
+               ranks_per_node: int) -> TableEntry | None:
+        """The entry the plugin applies to this call (first in file order, sizes inclusive), or None.
+
+        Whether NCCL then takes it depends on the cost-table cell being available, which only NCCL knows."""
+        for e in self.entries:
+            if (e.collective == collective and e.min_bytes <= n_bytes <= e.max_bytes
+                    and (e.nnodes, e.nranks, e.ranks_per_node) == (nnodes, nranks, ranks_per_node)):
+                return e
+        return None
 
 
 def entry_problem(e: TableEntry) -> str | None:
@@ -88,15 +99,31 @@ def entry_problem(e: TableEntry) -> str | None:
     return None
 
 
-def overlap(entries: Sequence[TableEntry], new: TableEntry) -> TableEntry | None:
-    """The earlier entry of the same collective and shape whose size range overlaps new's, if any.
+class OverlapIndex:
+    """Entries added so far, per collective and shape, sorted by size, to find an overlapping size range.
 
-    The plugin takes the first match in file order, but an overlap means the producer made two
-    choices for one size; both the plugin and this parser refuse such a table."""
-    for old in entries:
-        if old.shape() == new.shape() and old.min_bytes <= new.max_bytes and new.min_bytes <= old.max_bytes:
-            return old
-    return None
+    The plugin takes the first match in file order, but an overlap means the producer made two choices
+    for one size; both the plugin and this parser refuse such a table, naming the earliest entry (in
+    file order) that the new one overlaps, as the plugin does."""
+
+    def __init__(self) -> None:
+        self._by_shape: dict[tuple[str, int, int, int], list[tuple[int, int, int]]] = {}
+
+    def add(self, e: TableEntry, order: int) -> int | None:
+        """Add e (order: its position in the file); return the order of the earliest entry it overlaps, if any."""
+        ranges = self._by_shape.setdefault(e.shape(), [])
+        # Ranges held are disjoint, so sorted by min they are sorted by max too: the ones that overlap
+        # e are the run just left of the first range starting above e.max_bytes.
+        i = bisect.bisect_right(ranges, (e.max_bytes, MAX_BYTES_VALUE + 1, 0))
+        hits = []
+        j = i - 1
+        while j >= 0 and ranges[j][1] >= e.min_bytes:
+            hits.append(ranges[j][2])
+            j -= 1
+        if hits:
+            return min(hits)
+        ranges.insert(i, (e.min_bytes, e.max_bytes, order))
+        return None
 
 
 def check_table(table: TunerTable) -> None:
@@ -105,13 +132,14 @@ def check_table(table: TunerTable) -> None:
         raise ValueError(f"fingerprint {table.fingerprint!r} is not 8 to 128 lowercase hex digits")
     if len(table.entries) > MAX_ENTRIES:
         raise ValueError(f"{len(table.entries)} entries, the plugin reads at most {MAX_ENTRIES}")
+    index = OverlapIndex()
     for i, e in enumerate(table.entries):
         problem = entry_problem(e)
         if problem is not None:
             raise ValueError(f"entry {i}: {problem}")
-        old = overlap(table.entries[:i], e)
+        old = index.add(e, i)
         if old is not None:
-            raise ValueError(f"entry {i}: size range overlaps entry {table.entries.index(old)} "
+            raise ValueError(f"entry {i}: size range overlaps entry {old} "
                              f"({e.collective}, {e.nnodes} nodes, {e.nranks} ranks)")
 
 
@@ -185,6 +213,7 @@ def parse_table(text: str, where: str) -> TunerTable:
         raise InputError(where, "truncated: the file does not end with a newline", line=text.count("\n") + 1)
     fingerprint: str | None = None
     entries: list[TableEntry] = []
+    index = OverlapIndex()
     state = "header"
     lineno = 0
     for lineno, raw in enumerate(text[:-1].split("\n"), start=1):
@@ -226,9 +255,9 @@ def parse_table(text: str, where: str) -> TunerTable:
         if len(entries) == MAX_ENTRIES:
             raise InputError(where, f"more than {MAX_ENTRIES} entries", line=lineno)
         entry = _parse_entry(fields, where, lineno)
-        old = overlap(entries, entry)
+        old = index.add(entry, lineno)
         if old is not None:
-            raise InputError(where, f"size range overlaps the entry on line {old.line} (same collective and shape)",
+            raise InputError(where, f"size range overlaps the entry on line {old} (same collective and shape)",
                              line=lineno)
         entries.append(entry)
     if state != "end" or fingerprint is None:
