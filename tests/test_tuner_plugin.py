@@ -40,17 +40,12 @@ SANITIZED_ENV = "NCCLTUNE_TEST_TUNER_SANITIZED"
 KIB = 1024
 MIB = 1024 * KIB
 
-needs_cc = pytest.mark.skipif(find_compiler() is None and not os.environ.get(LIB_ENV),
-                              reason="no C compiler on PATH (cc, gcc, clang)")
-pytestmark = needs_cc
-
-
 @pytest.fixture(scope="module")
 def lib_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     given = os.environ.get(LIB_ENV)
     if given:
         return Path(given)
-    result = build_plugin(tmp_path_factory.mktemp("tuner"))
+    result = build_plugin(tmp_path_factory.mktemp("tuner"))  # CI has a C compiler: no compiler is a failure
     assert result.ok, result.message
     assert result.path is not None
     return result.path

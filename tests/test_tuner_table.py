@@ -11,7 +11,7 @@ import pytest
 from tuner_harness import LIB_ENV, LOG_INFO, LOG_WARN, TunerV5, init, load, table_env
 
 from nccltune.errors import EXIT_CONFIG, InputError
-from nccltune.tuner.build import build_plugin, find_compiler
+from nccltune.tuner.build import build_plugin
 from nccltune.tuner.table import (
     ALGORITHMS,
     MAX_TABLE_BYTES,
@@ -179,8 +179,6 @@ def v5(tmp_path_factory: pytest.TempPathFactory) -> TunerV5:
     given = os.environ.get(LIB_ENV)
     if given:
         return load(Path(given))[1]
-    if find_compiler() is None:
-        pytest.skip("no C compiler on PATH (cc, gcc, clang)")
     result = build_plugin(tmp_path_factory.mktemp("tuner"))
     assert result.ok and result.path is not None, result.message
     return load(result.path)[1]

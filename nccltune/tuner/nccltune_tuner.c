@@ -21,7 +21,8 @@
  *
  * - The first line is exactly the magic and the format version. A different version is refused.
  * - `#` starts a comment that runs to the end of the line; blank lines are ignored. Only printable
- *   ASCII and tabs are allowed, every line ends with '\n' (also the last), lines are at most 512 bytes.
+ *   ASCII and tabs are allowed, every line ends with '\n' (also the last), and a line holds at most
+ *   512 bytes before its newline.
  * - `fingerprint` follows the header: 8 to 128 lowercase hex digits.
  * - Entries: collective is allreduce, allgather, reducescatter, broadcast or reduce. min_bytes and
  *   max_bytes are decimal, inclusive on both edges (an entry applies when min_bytes <= nBytes <=
