@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", "29541")
+os.environ.setdefault("MASTER_PORT", "29541")  # each case passes its own port
 device = torch.device("cuda", 0)
 torch.cuda.set_device(device)
 print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))
@@ -77,14 +77,16 @@ sys.exit(0 if ok else 1)
 EOF
 
 fails=0
+port=29540
 # run_case NAME TABLE FINGERPRINT EXPECTED-PLUGIN-LINE-REGEX
 run_case() {
   local name=$1 table=$2 fp=$3 want=$4 dir=$OUT/$1 rc problems=""
+  port=$((port + 1))
   mkdir -p "$dir"
   step "case $name"
-  NCCL_TUNER_PLUGIN=$LIB NCCLTUNE_TUNER_TABLE=$table NCCLTUNE_TUNER_FINGERPRINT=$fp \
+  MASTER_PORT=$port NCCL_TUNER_PLUGIN=$LIB NCCLTUNE_TUNER_TABLE=$table NCCLTUNE_TUNER_FINGERPRINT=$fp \
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV NCCL_DEBUG_FILE=$dir/nccl.%h.%p.log \
-    timeout 150 "$PY" "$OUT/allreduce.py" > "$dir/run.txt" 2>&1
+    timeout 55 "$PY" "$OUT/allreduce.py" > "$dir/run.txt" 2>&1
   rc=$?
   cat "$dir/run.txt"
   cat "$dir"/nccl.*.log > "$dir/nccl.log" 2>/dev/null

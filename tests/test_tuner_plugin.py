@@ -345,6 +345,12 @@ def test_fifo_instead_of_a_table_does_not_block(v5: TunerV5, tmp_path: Path) -> 
     assert "not a regular file" in _problem(v5, fifo).lines[0].message
 
 
+def test_path_through_a_file_is_unreadable(v5: TunerV5, tmp_path: Path) -> None:
+    path = write_table(tmp_path / "t", GOOD) / "child"
+    c = _problem(v5, path)
+    assert c.lines[0].level == LOG_WARN and "unreadable (cannot open: Not a directory)" in c.lines[0].message
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
 def test_unreadable_table(v5: TunerV5, tmp_path: Path) -> None:
     path = write_table(tmp_path / "t", GOOD)

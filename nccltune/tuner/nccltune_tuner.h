@@ -23,8 +23,9 @@ typedef enum {
   ncclInProgress = 7
 } ncclResult_t;
 
-/* Log levels and subsystem bits as NCCL's logger reads them (NCCL 2.28, src/include/nccl_common.h;
- * the values have not changed since the tuner API appeared). */
+/* Log levels and subsystem bits as NCCL 2.28's logger reads them. Checked in NVIDIA/nccl's
+ * src/include/nccl_common.h of the 2.19 era (ab2b89c4) and of 2026 master (0456df20): the same values
+ * in both, new subsystems only ever appended, so 2.28 (between them) uses these. */
 typedef enum {
   NCCL_LOG_NONE = 0,
   NCCL_LOG_VERSION = 1,
