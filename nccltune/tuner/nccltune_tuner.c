@@ -370,7 +370,7 @@ static void load_table(load_t *ld, const char *path) {
   struct stat st;
   char *buf;
   size_t size = 0;
-  int fd = open(path, O_RDONLY | O_NONBLOCK);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     fail(ld, errno == ENOENT ? LOAD_NO_TABLE : LOAD_UNREADABLE, 0, "cannot open: %s", strerror(errno));
     return;
