@@ -1,0 +1,147 @@
+"""Drive nccltune's tuner plugin through its exported NCCL structs with ctypes, as NCCL would.
+
+The library comes from build_plugin into a temporary directory, or from NCCLTUNE_TEST_TUNER_LIB when
+the sanitizer run hands the same tests an instrumented build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nccltune.tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS
+
+LIB_ENV = "NCCLTUNE_TEST_TUNER_LIB"
+TABLE_ENV = "NCCLTUNE_TUNER_TABLE"
+FINGERPRINT_ENV = "NCCLTUNE_TUNER_FINGERPRINT"
+
+LOG_WARN = 2
+LOG_INFO = 3
+FLAG_INIT = 0x1
+FLAG_TUNING = 0x40
+IGNORE = -1.0
+
+# NCCL's logger is variadic; the plugin always calls it as (level, flags, file, line, "%s", msg), so a
+# fixed-argument callback that takes the message as a sixth argument reads it.
+LOGGER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_char_p)
+
+
+class NvlDomainInfo(ctypes.Structure):
+    _fields_ = [("nNvlDomains", ctypes.c_int), ("minRanksPerNvlDomain", ctypes.c_int),
+                ("maxRanksPerNvlDomain", ctypes.c_int)]
+
+
+INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64, ctypes.c_size_t,
+                        ctypes.c_size_t, LOGGER, ctypes.POINTER(NvlDomainInfo), ctypes.c_void_p)
+GET_COLL_INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_int))
+FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class TunerV5(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("init", INIT), ("getCollInfo", GET_COLL_INFO), ("finalize", FINALIZE)]
+
+
+class TunerV6(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("init", INIT), ("getCollInfo", GET_COLL_INFO), ("finalize", FINALIZE),
+                ("getChunkSize", ctypes.c_void_p)]
+
+
+CostTable = (ctypes.c_float * len(PROTOCOLS)) * len(ALGORITHMS)
+
+
+def cost_table(ignore: tuple[tuple[str, str], ...] = ()) -> ctypes.Array[ctypes.Array[ctypes.c_float]]:
+    """A float[7][3] cost table as NCCL fills it: distinct positive costs, IGNORE where asked."""
+    table = CostTable()
+    for a in range(len(ALGORITHMS)):
+        for p in range(len(PROTOCOLS)):
+            table[a][p] = 10.0 + a * 3 + p
+    for algo, proto in ignore:
+        table[ALGORITHMS.index(algo)][PROTOCOLS.index(proto)] = IGNORE
+    return table
+
+
+def cells(table: ctypes.Array[ctypes.Array[ctypes.c_float]]) -> list[list[float]]:
+    return [[table[a][p] for p in range(len(PROTOCOLS))] for a in range(len(ALGORITHMS))]
+
+
+@dataclass
+class LogLine:
+    level: int
+    flags: int
+    fmt: str
+    message: str
+
+
+@dataclass
+class Comm:
+    """One communicator's tuner context and the lines it logged."""
+
+    plugin: TunerV5
+    ctx: ctypes.c_void_p
+    lines: list[LogLine] = field(default_factory=list)
+    init_rc: int = 0
+    keep: list[object] = field(default_factory=list)  # ctypes objects that must outlive the context
+
+    def call(self, collective: str, n_bytes: int, *, table: ctypes.Array[ctypes.Array[ctypes.c_float]] | None = None,
+             num_algo: int = len(ALGORITHMS), num_proto: int = len(PROTOCOLS), channels_in: int = 0,
+             null_table: bool = False, null_channels: bool = False, coll_index: int | None = None,
+             ) -> tuple[int, list[list[float]], list[list[float]], int]:
+        """getCollInfo once: (rc, cells before, cells after, nChannels after)."""
+        t = cost_table() if table is None else table
+        before = cells(t)
+        nch = ctypes.c_int(channels_in)
+        coll = COLLECTIVES.index(collective) if coll_index is None else coll_index
+        rc = self.plugin.getCollInfo(self.ctx, coll, n_bytes, 1, None if null_table else ctypes.addressof(t),
+                                     num_algo, num_proto, 0, None if null_channels else ctypes.byref(nch))
+        return rc, before, cells(t), nch.value
+
+    def finalize(self) -> int:
+        return int(self.plugin.finalize(self.ctx))
+
+
+def load(path: Path) -> tuple[ctypes.CDLL, TunerV5, TunerV6]:
+    lib = ctypes.CDLL(str(path))
+    return lib, TunerV5.in_dll(lib, "ncclTunerPlugin_v5"), TunerV6.in_dll(lib, "ncclTunerPlugin_v6")
+
+
+def init(plugin: TunerV5, n_ranks: int, n_nodes: int, nvl: tuple[int, int, int] | None = None, *,
+         with_logger: bool = True, comm_id: int = 0x1234) -> Comm:
+    """init as NCCL calls it; nvl is (nNvlDomains, min, max ranks per domain), None passes NULL."""
+    lines: list[LogLine] = []
+
+    def record(level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, msg: bytes | None) -> None:
+        # An exception here would be swallowed by ctypes: record everything, the tests assert on it.
+        lines.append(LogLine(level, flags, (fmt or b"").decode(), (msg or b"").decode()))
+
+    logger = LOGGER(record) if with_logger else LOGGER()
+    info = NvlDomainInfo(*nvl) if nvl is not None else None
+    ctx = ctypes.c_void_p()
+    rc = plugin.init(ctypes.byref(ctx), comm_id, n_ranks, n_nodes, logger,
+                     ctypes.byref(info) if info is not None else None, None)
+    return Comm(plugin, ctx, lines, rc, [logger, info])
+
+
+@contextmanager
+def table_env(path: Path | str | None, fingerprint: str | None) -> Iterator[None]:
+    """Set (or unset, for None) the two variables the plugin reads at init, restoring them after."""
+    saved = {k: os.environ.get(k) for k in (TABLE_ENV, FINGERPRINT_ENV)}
+    try:
+        for key, value in ((TABLE_ENV, path), (FINGERPRINT_ENV, fingerprint)):
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = str(value)
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
