@@ -38,13 +38,16 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
     for (a, b), p in paths.gpu_gpu.items():
         matrix.setdefault(f"GPU{a}", {})[f"GPU{b}"] = {
             "type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops, "nvlinks": p.nvlinks}
-    # Beside the raw type: what NCCL makes of the path (P2C, PXN through `via_gpu`, GDR reroute).
-    nic_paths = compute_nic_paths(topo, paths)
     for (a, name), p in paths.gpu_nic.items():
-        final = nic_paths.paths[(a, name)]
-        matrix.setdefault(f"GPU{a}", {})[name] = {
-            "type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops, "final_type": final.final_type,
-            "final_bw_gbps": final.final_bw_gbps, "via_gpu": final.via_gpu, "gdr": final.gdr}
+        matrix.setdefault(f"GPU{a}", {})[name] = {"type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops}
+    # Beside the raw types in `paths`, keyed the same way: what NCCL makes of each GPU-NIC path
+    # (P2C, PXN through `via_gpu`, the GDR reroute), and the NIC it gives each GPU.
+    nic_paths = compute_nic_paths(topo, paths)
+    final: dict[str, dict[str, Any]] = {}
+    for (a, name), fp in sorted(nic_paths.paths.items()):
+        final.setdefault(f"GPU{a}", {})[name] = {
+            "raw_type": fp.raw_type, "final_type": fp.final_type, "final_bw_gbps": fp.final_bw_gbps,
+            "via_gpu": fp.via_gpu, "gdr": fp.gdr}
     nic_choice = {f"GPU{g}": {"nic": c.nic, "local_nics": list(c.local_nics), "nics_per_gpu": c.nics_per_gpu,
                               "channel_nics": list(c.channel_nics)} for g, c in sorted(nic_paths.choice.items())}
     return {
@@ -57,6 +60,7 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
         "nics": nics,
         "paths": matrix,
         "p2p_refused": [list(p) for p in sorted(topo.p2p_refused)],
+        "nic_paths": final,
         "nic_choice": nic_choice,
         "nic_paths_model": {"nccl_version": ".".join(map(str, nic_paths.options.nccl_version)),
                             "pxn_cells": nic_paths.count("PXN"), "p2c_cells": nic_paths.count("P2C")},
