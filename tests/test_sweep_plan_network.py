@@ -121,11 +121,20 @@ def test_roce_nic_without_gdr() -> None:
     assert set(_pruned(plan, "NCCL_SOCKET_NTHREADS").values()) == {RDMA_NOT_SOCKETS}
 
 
-def test_loopback_counts_as_crossing_a_nic() -> None:
+def test_loopback_counts_as_crossing_a_nic_but_leaves_no_peer_for_pxn() -> None:
     loop = _plan("azure-ndv5-h100-vm.xml", JobShape(loopback=True))
     two = _plan("azure-ndv5-h100-vm.xml", TWO_NODES)
     assert loop.shape.crosses_nic
-    assert _net_vars(loop) == _net_vars(two)
+    # With P2P and SHM off NCCL trims the other GPUs from each rank's topology: no PXN. Without PXN
+    # the cross-socket paths are SYS and the same-socket ones PHB, beyond every GDR level but SYS
+    # (PHB keeps the same-socket pairs): GDR now has four classes, LOC, PHB, SYS and the default.
+    assert _pruned(loop, "NCCL_PXN_DISABLE") == {
+        "1": "NIC loopback: each rank's topology holds only its own GPU, so no peer GPU can relay"}
+    expected = {k: v for k, v in _net_vars(two).items() if k not in ("NCCL_PXN_DISABLE", "NCCL_NET_GDR_LEVEL")}
+    assert {k: v for k, v in _net_vars(loop).items() if k != "NCCL_NET_GDR_LEVEL"} == expected
+    assert loop.variables["NCCL_NET_GDR_LEVEL"] == ["LOC", "PHB", "SYS"]
+    assert _pruned(loop, "NCCL_NET_GDR_LEVEL") == {
+        "NVL": SAME_AS_LOC, "NVB": SAME_AS_LOC, "PIX": DEFAULT_GDR, "PXB": DEFAULT_GDR}
 
 
 def test_c2c_and_p2c_gdr_levels_match_the_default_on_grace() -> None:

@@ -16,6 +16,7 @@ Channel values at or below the count NCCL already uses are dropped once the base
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -170,7 +171,7 @@ def build_plan(
     ll128 = ll128_auto(topo, paths)
     net: _NetRules | None = None
     if plan.shape.crosses_nic:
-        net = _NetRules(topo, paths)
+        net = _NetRules(topo, paths, plan.shape)
         plan.notes.append(net.note())
 
     for name, tunable in CATALOGUE.items():
@@ -257,9 +258,13 @@ class _NetRules:
     that is what NCCL's GDR, PXN and NIC choices act on.
     """
 
-    def __init__(self, topo: Topology, paths: PathMatrix) -> None:
+    def __init__(self, topo: Topology, paths: PathMatrix, shape: JobShape) -> None:
         self.topo, self.paths = topo, paths
-        self.default = compute_nic_paths(topo, paths)
+        # NIC loopback turns P2P and SHM off, so NCCL trims every other GPU from each rank's
+        # topology (paths.cc marks them NET): no peer GPU is left to relay to a NIC.
+        self.no_peers = shape.loopback and shape.nnodes == 1
+        self.options = NicPathOptions(pxn_disable=self.no_peers)
+        self.default = compute_nic_paths(topo, paths, self.options)
         self.default_gdr = self.default.gdr_pairs()
         self.rdma = any(n.kind == "ib" for n in topo.nics)
         self.gdr_seen: dict[frozenset[tuple[int, str]], str] = {self.default_gdr: "the default"}
@@ -272,7 +277,7 @@ class _NetRules:
 
     def gdr_signature(self, level: str) -> frozenset[tuple[int, str]]:
         """(GPU, NIC) pairs with GPUDirect RDMA at this NCCL_NET_GDR_LEVEL."""
-        return self._at(NicPathOptions(gdr_level=level)).gdr_pairs()
+        return self._at(dataclasses.replace(self.options, gdr_level=level)).gdr_pairs()
 
     def _at(self, options: NicPathOptions) -> NicPaths:
         return compute_nic_paths(self.topo, self.paths, options)
@@ -291,6 +296,8 @@ class _NetRules:
                 return "NCCL already uses GDR reads on sm80 and newer (its auto setting)"
             return None
         if name == "NCCL_PXN_DISABLE":
+            if self.no_peers:
+                return "NIC loopback: each rank's topology holds only its own GPU, so no peer GPU can relay"
             if "PXN" not in self.default.final_types():
                 return "no GPU reaches a NIC through a peer GPU (no PXN path), so PXN cannot change anything"
             return None
