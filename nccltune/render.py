@@ -7,6 +7,7 @@ from typing import Any
 
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
+from .topology.nicpaths import NicPaths, compute_nic_paths
 from .topology.paths import PathMatrix
 
 SCHEMA_VERSION = 1
@@ -39,6 +40,16 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
             "type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops, "nvlinks": p.nvlinks}
     for (a, name), p in paths.gpu_nic.items():
         matrix.setdefault(f"GPU{a}", {})[name] = {"type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops}
+    # Beside the raw types in `paths`, keyed the same way: what NCCL makes of each GPU-NIC path
+    # (P2C, PXN through `via_gpu`, the GDR reroute), and the NIC it gives each GPU.
+    nic_paths = compute_nic_paths(topo, paths)
+    final: dict[str, dict[str, Any]] = {}
+    for (a, name), fp in sorted(nic_paths.paths.items()):
+        final.setdefault(f"GPU{a}", {})[name] = {
+            "raw_type": fp.raw_type, "final_type": fp.final_type, "final_bw_gbps": fp.final_bw_gbps,
+            "via_gpu": fp.via_gpu, "gdr": fp.gdr}
+    nic_choice = {f"GPU{g}": {"nic": c.nic, "local_nics": list(c.local_nics), "nics_per_gpu": c.nics_per_gpu,
+                              "channel_nics": list(c.channel_nics)} for g, c in sorted(nic_paths.choice.items())}
     return {
         "kind": "topology",
         "source": topo.source,
@@ -49,6 +60,10 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
         "nics": nics,
         "paths": matrix,
         "p2p_refused": [list(p) for p in sorted(topo.p2p_refused)],
+        "nic_paths": final,
+        "nic_choice": nic_choice,
+        "nic_paths_model": {"nccl_version": ".".join(map(str, nic_paths.options.nccl_version)),
+                            "pxn_cells": nic_paths.count("PXN"), "p2c_cells": nic_paths.count("P2C")},
     }
 
 
@@ -92,11 +107,38 @@ def topology_text(topo: Topology, paths: PathMatrix) -> str:
     if bws:
         lines.append(f"GPU-GPU bandwidth as NCCL models it: {', '.join(f'{b:g}' for b in bws)} GB/s")
     lines.append(f"Fingerprint: {topology_fingerprint(topo)}")
+    if topo.nics:
+        lines.append("")
+        lines += _final_nic_lines(topo, compute_nic_paths(topo, paths))
     lines.append("")
     lines.append("Legend (NCCL path types): X self; NV# NVLink (direct or through NVSwitch), # links;")
     lines.append("  NVB NVLink through another GPU; PIX one PCIe switch; PXB several switches;")
-    lines.append("  PHB through a CPU host bridge; SYS across CPU sockets.")
+    lines.append("  PHB through a CPU host bridge; SYS across CPU sockets; P2C GPU over C2C to its CPU,")
+    lines.append("  NIC on that CPU; PXN to the NIC through GPU # over NVLink (PXN@#).")
     return "\n".join(lines)
+
+
+def _final_nic_lines(topo: Topology, nic_paths: NicPaths) -> list[str]:
+    """The GPU-NIC matrix after NCCL's re-routing, and the NIC NCCL gives each GPU."""
+    version = ".".join(map(str, nic_paths.options.nccl_version))
+    header = ["", *[f"NIC{i}" for i in range(len(topo.nics))]]
+    rows = [header]
+    for g in topo.gpus:
+        row = [f"GPU{g.index}"]
+        for n in topo.nics:
+            p = nic_paths.paths.get((g.index, n.name))
+            row.append("?" if p is None else p.final_type + (f"@{p.via_gpu}" if p.via_gpu is not None else ""))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [f"GPU-NIC paths as NCCL {version} uses them (P2C, PXN, GDR re-routing):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
+    index = {n.name: i for i, n in enumerate(topo.nics)}
+    picks = [f"GPU{g}->NIC{index[c.nic]}" + (f" (+{len(c.channel_nics) - 1} more by channel)"
+                                              if len(c.channel_nics) > 1 else "")
+             for g, c in sorted(nic_paths.choice.items())]
+    if picks:
+        lines.append("NIC NCCL picks per GPU (channel 0): " + ", ".join(picks))
+    return lines
 
 
 # -- sweep plans and reports -------------------------------------------------------------------------

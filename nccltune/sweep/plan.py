@@ -3,8 +3,11 @@
 Values that cannot change anything on this node are measured once or not at all:
   * NCCL_P2P_LEVEL / NCCL_P2P_DISABLE by the signature rule (paths.cc, ncclTopoCheckP2p): two levels are
     equivalent iff no GPU pair with NVML P2P allowed has a raw path type between them;
-  * network knobs (GDR, PXN, cross-NIC, IB QPs) on a single node, where all-reduce never
-    crosses a NIC;
+  * network knobs (GDR, PXN, cross-NIC, IB QPs, socket threads) on a single node, where all-reduce
+    never crosses a NIC; on a multi-node or NIC-loopback shape they are judged on the GPU-NIC paths
+    NCCL finally uses (topology.nicpaths): GDR levels by the signature rule over (GPU, NIC) pairs,
+    PXN only where some path goes through a peer GPU, cross-NIC only with several NICs, IB queue
+    pairs only with RDMA NICs, socket-transport knobs only without them;
   * NVLS without an NVSwitch or below sm90, and whenever the site pinned it;
   * LL128 where NCCL itself would not enable it (forcing it bypasses NCCL's safety checks);
   * values equal to NCCL's default.
@@ -13,10 +16,12 @@ Channel values at or below the count NCCL already uses are dropped once the base
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..topology.model import Topology
+from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
 from ..topology.paths import RANK, PathMatrix
 from .space import CATALOGUE, MANAGED, level_of
 
@@ -40,6 +45,23 @@ class Pinned:
     warning: str | None = None
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """The job a plan is for: how many nodes, and whether one node is forced onto its NICs."""
+
+    nnodes: int = 1
+    loopback: bool = False  # single-node NIC loopback (P2P and SHM off)
+
+    @property
+    def crosses_nic(self) -> bool:
+        return self.nnodes > 1 or self.loopback
+
+
+SINGLE_NODE_NET_REASON = ("single-node sweep: all-reduce between local GPUs never crosses a NIC, so network "
+                          "settings cannot change the result")
+SOCKET_KNOBS = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")
+
+
 @dataclass
 class Plan:
     variables: dict[str, list[str]]
@@ -51,6 +73,7 @@ class Plan:
     nranks: int
     notes: list[str] = field(default_factory=list)
     default_p2p_level: str = "PXB"
+    shape: JobShape = field(default_factory=JobShape)
 
     def screening_count(self) -> int:
         return sum(len(v) for v in self.variables.values())
@@ -106,8 +129,13 @@ def build_plan(
     sizes: Sequence[int],
     backend: str,
     nranks: int,
+    shape: JobShape | None = None,
 ) -> Plan:
-    """Build the plan. Values must already be validated (see sweep.space)."""
+    """Build the plan. Values must already be validated (see sweep.space).
+
+    `shape` is the job the plan is for (one node by default); network knobs are only candidates
+    when traffic crosses a NIC (several nodes, or NIC loopback).
+    """
     pruned: list[Pruned] = []
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
@@ -125,7 +153,8 @@ def build_plan(
             pinned[name] = Pinned(name, value, "config")
 
     plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
-                backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo))
+                backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo),
+                shape=shape or JobShape())
     if backend == "gloo":
         plan.notes.append("CPU demo: the gloo backend ignores NCCL variables, so every candidate measures "
                           "the same thing; the plan is the one this topology would get on its GPUs.")
@@ -140,6 +169,10 @@ def build_plan(
     nvs = has_nvswitch(topo)
     min_sm = min((g.sm or 0) for g in topo.gpus) if topo.gpus else 0
     ll128 = ll128_auto(topo, paths)
+    net: _NetRules | None = None
+    if plan.shape.crosses_nic:
+        net = _NetRules(topo, paths, plan.shape)
+        plan.notes.append(net.note())
 
     for name, tunable in CATALOGUE.items():
         if tunable.kind == "policy":
@@ -152,14 +185,16 @@ def build_plan(
         values = list(variables.get(name, tunable.sweep))
         if not values:
             continue
-        if tunable.scope == "net":
-            pruned.append(Pruned(name, "*", "single-node sweep: all-reduce between local GPUs never crosses "
-                                            "a NIC, so network settings cannot change the result"))
+        if tunable.scope == "net" and net is None:
+            pruned.append(Pruned(name, "*", SINGLE_NODE_NET_REASON))
             continue
         keep: list[str] = []
         for value in values:
-            reason = _prune_value(name, value, tunable.default, paths, refused, default_sig, nvlink_pairs,
-                                  seen_sigs, nvs, min_sm, ll128, plan.default_p2p_level)
+            if net is not None and tunable.scope == "net":
+                reason = net.prune(name, value, tunable.default)
+            else:
+                reason = _prune_value(name, value, tunable.default, paths, refused, default_sig, nvlink_pairs,
+                                      seen_sigs, nvs, min_sm, ll128, plan.default_p2p_level)
             if reason:
                 pruned.append(Pruned(name, value, reason))
             else:
@@ -214,6 +249,81 @@ def _prune_value(name: str, value: str, default: str | None, paths: PathMatrix, 
     if name == "NCCL_ALGO":
         return _prune_algo(value, nvs and min_sm >= 90)
     return None
+
+
+class _NetRules:
+    """Pruning of the network knobs for a shape whose traffic crosses NICs.
+
+    Everything is judged on the GPU-NIC paths NCCL finally uses (topology.nicpaths), because
+    that is what NCCL's GDR, PXN and NIC choices act on.
+    """
+
+    def __init__(self, topo: Topology, paths: PathMatrix, shape: JobShape) -> None:
+        self.topo, self.paths = topo, paths
+        # NIC loopback turns P2P and SHM off, so NCCL trims every other GPU from each rank's
+        # topology (paths.cc marks them NET): no peer GPU is left to relay to a NIC.
+        self.no_peers = shape.loopback and shape.nnodes == 1
+        self.options = NicPathOptions(pxn_disable=self.no_peers)
+        self.default = compute_nic_paths(topo, paths, self.options)
+        self.default_gdr = self.default.gdr_pairs()
+        self.rdma = any(n.kind == "ib" for n in topo.nics)
+        self.gdr_seen: dict[frozenset[tuple[int, str]], str] = {self.default_gdr: "the default"}
+
+    def note(self) -> str:
+        types = sorted(self.default.final_types(), key=lambda t: RANK[t])
+        return (f"GPU-NIC path types as NCCL uses them: {', '.join(types) or 'none'} "
+                f"({self.default.count('PXN')} of {len(self.default.paths)} through a peer GPU); "
+                f"{len(self.default_gdr)} GPU-NIC pairs use GDR at NCCL's default level.")
+
+    def gdr_signature(self, level: str) -> frozenset[tuple[int, str]]:
+        """(GPU, NIC) pairs with GPUDirect RDMA at this NCCL_NET_GDR_LEVEL."""
+        return self._at(dataclasses.replace(self.options, gdr_level=level)).gdr_pairs()
+
+    def _at(self, options: NicPathOptions) -> NicPaths:
+        return compute_nic_paths(self.topo, self.paths, options)
+
+    def prune(self, name: str, value: str, default: str | None) -> str | None:
+        if default is not None and value == default:
+            return f"equal to NCCL's default ({default})"
+        if not self.topo.nics:
+            return "no network device: nothing crosses a NIC"
+        if name == "NCCL_NET_GDR_LEVEL":
+            return self._prune_gdr_level(value)
+        if name == "NCCL_NET_GDR_READ":
+            if not self.default_gdr:
+                return "no GPU-NIC pair uses GDR here, so GDR reads change nothing"
+            if value == "1" and all((g.sm or 0) >= 80 for g in self.topo.gpus):
+                return "NCCL already uses GDR reads on sm80 and newer (its auto setting)"
+            return None
+        if name == "NCCL_PXN_DISABLE":
+            if self.no_peers:
+                return "NIC loopback: each rank's topology holds only its own GPU, so no peer GPU can relay"
+            if "PXN" not in self.default.final_types():
+                return "no GPU reaches a NIC through a peer GPU (no PXN path), so PXN cannot change anything"
+            return None
+        if name == "NCCL_CROSS_NIC":
+            if len(self.topo.nics) < 2:
+                return "one NIC: a ring has no other NIC to cross to"
+            return None
+        if name == "NCCL_IB_QPS_PER_CONNECTION" and not self.rdma:
+            return "no RDMA NIC: NCCL uses the socket transport, which has no queue pairs"
+        if name in SOCKET_KNOBS and self.rdma:
+            return "RDMA NICs present: NCCL uses the IB transport, not sockets"
+        return None
+
+    def _prune_gdr_level(self, value: str) -> str | None:
+        level = level_of(value)
+        if level is None:
+            return "NCCL ignores this value"
+        sig = self.gdr_signature(level)
+        if sig in self.gdr_seen:
+            other = self.gdr_seen[sig]
+            if not sig and not self.default_gdr:
+                return "no GPU-NIC pair can use GDR here (a NIC or GPU without GPUDirect RDMA support)"
+            return ("same GPU-NIC pairs use GDR as with NCCL's default on this topology" if other == "the default"
+                    else f"same effect as {other} on this topology")
+        self.gdr_seen[sig] = f"NCCL_NET_GDR_LEVEL={value}"
+        return None
 
 
 def _list_entries(value: str) -> list[tuple[str, bool, set[str]]]:

@@ -1,0 +1,148 @@
+"""Network knobs in the plan: pruned on one node, judged on the final GPU-NIC paths across nodes.
+
+Expectations are worked out from the final GPU-NIC types of each recording
+(tests/test_topology_nicpaths.py): which (GPU, NIC) pairs use GDR at each NCCL_NET_GDR_LEVEL,
+whether any path is PXN, how many NICs there are, and whether they are RDMA NICs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nccltune.sweep.plan import SINGLE_NODE_NET_REASON, JobShape, Plan, build_plan
+from nccltune.sweep.space import CATALOGUE, validate_value
+from nccltune.topology.paths import compute_paths
+from nccltune.topology.source import load_topology
+
+TOPOLOGIES = Path(__file__).resolve().parents[1] / "topologies"
+NET_KNOBS = [n for n, t in CATALOGUE.items() if t.scope == "net"]
+DEFAULT_GDR = "same GPU-NIC pairs use GDR as with NCCL's default on this topology"
+SAME_AS_LOC = "same effect as NCCL_NET_GDR_LEVEL=LOC on this topology"
+NO_GDR = "no GPU-NIC pair can use GDR here (a NIC or GPU without GPUDirect RDMA support)"
+RDMA_NOT_SOCKETS = "RDMA NICs present: NCCL uses the IB transport, not sockets"
+
+
+def _plan(name: str, shape: JobShape | None = None) -> Plan:
+    topo = load_topology(str(TOPOLOGIES / name))
+    return build_plan(topo, compute_paths(topo), env={}, config_pins={}, unpin=[], variables={}, exclude=[],
+                      policy={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, sizes=[1 << 20], backend="nccl",
+                      nranks=len(topo.gpus), shape=shape)
+
+
+def _pruned(plan: Plan, name: str) -> dict[str, str]:
+    return {p.value: p.reason for p in plan.pruned if p.name == name}
+
+
+def _net_vars(plan: Plan) -> dict[str, list[str]]:
+    return {k: v for k, v in plan.variables.items() if k in NET_KNOBS}
+
+
+TWO_NODES = JobShape(nnodes=2)
+
+
+def test_socket_knobs_are_in_the_catalogue_as_network_knobs() -> None:
+    assert {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"} <= set(NET_KNOBS)
+    assert validate_value("NCCL_SOCKET_NTHREADS", "16") is None
+    assert validate_value("NCCL_SOCKET_NTHREADS", "17") is not None  # NCCL's MAX_THREADS is 16
+    assert validate_value("NCCL_NSOCKS_PERTHREAD", "64") is None
+    assert validate_value("NCCL_NSOCKS_PERTHREAD", "0") is not None
+
+
+@pytest.mark.parametrize("name", ["azure-ndv5-h100-vm.xml", "gh200-nvl2.xml"])
+def test_one_node_still_prunes_every_network_knob(name: str) -> None:
+    for plan in (_plan(name), _plan(name, JobShape())):
+        assert not _net_vars(plan)
+        for knob in NET_KNOBS:
+            assert _pruned(plan, knob) == {"*": SINGLE_NODE_NET_REASON}, knob
+        assert plan.shape.nnodes == 1 and not plan.shape.crosses_nic
+
+
+@pytest.mark.parametrize("name", ["azure-ndv5-h100-vm.xml", "hgx-h100-8gpu.json", "gh200-nvl2.xml"])
+def test_rail_nodes_with_gdr_everywhere(name: str) -> None:
+    plan = _plan(name, TWO_NODES)
+    # GDR pairs by level: every pair at PXB (the own PIX or P2C-as-C2C path, and the peer's for PXN);
+    # also every pair from PIX (H100) or C2C (GH200) up; none at LOC, NVL, NVB. Two classes: LOC
+    # stands for "no GDR", the default covers the rest.
+    assert _net_vars(plan) == {
+        "NCCL_NET_GDR_LEVEL": ["LOC"],
+        "NCCL_NET_GDR_READ": ["0"],
+        "NCCL_PXN_DISABLE": ["1"],  # some GPU-NIC paths are PXN
+        "NCCL_CROSS_NIC": ["0", "1"],  # several NICs; 2 is NCCL's default
+        "NCCL_IB_QPS_PER_CONNECTION": ["2", "4"],
+    }
+    assert _pruned(plan, "NCCL_NET_GDR_LEVEL") == {
+        "NVL": SAME_AS_LOC, "NVB": SAME_AS_LOC,
+        "PIX": DEFAULT_GDR, "PXB": DEFAULT_GDR, "PHB": DEFAULT_GDR, "SYS": DEFAULT_GDR,
+    }
+    assert _pruned(plan, "NCCL_NET_GDR_READ") == {
+        "1": "NCCL already uses GDR reads on sm80 and newer (its auto setting)"}
+    for knob in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"):
+        assert _pruned(plan, knob) == {"2": RDMA_NOT_SOCKETS, "4": RDMA_NOT_SOCKETS}
+    assert _pruned(plan, "NCCL_PXN_DISABLE") == {}
+    assert _pruned(plan, "NCCL_CROSS_NIC") == {}
+    assert any("through a peer GPU" in n for n in plan.notes)
+
+
+def test_dgx_a100_pix_gives_no_gdr_because_no_pair_is_pix() -> None:
+    plan = _plan("dgx-a100-8gpu.json", TWO_NODES)
+    # Every GPU is PXB to its complex's NICs and PXN (through a PXB peer) elsewhere: no distance is
+    # PIX, so PIX enables GDR on no pair, like LOC.
+    assert plan.variables["NCCL_NET_GDR_LEVEL"] == ["LOC"]
+    assert _pruned(plan, "NCCL_NET_GDR_LEVEL") == {
+        "NVL": SAME_AS_LOC, "NVB": SAME_AS_LOC, "PIX": SAME_AS_LOC,
+        "PXB": DEFAULT_GDR, "PHB": DEFAULT_GDR, "SYS": DEFAULT_GDR,
+    }
+    assert plan.variables["NCCL_PXN_DISABLE"] == ["1"]
+
+
+def test_socket_node_with_one_nic() -> None:
+    # The 2x H200 VM: one virtio eth0, no RDMA, no GDR, no PXN.
+    plan = _plan("h200x2-nvswitch-vm.json", TWO_NODES)
+    assert _net_vars(plan) == {"NCCL_SOCKET_NTHREADS": ["2", "4"], "NCCL_NSOCKS_PERTHREAD": ["2", "4"]}
+    assert set(_pruned(plan, "NCCL_NET_GDR_LEVEL").values()) == {NO_GDR}
+    assert set(_pruned(plan, "NCCL_NET_GDR_READ").values()) == {
+        "no GPU-NIC pair uses GDR here, so GDR reads change nothing"}
+    assert _pruned(plan, "NCCL_PXN_DISABLE") == {
+        "1": "no GPU reaches a NIC through a peer GPU (no PXN path), so PXN cannot change anything"}
+    assert _pruned(plan, "NCCL_CROSS_NIC") == {"0": "one NIC: a ring has no other NIC to cross to",
+                                               "1": "one NIC: a ring has no other NIC to cross to"}
+    assert set(_pruned(plan, "NCCL_IB_QPS_PER_CONNECTION").values()) == {
+        "no RDMA NIC: NCCL uses the socket transport, which has no queue pairs"}
+
+
+def test_roce_nic_without_gdr() -> None:
+    # One ConnectX-6 Dx (RDMA, so IB transport) without a peer-memory module: no GDR, no PXN, one NIC;
+    # only the queue pairs remain.
+    plan = _plan("pcie-4gpu-2socket.json", TWO_NODES)
+    assert _net_vars(plan) == {"NCCL_IB_QPS_PER_CONNECTION": ["2", "4"]}
+    assert set(_pruned(plan, "NCCL_NET_GDR_LEVEL").values()) == {NO_GDR}
+    assert set(_pruned(plan, "NCCL_SOCKET_NTHREADS").values()) == {RDMA_NOT_SOCKETS}
+
+
+def test_loopback_counts_as_crossing_a_nic_but_leaves_no_peer_for_pxn() -> None:
+    loop = _plan("azure-ndv5-h100-vm.xml", JobShape(loopback=True))
+    two = _plan("azure-ndv5-h100-vm.xml", TWO_NODES)
+    assert loop.shape.crosses_nic
+    # With P2P and SHM off NCCL trims the other GPUs from each rank's topology: no PXN. Without PXN
+    # the cross-socket paths are SYS and the same-socket ones PHB, beyond every GDR level but SYS
+    # (PHB keeps the same-socket pairs): GDR now has four classes, LOC, PHB, SYS and the default.
+    assert _pruned(loop, "NCCL_PXN_DISABLE") == {
+        "1": "NIC loopback: each rank's topology holds only its own GPU, so no peer GPU can relay"}
+    expected = {k: v for k, v in _net_vars(two).items() if k not in ("NCCL_PXN_DISABLE", "NCCL_NET_GDR_LEVEL")}
+    assert {k: v for k, v in _net_vars(loop).items() if k != "NCCL_NET_GDR_LEVEL"} == expected
+    assert loop.variables["NCCL_NET_GDR_LEVEL"] == ["LOC", "PHB", "SYS"]
+    assert _pruned(loop, "NCCL_NET_GDR_LEVEL") == {
+        "NVL": SAME_AS_LOC, "NVB": SAME_AS_LOC, "PIX": DEFAULT_GDR, "PXB": DEFAULT_GDR}
+
+
+def test_c2c_and_p2c_gdr_levels_match_the_default_on_grace() -> None:
+    topo = load_topology(str(TOPOLOGIES / "gh200-nvl2.xml"))
+    plan = build_plan(topo, compute_paths(topo), env={}, config_pins={}, unpin=[],
+                      variables={"NCCL_NET_GDR_LEVEL": ["C2C", "P2C", "LOC"]}, exclude=[], policy={},
+                      sizes=[1], backend="nccl", nranks=2, shape=TWO_NODES)
+    # C2C: the P2C paths count as C2C (NCCL_NET_GDR_C2C=1), so all four pairs keep GDR: the default.
+    # P2C likewise. LOC: none.
+    assert plan.variables["NCCL_NET_GDR_LEVEL"] == ["LOC"]
+    assert _pruned(plan, "NCCL_NET_GDR_LEVEL") == {"C2C": DEFAULT_GDR, "P2C": DEFAULT_GDR}
