@@ -33,7 +33,9 @@ class Collective:
     log_func: str | None  # the function name of NCCL's per-size "Bytes -> Algo" line; None: p2p, no such line
     split: bool  # the size is the whole array of count x nranks elements, in per-rank blocks
     factor_kind: str  # "2(n-1)/n", "(n-1)/n" or "1"
-    gloo: bool  # torch's gloo backend has it (checked with torch 2.13 on two gloo ranks)
+    # torch's gloo backend has it (checked with torch 2.13 on two gloo ranks; on one rank gloo
+    # cannot send to itself, and the worker reports sendrecv as not measured with torch's reason).
+    gloo: bool
 
     def busbw_factor(self, nranks: int) -> float:
         """busbw / algbw for `nranks` ranks, as nccl-tests computes it."""

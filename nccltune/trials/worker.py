@@ -70,9 +70,9 @@ else:
 
 EXIT_WRONG_RESULT = 3
 EXIT_SETUP = 4
-# Fault injection for the runner's tests: NCCLTUNE_WORKER_FAULT=hang|crash|garbage|wrong_sum, or
-# unsupported:<collective> (torch's call raises as for a collective the backend lacks), optionally
-# "@rank" to hit one rank only. Unset in real use.
+# Fault injection for the runner's tests: NCCLTUNE_WORKER_FAULT=hang|crash|garbage|wrong_sum (the
+# checked result of every collective off by one), optionally "@rank" to hit one rank only. Unset
+# in real use.
 FAULT_VAR = "NCCLTUNE_WORKER_FAULT"
 
 
@@ -480,8 +480,6 @@ def main(argv: list[str] | None = None) -> int:
         if direct is not None:
             assert stream is not None
             return functools.partial(direct.call, name, src.data_ptr(), dst.data_ptr(), count, stream.cuda_stream)
-        if fault == f"unsupported:{name}":
-            raise RuntimeError(f"{name} is not supported here ({FAULT_VAR})")
         return functools.partial(torch_call, dist, name, src, dst, rank, world)
 
     status = 0
