@@ -3,10 +3,13 @@ the bus-bandwidth factor, against numbers worked out by hand in the comments."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nccltune import collectives
 from nccltune.collectives import COLLECTIVES, NAMES, algbw_gbps, get, parse_list
+from nccltune.trials.runner import Runner, SizeResult, TrialResult
 
 MiB = 1 << 20
 
@@ -109,3 +112,14 @@ def test_collective_lists_parse_in_order_each_once() -> None:
 def test_gloo_has_every_collective_in_this_torch() -> None:
     # Checked on two gloo ranks of torch 2.13: every call of the worker runs (tests/test_worker_collectives.py).
     assert all(collectives.gloo_reason(c) is None for c in COLLECTIVES.values())
+
+
+def test_nccls_algorithm_per_size_is_matched_by_the_collectives_function(tmp_path: Path) -> None:
+    # Same size, two functions: each size record gets its own collective's line, sendrecv (p2p) none.
+    (tmp_path / "nccl.7001.log").write_text(
+        "nodea:7001:7001 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}\n"
+        "nodea:7001:7001 [0] NCCL INFO AllGather: 4096 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..3}\n")
+    result = TrialResult("ok", None, [SizeResult(4096, 1.0, 1.0, 1.0, True, collective=n)
+                                      for n in ("all_reduce", "all_gather", "sendrecv")], 1.0, start={"pid": 7001})
+    Runner._attach_nccl_log(tmp_path, result)
+    assert [(s.algo, s.proto) for s in result.sizes] == [("TREE", "LL"), ("RING", "SIMPLE"), (None, None)]
