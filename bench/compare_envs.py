@@ -8,7 +8,8 @@ processes, round-robin, `--repeats` times, so drift hits all alike. Prints busbw
 size, the ratio to the defaults, and with --nccl-tests the deviation of our defaults from an
 nccl-tests all_reduce_perf curve (its out-of-place column when the worker measured out of place,
 as its direct NCCL timing does, else the in-place one). `--timing-modes` adds the defaults
-measured the other ways (torch + CUDA events, with and without prequeue; without NCCL's INFO log).
+measured the other ways (direct NCCL calls without the CUDA graph; torch + CUDA events, with and
+without prequeue; without NCCL's INFO log).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main() -> int:
     modes = {label: ("auto", True, not args.no_debug) for label, _ in settings}
     if args.timing_modes:
         for label, mode in (("defaults, no INFO log", ("auto", True, False)),
+                            ("defaults, direct calls (no graph)", ("direct", True, True)),
                             ("defaults, torch+events", ("events", True, True)),
                             ("defaults, events no prequeue", ("events", False, True))):
             settings.append((label, {}))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nccltune.trials.runner import TrialResult
-from nccltune.trials.worker import DirectNccl, loaded_nccl_path, version_code
+from nccltune.trials.worker import DirectNccl, graph_wanted, loaded_nccl_path, timing_mode, version_code
 
 MAPS = """\
 7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6
@@ -73,14 +73,18 @@ class FakeFn:
 class FakeNccl:
     """Stands for the CDLL: records calls and answers like NCCL would."""
 
-    def __init__(self, result: int, async_states: list[int] | None = None) -> None:
+    def __init__(self, result: int, async_states: list[int] | None = None, alltoall: bool = True) -> None:
         states = list(async_states or [])
 
         def get_async(_comm: Any, ref: Any) -> int:
             ref._obj.value = states.pop(0)
             return 0
 
-        self.ncclAllReduce = FakeFn(lambda *a: result)
+        self.log: list[tuple[Any, ...]] = []  # every NCCL call in order, (name, *args)
+        calls = ["ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclReduce", "ncclSend",
+                 "ncclRecv", "ncclGroupStart", "ncclGroupEnd"] + (["ncclAlltoAll"] if alltoall else [])
+        for name in calls:
+            setattr(self, name, FakeFn(lambda *a, name=name: self.log.append((name, *a)) or result))
         self.ncclCommGetAsyncError = FakeFn(get_async)
         self.ncclGetErrorString = FakeFn(lambda rc: b"unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
 
@@ -90,8 +94,8 @@ def test_the_call_is_out_of_place_float32_sum_on_the_given_stream() -> None:
     direct = DirectNccl(lib, 0xABC)  # type: ignore[arg-type]
     direct.all_reduce(FakeTensor(0x1000, 256), FakeTensor(0x2000, 256), 0x77)
     (send, recv, count, dtype, op, comm, stream), = lib.ncclAllReduce.calls
-    assert (send.value, recv.value, count, dtype, op) == (0x1000, 0x2000, 256, 7, 0)
-    assert comm.value == 0xABC and stream.value == 0x77
+    assert (send, recv, count, dtype, op) == (0x1000, 0x2000, 256, 7, 0)
+    assert comm == 0xABC and stream == 0x77
 
 
 def test_an_nccl_error_raises_with_nccls_message() -> None:
@@ -121,3 +125,73 @@ def test_a_non_blocking_failure_is_reported() -> None:
 ])
 def test_the_sweep_names_how_it_measured(start: dict[str, str], method: str | None) -> None:
     assert TrialResult("ok", None, [], 1.0, start=start).method == method
+
+
+def test_argument_types_are_set_once_so_the_loop_passes_plain_integers() -> None:
+    lib = FakeNccl(0)
+    direct = DirectNccl(lib, 0xABC, rank=0, nranks=2)  # type: ignore[arg-type]
+    assert len(lib.ncclReduce.argtypes) == 8 and len(lib.ncclAllGather.argtypes) == 6
+    direct.call("reduce", 0x1000, 0x2000, 64, 0x77)
+    assert lib.log == [("ncclReduce", 0x1000, 0x2000, 64, 7, 0, 0, 0xABC, 0x77)]  # float32, sum, root 0
+    assert all(isinstance(a, int) for a in lib.log[0][1:])
+
+
+@pytest.mark.parametrize(("name", "call", "args"), [
+    ("all_gather", "ncclAllGather", (0x1000, 0x2000, 64, 7, 0xABC, 0x77)),
+    ("reduce_scatter", "ncclReduceScatter", (0x1000, 0x2000, 64, 7, 0, 0xABC, 0x77)),
+    ("broadcast", "ncclBroadcast", (0x1000, 0x2000, 64, 7, 0, 0xABC, 0x77)),
+    ("all_to_all", "ncclAlltoAll", (0x1000, 0x2000, 64, 7, 0xABC, 0x77)),
+])
+def test_each_collective_makes_its_own_nccl_call(name: str, call: str, args: tuple[int, ...]) -> None:
+    lib = FakeNccl(0)
+    DirectNccl(lib, 0xABC, rank=1, nranks=4).call(name, 0x1000, 0x2000, 64, 0x77)  # type: ignore[arg-type]
+    assert lib.log == [(call, *args)]
+
+
+def test_all_to_all_without_ncclalltoall_is_one_group_of_sends_and_receives_per_peer() -> None:
+    lib = FakeNccl(0, alltoall=False)
+    direct = DirectNccl(lib, 0xABC, rank=1, nranks=3)  # type: ignore[arg-type]
+    assert direct.all_to_all_call == "grouped ncclSend/ncclRecv"
+    direct.call("all_to_all", 0x1000, 0x8000, 16, 0x77)
+    # Block p of both buffers goes to / comes from rank p: 16 floats = 64 bytes apart.
+    assert lib.log == [("ncclGroupStart",),
+                       ("ncclSend", 0x1000, 16, 7, 0, 0xABC, 0x77), ("ncclRecv", 0x8000, 16, 7, 0, 0xABC, 0x77),
+                       ("ncclSend", 0x1040, 16, 7, 1, 0xABC, 0x77), ("ncclRecv", 0x8040, 16, 7, 1, 0xABC, 0x77),
+                       ("ncclSend", 0x1080, 16, 7, 2, 0xABC, 0x77), ("ncclRecv", 0x8080, 16, 7, 2, 0xABC, 0x77),
+                       ("ncclGroupEnd",)]
+
+
+@pytest.mark.parametrize(("rank", "nranks", "to", "frm"), [(0, 4, 1, 3), (3, 4, 0, 2), (0, 1, 0, 0)])
+def test_sendrecv_is_one_ring_step_in_one_group(rank: int, nranks: int, to: int, frm: int) -> None:
+    lib = FakeNccl(0)
+    DirectNccl(lib, 0xABC, rank=rank, nranks=nranks).call("sendrecv", 0x1000, 0x2000, 8, 0)  # type: ignore[arg-type]
+    # With one rank the step sends to and receives from itself.
+    assert lib.log == [("ncclGroupStart",), ("ncclSend", 0x1000, 8, 7, to, 0xABC, 0),
+                       ("ncclRecv", 0x2000, 8, 7, frm, 0xABC, 0), ("ncclGroupEnd",)]
+
+
+def test_a_failing_group_names_the_call() -> None:
+    with pytest.raises(RuntimeError, match="ncclGroupStart: unhandled cuda error"):
+        DirectNccl(FakeNccl(1), 1, 0, 2).call("sendrecv", 1, 2, 1, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("requested", "gpu", "direct_ok", "graph_ok", "mode"), [
+    ("auto", False, False, False, "host"),  # gloo: host clock, whatever was asked
+    ("graph", False, False, False, "host"),
+    ("auto", True, True, True, "graph"),  # the default where capture works
+    ("auto", True, True, False, "direct"),  # capture failed on some rank: all time direct calls
+    ("auto", True, False, False, "events"),  # no direct NCCL: torch's calls
+    ("direct", True, True, True, "direct"),
+    ("events", True, True, True, "events"),
+    ("graph", True, True, False, None),  # asked for, unavailable: a setup error
+    ("graph", True, False, False, None),
+    ("direct", True, False, False, None),
+])
+def test_the_timing_falls_back_only_where_allowed(requested: str, gpu: bool, direct_ok: bool, graph_ok: bool,
+                                                  mode: str | None) -> None:
+    assert timing_mode(requested, gpu, direct_ok, graph_ok) == mode
+
+
+def test_graph_capture_is_tried_only_for_auto_and_graph() -> None:
+    assert graph_wanted("auto") and graph_wanted("graph")
+    assert not graph_wanted("direct") and not graph_wanted("events")

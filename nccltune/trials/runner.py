@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..collectives import COLLECTIVES
 from ..errors import NccltuneError, UnavailableError
 from ..nccl.debuglog import parse_nccl_log, summarize
 from . import nccltests
@@ -52,6 +53,7 @@ class SizeResult:
     algo: str | None = None
     proto: str | None = None
     gpu_time_us: float | None = None  # CUDA-event time beside the host-clock time, where both exist
+    collective: str = "all_reduce"  # collectives.NAMES; all_reduce for a worker that did not say
 
 
 @dataclass
@@ -63,6 +65,7 @@ class TrialResult:
     start: dict[str, Any] = field(default_factory=dict)
     nccl: dict[str, Any] = field(default_factory=dict)
     log_dir: str | None = None
+    not_measured: dict[str, str] = field(default_factory=dict)  # collective -> why the backend could not
 
     @property
     def ok(self) -> bool:
@@ -159,9 +162,10 @@ class Runner:
 
     def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
             check: bool = True, label: str = "", timing: str = "auto", prequeue: bool = True,
-            max_blocks: int = 1) -> TrialResult:
-        """One trial. `timing`: the worker's GPU timing (auto, direct or events); `prequeue` applies to
-        events; `max_blocks`: timed blocks per size, the median reported (see worker.block_count)."""
+            max_blocks: int = 1, collectives: Sequence[str] = ("all_reduce",)) -> TrialResult:
+        """One trial. `timing`: the worker's GPU timing (auto, graph, direct or events); `prequeue` applies
+        to events; `max_blocks`: timed blocks per size, the median reported (see worker.block_count);
+        `collectives`: what the worker measures (collectives.NAMES), each over all sizes."""
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +186,8 @@ class Runner:
             cmd += ["--max-blocks", str(max_blocks)]
         if not prequeue:
             cmd.append("--no-prequeue")
+        if list(collectives) != ["all_reduce"]:
+            cmd += ["--collectives", ",".join(collectives)]
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         started = time.monotonic()
         self._procs = []
@@ -276,6 +282,7 @@ class Runner:
     def _collect(self, trial_dir: Path, status: str, reason: str | None, wall: float) -> TrialResult:
         sizes: list[SizeResult] = []
         start: dict[str, Any] = {}
+        not_measured: dict[str, str] = {}
         done = False
         text = (trial_dir / "rank0.out").read_text(errors="replace")
         for line in text.splitlines():
@@ -297,20 +304,24 @@ class Runner:
                     sizes.append(SizeResult(
                         size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]),
                         algbw_gbps=float(doc["algbw_gbps"]), busbw_gbps=float(doc["busbw_gbps"]),
-                        correct=bool(doc["correct"]),
+                        correct=bool(doc["correct"]), collective=str(doc.get("collective", "all_reduce")),
                         gpu_time_us=float(doc["gpu_time_us"]) if doc.get("gpu_time_us") is not None else None))
                 except (KeyError, TypeError, ValueError):
                     status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
+            elif event == "not_measured":
+                not_measured[str(doc.get("collective"))] = str(doc.get("reason"))
             elif event == "done":
                 done = True
             elif event == "error":
                 reason = reason or f"{doc.get('kind')}: {doc.get('message')}"
         if status == "ok" and not done:
             status, reason = "error", "worker exited without finishing (no 'done' record)"
-        if status == "ok" and any(not s.correct for s in sizes):
-            status, reason = "wrong_result", "all-reduce result check failed"
+        wrong = sorted({s.collective for s in sizes if not s.correct})
+        # The ranks' exit status says only "wrong result"; the records say which collectives.
+        if wrong and (status == "ok" or (status == "wrong_result" and wrong != ["all_reduce"])):
+            status, reason = "wrong_result", f"{', '.join(w.replace('_', '-') for w in wrong)} result check failed"
         result = TrialResult(status=status, reason=reason, sizes=sizes, wall_s=round(wall, 2), start=start,
-                             log_dir=str(trial_dir))
+                             log_dir=str(trial_dir), not_measured=not_measured)
         self._attach_nccl_log(trial_dir, result)
         status, reason = result.status, result.reason
         if status != "ok" and reason and "see its log" in reason:
@@ -332,9 +343,10 @@ class Runner:
         chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
         parsed = parse_nccl_log(chosen.read_text(errors="replace"))
         result.nccl = summarize(parsed)
-        by_size = {c.size_bytes: (c.algo, c.proto) for c in parsed.tuning if c.func.lower() == "allreduce"}
+        by_size = {(c.func.lower(), c.size_bytes): (c.algo, c.proto) for c in parsed.tuning}
         for s in result.sizes:
-            if s.size_bytes in by_size:
-                s.algo, s.proto = by_size[s.size_bytes]
+            func = COLLECTIVES[s.collective].log_func if s.collective in COLLECTIVES else None
+            if func and (func.lower(), s.size_bytes) in by_size:
+                s.algo, s.proto = by_size[(func.lower(), s.size_bytes)]
         if parsed.errors and result.status == "ok":
             result.status, result.reason = "error", f"NCCL: {parsed.errors[0]}"

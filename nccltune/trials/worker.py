@@ -1,26 +1,34 @@
-"""All-reduce benchmark worker: one process per rank, torch.distributed, JSON lines on stdout.
+"""Collective benchmark worker: one process per rank, torch.distributed, JSON lines on stdout.
 
 This file is executed by path with the interpreter configured as `bench.python`, which may be
 a cluster's own training environment without nccltune installed: it imports only the standard
-library and torch, and is the only module of nccltune that imports torch.
+library, torch and nccltune/collectives.py (stdlib only, loaded by path from this file's package),
+and is the only module of nccltune that imports torch.
 
-Per message size it runs warm-up and timed iterations of a float32 sum all-reduce and reports
-time, algbw and busbw with nccl-tests' formulas (busbw = algbw * 2(n-1)/n, time averaged over
-ranks), then checks the result of a fresh all-reduce element by element.
+For each requested collective (`--collectives`, default all_reduce) and message size it runs
+warm-up and timed iterations and reports time, algbw and busbw with nccl-tests' definitions of
+size and bus bandwidth (see collectives.py; time averaged over ranks), then checks the result of
+a fresh call element by element, with data that tells every rank's elements and offsets apart.
+All data is float32; reductions sum; broadcast and reduce use root 0.
 
-Two ways of timing on GPUs (`--timing`):
-- direct (the default where possible): ncclAllReduce called through ctypes on torch's own NCCL
-  communicator, out of place, timed like nccl-tests' all_reduce_perf: host clock from the first
-  launch to the stream's completion, divided by the iterations. A C call costs a few
-  microseconds of host time, so the loop is bound by the GPU as in nccl-tests, and the numbers
-  are comparable with its out-of-place column. CUDA-event time is reported beside it.
-- events: torch.distributed's all_reduce (in place), CUDA events around the timed iterations,
-  with the GPU held by a sleep kernel while Python enqueues them (a torch all_reduce call costs
-  about as much host time as the GPU needs for 4 MiB). Used when the direct way is unavailable
-  (NCCL linked statically into torch, or no communicator handle in this torch).
-On CPU (gloo) the host clock times torch's in-place all_reduce.
+Ways of timing on GPUs (`--timing`):
+- graph (the default where it works): the timed iterations of direct NCCL calls (below) are
+  captured into one CUDA graph and the graph is replayed, as nccl-tests' -G does: host clock from
+  the replay to the stream's completion, divided by the iterations. Python then costs one launch
+  per block instead of one per call, which matters for small messages. If capture fails on any
+  rank, every rank times direct calls instead.
+- direct: NCCL called through ctypes on torch's own NCCL communicator, out of place, timed like
+  nccl-tests: host clock from the first launch to the stream's completion, divided by the
+  iterations. A C call costs a few microseconds of host time, so the loop is bound by the GPU
+  for large messages. CUDA-event time is reported beside it.
+- events: torch.distributed's calls, CUDA events around the timed iterations, with the GPU held by
+  a sleep kernel while Python enqueues them. Used when the direct way is unavailable (NCCL linked
+  statically into torch, or no communicator handle in this torch).
+On CPU (gloo) the host clock times torch's calls; a collective that this torch's gloo backend
+lacks is reported as not measured, with the reason.
 
-Rank 0 prints: {"event": "start", ...}, one {"event": "size", ...} per size, {"event": "done"}.
+Rank 0 prints: {"event": "start", ...}, per collective one {"event": "size", "collective": ...}
+per size (or one {"event": "not_measured", "collective": ..., "reason": ...}), {"event": "done"}.
 Exit status: 0 ok, 3 wrong result, 4 setup error; anything else is a crash.
 """
 
@@ -28,18 +36,43 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+
+def _load_collectives() -> ModuleType:
+    """nccltune/collectives.py by path: run as a script, this file has no package to import from,
+    and putting nccltune's parent directory on sys.path could shadow the node's own packages."""
+    path = Path(__file__).resolve().parent.parent / "collectives.py"
+    spec = importlib.util.spec_from_file_location("_nccltune_collectives", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __package__:
+    from .. import collectives as coll
+else:
+    coll = _load_collectives()
 
 EXIT_WRONG_RESULT = 3
 EXIT_SETUP = 4
-# Fault injection for the runner's tests: NCCLTUNE_WORKER_FAULT=hang|crash|garbage|wrong_sum,
-# optionally "@rank" to hit one rank only. Unset in real use.
+# Fault injection for the runner's tests: NCCLTUNE_WORKER_FAULT=hang|crash|garbage|wrong_sum (the
+# checked result of every collective off by one), optionally "@rank" to hit one rank only. Unset
+# in real use.
 FAULT_VAR = "NCCLTUNE_WORKER_FAULT"
 
 
@@ -67,6 +100,7 @@ def fault_for(rank: int) -> str | None:
 _NCCL_FLOAT32 = 7  # ncclDataType_t
 _NCCL_SUM = 0  # ncclRedOp_t
 _NCCL_IN_PROGRESS = 7  # ncclResult_t of a non-blocking communicator
+ROOT = 0  # of broadcast and reduce
 
 
 # A size gets more timed blocks only while they are cheap: the blocks of one size together move
@@ -95,19 +129,72 @@ def version_code(text: str) -> int:
     return major * 10000 + minor * 100 + patch
 
 
-class DirectNccl:
-    """ncclAllReduce through ctypes on the communicator torch created, in torch's loaded NCCL."""
+def timing_mode(requested: str, gpu: bool, direct_ok: bool, graph_ok: bool) -> str | None:
+    """The timing the ranks use: 'host' (CPU), 'graph', 'direct' or 'events'; None when the
+    requested one is unavailable. Every rank calls it with the same, agreed, arguments.
 
-    def __init__(self, lib: ctypes.CDLL, comm: int) -> None:
+    `direct_ok`: every rank can call NCCL directly; `graph_ok`: every rank captured direct calls
+    into a CUDA graph (only tried where direct_ok and graph timing is wanted).
+    """
+    if not gpu:
+        return "host"
+    if requested == "events":
+        return "events"
+    if not direct_ok:
+        return "events" if requested == "auto" else None
+    if requested == "direct":
+        return "direct"
+    if graph_ok:
+        return "graph"
+    return "direct" if requested == "auto" else None
+
+
+def graph_wanted(requested: str) -> bool:
+    """Whether graph capture is tried at all for this --timing."""
+    return requested in ("auto", "graph")
+
+
+class DirectNccl:
+    """NCCL's calls through ctypes on the communicator torch created, in torch's loaded NCCL.
+
+    Argument types are set once here; the timed loop passes plain integers (pointers, counts,
+    the stream handle), so a call costs ctypes' conversion and NCCL's enqueue and nothing else.
+    """
+
+    def __init__(self, lib: ctypes.CDLL, comm: int, rank: int = 0, nranks: int = 1) -> None:
         self.lib = lib
-        self.comm = ctypes.c_void_p(comm)
-        lib.ncclAllReduce.restype = ctypes.c_int
-        lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.comm = comm
+        self.rank, self.nranks = rank, nranks
+        vp, size, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+        signatures: dict[str, list[Any]] = {
+            "ncclAllReduce": [vp, vp, size, i32, i32, vp, vp],
+            "ncclAllGather": [vp, vp, size, i32, vp, vp],
+            "ncclReduceScatter": [vp, vp, size, i32, i32, vp, vp],
+            "ncclBroadcast": [vp, vp, size, i32, i32, vp, vp],
+            "ncclReduce": [vp, vp, size, i32, i32, i32, vp, vp],
+            "ncclAlltoAll": [vp, vp, size, i32, vp, vp],  # NCCL 2.28 and later
+            "ncclSend": [vp, size, i32, i32, vp, vp],
+            "ncclRecv": [vp, size, i32, i32, vp, vp],
+            "ncclGroupStart": [],
+            "ncclGroupEnd": [],
+        }
+        self.fn: dict[str, Any] = {}
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, name, None)  # a CDLL raises AttributeError for a symbol it lacks
+            if fn is None:
+                continue
+            fn.restype = ctypes.c_int
+            fn.argtypes = argtypes
+            self.fn[name] = fn
         lib.ncclGetErrorString.restype = ctypes.c_char_p
         lib.ncclGetErrorString.argtypes = [ctypes.c_int]
         lib.ncclCommGetAsyncError.restype = ctypes.c_int
         lib.ncclCommGetAsyncError.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+
+    @property
+    def all_to_all_call(self) -> str:
+        """How all_to_all is called: NCCL's own call where the library has it, else grouped p2p."""
+        return "ncclAlltoAll" if "ncclAlltoAll" in self.fn else "grouped ncclSend/ncclRecv"
 
     @classmethod
     def attach(cls, dist: Any, device: Any, torch_nccl_version: str | None) -> tuple[DirectNccl | None, str]:
@@ -134,30 +221,138 @@ class DirectNccl:
             return None, f"no communicator handle from torch ({type(exc).__name__}: {exc})"
         if not comm:
             return None, "torch has not created its communicator"
-        return cls(lib, comm), path
+        return cls(lib, comm, dist.get_rank(), dist.get_world_size()), path
 
-    def all_reduce(self, send: Any, recv: Any, stream: int) -> None:
-        rc = self.lib.ncclAllReduce(ctypes.c_void_p(send.data_ptr()), ctypes.c_void_p(recv.data_ptr()), send.numel(),
-                                    _NCCL_FLOAT32, _NCCL_SUM, self.comm, ctypes.c_void_p(stream))
+    def _check(self, rc: int, what: str) -> None:
         if rc == _NCCL_IN_PROGRESS:
             state = ctypes.c_int(_NCCL_IN_PROGRESS)
             while state.value == _NCCL_IN_PROGRESS:
                 self.lib.ncclCommGetAsyncError(self.comm, ctypes.byref(state))
             rc = state.value
         if rc != 0:
-            raise RuntimeError(f"ncclAllReduce: {self.lib.ncclGetErrorString(rc).decode(errors='replace')}")
+            raise RuntimeError(f"{what}: {self.lib.ncclGetErrorString(rc).decode(errors='replace')}")
+
+    def call(self, name: str, send: int, recv: int, count: int, stream: int) -> None:
+        """One collective, out of place: `send`/`recv` device addresses, `count` the NCCL call's
+        count argument (collectives.Collective.counts), float32, sum, root 0."""
+        fn, comm = self.fn, self.comm
+        if name == "all_reduce":
+            self._check(fn["ncclAllReduce"](send, recv, count, _NCCL_FLOAT32, _NCCL_SUM, comm, stream), "ncclAllReduce")
+        elif name == "all_gather":
+            self._check(fn["ncclAllGather"](send, recv, count, _NCCL_FLOAT32, comm, stream), "ncclAllGather")
+        elif name == "reduce_scatter":
+            self._check(fn["ncclReduceScatter"](send, recv, count, _NCCL_FLOAT32, _NCCL_SUM, comm, stream),
+                        "ncclReduceScatter")
+        elif name == "broadcast":
+            self._check(fn["ncclBroadcast"](send, recv, count, _NCCL_FLOAT32, ROOT, comm, stream), "ncclBroadcast")
+        elif name == "reduce":
+            self._check(fn["ncclReduce"](send, recv, count, _NCCL_FLOAT32, _NCCL_SUM, ROOT, comm, stream),
+                        "ncclReduce")
+        elif name == "all_to_all" and "ncclAlltoAll" in fn:
+            self._check(fn["ncclAlltoAll"](send, recv, count, _NCCL_FLOAT32, comm, stream), "ncclAlltoAll")
+        elif name == "all_to_all":
+            block_bytes = count * coll.ELEMENT_BYTES
+            self._group([(peer, send + peer * block_bytes, recv + peer * block_bytes) for peer in range(self.nranks)],
+                        count, stream)
+        elif name == "sendrecv":
+            # The ring step: to rank+1, from rank-1 (with one rank, to and from itself).
+            self._group([((self.rank + 1) % self.nranks, send, 0), ((self.rank - 1) % self.nranks, 0, recv)],
+                        count, stream)
+        else:
+            raise ValueError(f"unknown collective {name!r}")
+
+    def _group(self, peers: list[tuple[int, int, int]], count: int, stream: int) -> None:
+        """(peer, send address or 0, receive address or 0) pairs as one NCCL group."""
+        fn, comm = self.fn, self.comm
+        self._check(fn["ncclGroupStart"](), "ncclGroupStart")
+        for peer, send, recv in peers:
+            if send:
+                self._check(fn["ncclSend"](send, count, _NCCL_FLOAT32, peer, comm, stream), "ncclSend")
+            if recv:
+                self._check(fn["ncclRecv"](recv, count, _NCCL_FLOAT32, peer, comm, stream), "ncclRecv")
+        self._check(fn["ncclGroupEnd"](), "ncclGroupEnd")
+
+    def all_reduce(self, send: Any, recv: Any, stream: int) -> None:
+        """ncclAllReduce of two tensors (float32 sum), out of place."""
+        self.call("all_reduce", send.data_ptr(), recv.data_ptr(), send.numel(), stream)
+
+
+# Pattern values: f(rank, i) = i % 251 + 256 (rank + 1), small integers whose float32 sums are
+# exact, so a wrong element shows the rank (multiples of 256) or the offset (the low part) it
+# came from; -1 (never a pattern value) marks receive buffers before the checked call.
+_PATTERN_MOD = 251
+_PATTERN_RANK = 256
+
+
+def pattern(torch: Any, rank: Any, index: Any) -> Any:
+    """f(rank, index) as float32; rank may be a tensor of the same shape as index (int32)."""
+    return (index % _PATTERN_MOD + _PATTERN_RANK * (rank + 1)).to(torch.float32)
+
+
+def expected_output(torch: Any, name: str, rank: int, world: int, count: int, recv_n: int, device: Any) -> Any:
+    """What the receive buffer must hold after the collective, given every rank sent
+    pattern(rank, arange(send elements)); None where nothing is defined (reduce off the root)."""
+    def summed(index: Any) -> Any:  # the sum of pattern(q, index) over all ranks q
+        return (index % _PATTERN_MOD * world + _PATTERN_RANK * world * (world + 1) // 2).to(torch.float32)
+
+    index = torch.arange(recv_n, dtype=torch.int32, device=device)
+    if name == "all_reduce":
+        return summed(index)
+    if name == "all_gather":  # block k comes from rank k, its elements 0..count-1
+        return pattern(torch, index // count, index % count)
+    if name == "reduce_scatter":  # this rank's block of the summed array
+        return summed(index + rank * count)
+    if name == "all_to_all":  # block q comes from rank q, which sent this rank's block of its array
+        return pattern(torch, index // count, index % count + rank * count)
+    if name == "broadcast":
+        return pattern(torch, ROOT, index)
+    if name == "reduce":
+        return summed(index) if rank == ROOT else None
+    if name == "sendrecv":
+        return pattern(torch, (rank - 1) % world, index)
+    raise ValueError(f"unknown collective {name!r}")
+
+
+# torch.distributed's calls that change their buffer in place (torch has no out-of-place form).
+TORCH_IN_PLACE = frozenset({"all_reduce", "broadcast", "reduce"})
+
+
+def torch_call(dist: Any, name: str, send: Any, recv: Any, rank: int, world: int) -> None:
+    """The collective through torch.distributed (gloo, or NCCL when direct calls are unavailable).
+    For TORCH_IN_PLACE collectives `recv` is the buffer operated on and `send` is not read."""
+    if name == "all_reduce":
+        dist.all_reduce(recv)
+    elif name == "broadcast":
+        dist.broadcast(recv, src=ROOT)
+    elif name == "reduce":
+        dist.reduce(recv, dst=ROOT)
+    elif name == "all_gather":
+        dist.all_gather_into_tensor(recv, send)
+    elif name == "reduce_scatter":
+        dist.reduce_scatter_tensor(recv, send)
+    elif name == "all_to_all":
+        dist.all_to_all_single(recv, send)
+    elif name == "sendrecv":
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    else:
+        raise ValueError(f"unknown collective {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
+    ap.add_argument("--collectives", default=coll.DEFAULT,
+                    help=f"comma-separated collectives to measure, of: {', '.join(coll.NAMES)}")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    ap.add_argument("--timing", choices=("auto", "direct", "events"), default="auto",
-                    help="GPU timing: direct NCCL calls (auto: when possible) or torch with CUDA events")
+    ap.add_argument("--timing", choices=("auto", "graph", "direct", "events"), default="auto",
+                    help="GPU timing: CUDA graph of direct NCCL calls, direct NCCL calls, or torch with CUDA "
+                         "events (auto: the first of these that works)")
     ap.add_argument("--max-blocks", type=int, default=1,
                     help="time up to this many blocks of --iters per size and report the median block "
                          "(fewer for large sizes, see block_count)")
@@ -168,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    try:
+        wanted = coll.parse_list(args.collectives)
+    except ValueError as exc:
+        emit({"event": "error", "rank": rank, "kind": "usage", "message": f"--collectives: {exc}"})
+        return EXIT_SETUP
     fault = fault_for(rank)
     if fault == "crash":
         os.abort()
@@ -204,9 +404,18 @@ def main(argv: list[str] | None = None) -> int:
         init_kwargs.pop("device_id", None)
         dist.init_process_group(**init_kwargs)
 
+    def everywhere(ok: bool) -> bool:
+        """True when `ok` holds on every rank: ranks must take the same path, or they would wait
+        on different collectives."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return int(flag.item()) == 1
+
     nccl_version = None
     direct: DirectNccl | None = None
     direct_note = ""
+    stream = None
+    graph_ok, graph_note = False, ""
     if gpu:
         try:
             v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
@@ -216,30 +425,44 @@ def main(argv: list[str] | None = None) -> int:
         if args.timing != "events":
             dist.barrier()  # a first collective: the communicator exists even where init is lazy
             direct, direct_note = DirectNccl.attach(dist, device, nccl_version)
-            # Every rank must take the same path, or they would wait on different collectives.
-            agree = torch.tensor([0 if direct is None else 1], dtype=torch.int32, device=device)
-            dist.all_reduce(agree, op=dist.ReduceOp.MIN)
-            if int(agree.item()) == 0:
+            if not everywhere(direct is not None):
                 if direct is not None:
                     direct_note = "another rank cannot call NCCL directly"
                 direct = None
-            if direct is None and args.timing == "direct":
-                emit({"event": "error", "rank": rank, "kind": "no_direct_nccl", "message": direct_note})
-                return EXIT_SETUP
-    prequeue = gpu and direct is None and not args.no_prequeue and hasattr(torch.cuda, "_sleep")
-    if direct is not None:
-        timing, placement = "host clock, direct NCCL calls (as nccl-tests)", "out-of-place"
-    elif gpu:
-        timing, placement = ("cuda-events, prequeued" if prequeue else "cuda-events"), "in-place"
-    else:
-        timing, placement = "host clock", "in-place"
+        if direct is not None:
+            # A stream of its own, as nccl-tests creates: the legacy default stream would serialise
+            # with every other blocking stream on the device.
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            torch.cuda.set_stream(stream)
+            if graph_wanted(args.timing):
+                graph_note = capture_probe(torch, direct, wanted, world, stream)
+                if not everywhere(not graph_note) and not graph_note:
+                    graph_note = "another rank cannot capture NCCL calls into a CUDA graph"
+                graph_ok = not graph_note
+    mode = timing_mode(args.timing, gpu, direct is not None, graph_ok)
+    if mode is None:
+        kind, why = (("no_graph", graph_note) if direct is not None else ("no_direct_nccl", direct_note))
+        emit({"event": "error", "rank": rank, "kind": kind, "message": why})
+        return EXIT_SETUP
+    timing = {
+        "graph": f"host clock, CUDA graph of {args.iters} direct NCCL calls (as nccl-tests -G)",
+        "direct": "host clock, direct NCCL calls (as nccl-tests)",
+        "host": "host clock",
+    }.get(mode, "")
+    prequeue = mode == "events" and not args.no_prequeue and hasattr(torch.cuda, "_sleep")
+    if mode == "events":
+        timing = "cuda-events, prequeued" if prequeue else "cuda-events"
+    through_nccl = mode in ("graph", "direct")
     if rank == 0:
         emit({
             "event": "start", "backend": args.backend, "world_size": world,
             "torch_version": torch.__version__, "nccl_version": nccl_version,
             "device": torch.cuda.get_device_name(device) if gpu else "cpu",
-            "placement": placement, "dtype": "float32", "op": "sum", "pid": os.getpid(), "timing": timing,
+            "placement": "out-of-place" if through_nccl else "in-place", "dtype": "float32", "op": "sum",
+            "pid": os.getpid(), "timing": timing, "collectives": [c.name for c in wanted],
             **({"direct_nccl": direct_note} if gpu and args.timing != "events" else {}),
+            **({"graph_capture": graph_note} if graph_note else {}),
+            **({"all_to_all_call": direct.all_to_all_call} if direct is not None else {}),
         })
 
     if gpu:
@@ -247,110 +470,166 @@ def main(argv: list[str] | None = None) -> int:
         limit = free // 4  # send and receive buffers plus NCCL's own and headroom
     else:
         limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
-    factor = 2.0 * (world - 1) / world
-    stream = None
-    if direct is not None:
-        # A stream of its own, as nccl-tests creates: the legacy default stream would serialise
-        # with every other blocking stream on the device.
-        stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        torch.cuda.set_stream(stream)
-    # Generous host time per enqueued all-reduce (python, c10d, NCCL and its INFO log), in GPU
-    # cycles at about 2 GHz; a too long sleep only costs idle time before the timed window.
+    # Generous host time per enqueued call (python, c10d, NCCL and its INFO log), in GPU cycles at
+    # about 2 GHz; a too long sleep only costs idle time before the timed window.
     sleep_cycles = (args.iters * 150e-6 + 1e-3) * 2.0e9
 
-    def timed_block(send: Any, recv: Any) -> tuple[float, float]:
-        """Time per all-reduce over one block of iterations: (reported, GPU-event) microseconds."""
-        if not gpu:
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                one_all_reduce(send, recv)
-            host_us = (time.perf_counter() - t0) * 1e6 / args.iters
-            return host_us, host_us
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        if prequeue:
-            torch.cuda._sleep(int(sleep_cycles))  # type: ignore[no-untyped-call]
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            one_all_reduce(send, recv)
-        end.record()
-        end.synchronize()
-        host_us = (time.perf_counter() - t0) * 1e6 / args.iters
-        gpu_us = start.elapsed_time(end) * 1000.0 / args.iters
-        return (host_us if direct is not None else gpu_us), gpu_us
-
-    def one_all_reduce(src: Any, dst: Any) -> None:
-        """Out of place through NCCL directly, else torch's in-place all_reduce of dst."""
+    def make_call(name: str, src: Any, dst: Any, count: int) -> Callable[[], None]:
+        """One call of collective `name` with its arguments bound: the device addresses and the
+        stream as plain integers for NCCL, else torch's call (in place for TORCH_IN_PLACE)."""
         if direct is not None:
             assert stream is not None
-            direct.all_reduce(src, dst, stream.cuda_stream)
-        else:
-            dist.all_reduce(dst)
+            return functools.partial(direct.call, name, src.data_ptr(), dst.data_ptr(), count, stream.cuda_stream)
+        return functools.partial(torch_call, dist, name, src, dst, rank, world)
 
     status = 0
-    for size in sizes:
-        count = max(size // 4, 1)
-        nbytes = count * 4
-        if nbytes > limit:
-            if rank == 0:
-                emit({"event": "skip", "size_bytes": nbytes, "reason": f"needs more than {limit} bytes free"})
-            continue
-        send = torch.ones(count, dtype=torch.float32, device=device)
-        recv = torch.empty_like(send) if direct is not None else send
-        for _ in range(args.warmup):
-            one_all_reduce(send, recv)
-        if fault == "hang":
-            time.sleep(3600)
-        if gpu:
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        if gpu:
-            torch.cuda.synchronize(device)
-        blocks = block_count(nbytes, args.iters, args.max_blocks)
-        per_block: list[float] = []
-        for _ in range(blocks):
-            per_block.extend(timed_block(send, recv))
-        timing_t = torch.tensor(per_block, dtype=torch.float64, device=device)
-        dist.all_reduce(timing_t)
-        averaged = [float(x) / world for x in timing_t.tolist()]  # nccl-tests averages over ranks
-        block_us, block_gpu_us = averaged[0::2], averaged[1::2]
-        time_us, gpu_time_us = statistics.median(block_us), statistics.median(block_gpu_us)
+    for c in wanted:
+        name = c.name
+        if not through_nccl:
+            reason = None if gpu else coll.gloo_reason(c)
+            if reason is None:
+                # This torch's backend may lack the call: it raises on every rank before any
+                # communication, so one small call tells, and the ranks agree on the answer.
+                _count, send_n, recv_n = c.counts(64 * world, world)
+                probe_send = torch.ones(send_n, dtype=torch.float32, device=device)
+                probe_recv = probe_send.clone() if name in TORCH_IN_PLACE else torch.empty(recv_n, device=device)
+                try:
+                    make_call(name, probe_send, probe_recv, _count)()
+                except (RuntimeError, NotImplementedError, ValueError) as exc:
+                    reason = f"torch {torch.__version__} {args.backend}: {exc}".splitlines()[0]
+                if not everywhere(reason is None):
+                    reason = reason or "not supported by another rank's torch"
+            if reason is not None:
+                if rank == 0:
+                    emit({"event": "not_measured", "collective": name, "backend": args.backend, "reason": reason})
+                continue
 
-        correct = True
-        if not args.no_check:
-            # Small integers keep the float32 sum exact, so any difference is a real error.
-            pattern = torch.arange(count, dtype=torch.float32, device=device).remainder_(7)
-            data = pattern + float(rank + 1)
-            out = torch.zeros_like(data) if direct is not None else data
-            one_all_reduce(data, out)
-            expected = pattern * world + world * (world + 1) / 2.0
-            if fault == "wrong_sum":
-                out[0] += 1.0
-            bad = int((out != expected).sum().item())
-            flag = torch.tensor([bad], dtype=torch.int64, device=device)
-            dist.all_reduce(flag)
-            correct = int(flag.item()) == 0
-            del data, out, pattern, expected
-        del send, recv
-        if rank == 0:
-            algbw = nbytes / (time_us * 1e-6) / 1e9
-            record: dict[str, object] = {
-                "event": "size", "size_bytes": nbytes, "count": count, "time_us": round(time_us, 3),
-                "algbw_gbps": _significant(algbw), "busbw_gbps": _significant(algbw * factor),
-                "correct": correct, "iters": args.iters, "warmup": args.warmup, "blocks": blocks}
-            if blocks > 1:
-                record["block_busbw_gbps"] = [_significant(nbytes / (us * 1e3) * factor) for us in block_us]
+        for size in sizes:
+            count, send_n, recv_n = c.counts(size, world)
+            nbytes = max(send_n, recv_n) * coll.ELEMENT_BYTES
+            if nbytes > limit:
+                if rank == 0:
+                    emit({"event": "skip", "collective": name, "size_bytes": nbytes,
+                          "reason": f"needs more than {limit} bytes free"})
+                continue
+            in_place = not through_nccl and name in TORCH_IN_PLACE
+            send = torch.ones(send_n, dtype=torch.float32, device=device)
+            recv = send if in_place else torch.empty(recv_n, dtype=torch.float32, device=device)
+            op = make_call(name, send, recv, count)
+            for _ in range(args.warmup):
+                op()
+            if fault == "hang":
+                time.sleep(3600)
+            graph = None
+            if mode == "graph":
+                assert direct is not None and stream is not None
+                graph = capture(torch, op, args.iters, stream)
+                graph.replay()  # the first launch uploads the graph; not timed
             if gpu:
-                record["gpu_time_us"] = round(gpu_time_us, 3)
-            emit(record)
-        if not correct:
-            status = EXIT_WRONG_RESULT
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            if gpu:
+                torch.cuda.synchronize(device)
+            blocks = block_count(nbytes, args.iters, args.max_blocks)
+            per_block: list[float] = []
+            for _ in range(blocks):
+                per_block.extend(timed_block(torch, gpu, mode, args.iters, op, graph,
+                                             int(sleep_cycles) if prequeue else 0))
+            timing_t = torch.tensor(per_block, dtype=torch.float64, device=device)
+            dist.all_reduce(timing_t)
+            averaged = [float(x) / world for x in timing_t.tolist()]  # nccl-tests averages over ranks
+            block_us, block_gpu_us = averaged[0::2], averaged[1::2]
+            time_us, gpu_time_us = statistics.median(block_us), statistics.median(block_gpu_us)
+            del graph, op, send, recv  # freed before the check allocates its own buffers
+
+            correct = True
+            if not args.no_check:
+                index = torch.arange(send_n, dtype=torch.int32, device=device)
+                data = pattern(torch, rank, index)
+                out = data.clone() if in_place else torch.full((recv_n,), -1.0, dtype=torch.float32, device=device)
+                make_call(name, data, out, count)()
+                expected = expected_output(torch, name, rank, world, count, recv_n, device)
+                if fault == "wrong_sum":
+                    out[0] += 1.0
+                bad = 0 if expected is None else int((out != expected).sum().item())
+                flag = torch.tensor([bad], dtype=torch.int64, device=device)
+                dist.all_reduce(flag)
+                correct = int(flag.item()) == 0
+                del index, data, out, expected
+            if rank == 0:
+                factor = c.busbw_factor(world)
+                algbw = coll.algbw_gbps(nbytes, time_us)
+                record: dict[str, object] = {
+                    "event": "size", "collective": name, "size_bytes": nbytes, "count": count,
+                    "time_us": round(time_us, 3), "algbw_gbps": _significant(algbw),
+                    "busbw_gbps": _significant(algbw * factor), "correct": correct, "iters": args.iters,
+                    "warmup": args.warmup, "blocks": blocks, "placement": "in-place" if in_place else "out-of-place"}
+                if blocks > 1:
+                    record["block_busbw_gbps"] = [_significant(coll.algbw_gbps(nbytes, us) * factor) for us in block_us]
+                if gpu:
+                    record["gpu_time_us"] = round(gpu_time_us, 3)
+                emit(record)
+            if not correct:
+                status = EXIT_WRONG_RESULT
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
         emit({"event": "done", "status": status})
     return status
+
+
+def capture(torch: Any, call: Callable[[], None], n: int, stream: Any) -> Any:
+    """A CUDA graph of `n` calls enqueued on `stream`. Thread-local capture: torch's watchdog
+    thread keeps querying its own events meanwhile, which global capture would forbid."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        for _ in range(n):
+            call()
+    return graph
+
+
+def capture_probe(torch: Any, direct: DirectNccl, wanted: list[Any], world: int, stream: Any) -> str:
+    """Capture one small call of every wanted collective into a CUDA graph (never replayed):
+    '' when all captured, else why not."""
+    for c in wanted:
+        count, send_n, recv_n = c.counts(1024 * world, world)
+        send = torch.ones(send_n, dtype=torch.float32, device=stream.device)
+        recv = torch.empty(recv_n, dtype=torch.float32, device=stream.device)
+        call = functools.partial(direct.call, c.name, send.data_ptr(), recv.data_ptr(), count, stream.cuda_stream)
+        try:
+            graph = capture(torch, call, 1, stream)
+        except Exception as exc:  # capture fails in CUDA, NCCL or torch; any of them means no graph
+            return f"{c.name}: {type(exc).__name__}: {exc}".splitlines()[0]
+        del graph
+    return ""
+
+
+def timed_block(torch: Any, gpu: bool, mode: str, iters: int, call: Callable[[], None], graph: Any,
+                sleep_cycles: int) -> tuple[float, float]:
+    """Time per call over one block of iterations: (reported, GPU-event) microseconds. Graph mode
+    replays the captured iterations; `sleep_cycles` > 0 holds the GPU while events mode enqueues."""
+    if not gpu:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        host_us = (time.perf_counter() - t0) * 1e6 / iters
+        return host_us, host_us
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
+    start.record()
+    t0 = time.perf_counter()
+    if graph is not None:
+        graph.replay()
+    else:
+        for _ in range(iters):
+            call()
+    end.record()
+    end.synchronize()
+    host_us = (time.perf_counter() - t0) * 1e6 / iters
+    gpu_us = start.elapsed_time(end) * 1000.0 / iters
+    return (gpu_us if mode == "events" else host_us), gpu_us
 
 
 if __name__ == "__main__":
