@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import NCCL_LOGS
 
 from nccltune.cli import main
 from nccltune.errors import EXIT_BUSY
@@ -18,7 +19,7 @@ from nccltune.topocheck import verdict_of
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 from nccltune.topology.source import bundled_topologies_dir
 
-LOGS = Path(__file__).parent / "fixtures" / "nccllog"
+LOGS = NCCL_LOGS
 
 
 def _trial(status: str = "ok", correct: bool = True, reason: str | None = None) -> TrialResult:

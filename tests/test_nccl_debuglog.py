@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from conftest import NCCL_LOGS
 
 from nccltune.nccl.debuglog import (
     GraphSearch,
@@ -22,7 +22,7 @@ from nccltune.nccl.debuglog import (
     summarize,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nccllog"
+FIXTURES = NCCL_LOGS
 
 
 def _read(name: str) -> str:

@@ -33,16 +33,11 @@ from nccltune.verify import DEMO_VERIFY_SIZES, run_verify
 
 pytest.importorskip("torch")
 
-from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, seeded_state
+from demo_state import BASE_CONFIG, SNAPSHOT, clean_env
 
 # gloo on two shared cores differs by tens of percent from one run to the next; the real-worker
 # tests check the plumbing with a wide threshold, the scripted ones check the judgement.
 WIDE_THRESHOLD = "90"
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return seeded_state(tmp_path_factory)
 
 
 @pytest.fixture
