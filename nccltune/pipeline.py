@@ -25,11 +25,11 @@ from .config import Config
 from .errors import InputError
 from .lock import SweepLock
 from .names import DEMO_LABEL, format_size
-from .node import DEMO_ITERS, DEMO_SIZES, DEMO_WARMUP, Node, busy_gpus, load_node, require_idle, size_ladder
+from .node import Node, load_node, require_idle
 from .planning import POLICY_VAR, check_profile, estimate_seconds, make_plan, settings, weights
 from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
-from .records import ReportRow
+from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
@@ -40,18 +40,20 @@ from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
 
-# Names the daemon and the command line import from here (see ARCHITECTURE.md for their homes).
+# Besides its own names, the ones the daemon imports from here; their homes are node, planning,
+# probe and tuning (ARCHITECTURE.md).
 __all__ = [
-    "DEMO_ITERS", "DEMO_LABEL", "DEMO_SIZES", "DEMO_WARMUP", "POLICY_VAR", "Node", "ProgressFn", "SweepPipeline",
-    "SweepReport", "busy_gpus", "estimate_seconds", "load_node", "probe_nccl", "size_ladder", "tuning_fingerprint",
+    "POLICY_VAR", "Node", "ProgressFn", "SweepPipeline", "SweepReport", "load_node", "probe_nccl", "tuning_fingerprint",
 ]
 
 
 @dataclass
 class SweepReport:
+    """What a finished sweep found and published, for rendering and the daemon's metrics."""
+
     run_id: int | None
     demo: bool
-    backend: str
+    backend: Backend
     fingerprint: str
     plan: Plan
     result: SearchResult | None
@@ -129,6 +131,8 @@ class _Sweep:
         self.pipe, self.cfg, self.store, self.node, self.plan, self.engine = pipe, pipe.cfg, store, node, plan, engine
         self.run_id = start_run(store, kind="sweep", cfg=self.cfg, node=node, profile=self.cfg.sweep.profile,
                                 topology={"source": node.topo.source, "gpus": len(node.topo.gpus)})
+        self.xml_text = ""  # rendered as the session opens, where a failure closes the run
+        self.trial_xml = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}" / "ncclTopology.xml"
         self.search: Search | None = None
 
     def run(self, started: float) -> SweepReport:
@@ -149,10 +153,9 @@ class _Sweep:
     def _open_session(self) -> TrialSession:
         """The run's directory, its own topology file and the runner that measures the trials."""
         try:
-            work = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}"
+            work = self.trial_xml.parent
             work.mkdir(parents=True, exist_ok=True)
             self.xml_text = render_xml(self.node.topo.system)
-            self.trial_xml = work / "ncclTopology.xml"
             atomic_write(self.trial_xml, self.xml_text)
             runner = Runner(python=self.engine.python, backend=self.node.backend, nranks=self.node.nranks,
                             base_env=self._base_env(), work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,

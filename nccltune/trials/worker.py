@@ -22,6 +22,9 @@ On CPU (gloo) the host clock times torch's in-place all_reduce.
 
 Rank 0 prints: {"event": "start", ...}, one {"event": "size", ...} per size, {"event": "done"}.
 Exit status: 0 ok, 3 wrong result, 4 setup error; anything else is a crash.
+`worker.py --probe` (no ranks, no communicator) prints one {"event": "probe", ...} line with
+torch's and NCCL's versions and the NCCL library this interpreter loads, found by the same
+memory-map rule the direct path uses: what the sweep and the daemon know of the worker's NCCL.
 """
 
 from __future__ import annotations
