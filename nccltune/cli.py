@@ -276,8 +276,13 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
         overrides["sweep.strategy"] = "exhaustive"
     if args.command == "sweep" and args.force:
         overrides["sweep.force"] = True
-    if getattr(args, "unpin", None):
-        overrides["sweep.unpin"] = [*cfg.sweep.unpin, *args.unpin]
+    unpin = [n for n in dict.fromkeys(getattr(args, "unpin", None) or []) if n not in cfg.sweep.unpin]
+    if unpin:
+        # --unpin sweeps a variable "although the environment or config sets it": a config pin of
+        # the same name gives way (the config file itself may not name one variable in both).
+        overrides["sweep.unpin"] = [*cfg.sweep.unpin, *unpin]
+        if any(n in cfg.sweep.pin for n in unpin):
+            overrides["sweep.pin"] = {k: v for k, v in cfg.sweep.pin.items() if k not in unpin}
     return with_overrides(cfg, **overrides) if overrides else cfg
 
 

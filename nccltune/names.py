@@ -24,6 +24,8 @@ def _name_rule(prefixes: tuple[str, ...]) -> re.Pattern[str]:
 
 
 VARIABLE_NAME_RE = _name_rule(TUNED_PREFIXES)
+# For str.startswith: a variable of the calling environment that a sweep would have to respect.
+TUNED_NAME_STARTS = tuple(f"{p}_" for p in TUNED_PREFIXES)
 PUBLISHED_NAME_RE = _name_rule(PUBLISHED_PREFIXES)
 
 _SIZE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))

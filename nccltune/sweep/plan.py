@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..names import TUNED_NAME_STARTS
 from ..topology.model import Topology
 from ..topology.paths import RANK, PathMatrix
 from .space import CATALOGUE, MANAGED, level_of
@@ -111,7 +112,7 @@ def build_plan(
     pruned: list[Pruned] = []
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
-        if (name.startswith("NCCL_") or name.startswith("TORCH_NCCL_")) and name not in unpin:
+        if name.startswith(TUNED_NAME_STARTS) and name not in unpin:
             if name in MANAGED:
                 continue
             tun = CATALOGUE.get(name)
