@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nccltune.names import format_size
 from nccltune.publish import read_published
-from nccltune.sweep.select import fmt_size, profile_weights, weighted_gain_pct
+from nccltune.sweep.select import profile_weights, weighted_gain_pct
 from nccltune.trials import nccltests
 from nccltune.trials.runner import Runner, find_worker_python
 
@@ -144,7 +145,7 @@ def main() -> int:
     print("  ".join(f"{h:>12}" for h in header))
     for s in sizes:
         d = med.get("defaults", {}).get(s)
-        row = [fmt_size(s)]
+        row = [format_size(s)]
         for label, _ in settings:
             v = med.get(label, {}).get(s)
             row.append(f"{v:.2f}" if v is not None else "-")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccltune.sweep.select import fmt_size
+from nccltune.names import format_size
 from nccltune.trials.runner import Runner, find_worker_python
 
 
@@ -65,7 +65,7 @@ def main() -> int:
             med = statistics.median(vals)
             noise = 100 * (max(vals) - min(vals)) / (2 * med)
             blk = [r[s] for r in inner[key] if s in r]
-            print(f"{key:36} {fmt_size(s):>7} {med:8.2f} {noise:12.1f} "
+            print(f"{key:36} {format_size(s):>7} {med:8.2f} {noise:12.1f} "
                   f"{(f'{statistics.mean(blk):.1f}' if blk else '-'):>12}")
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": trials, "block_noise": inner}, indent=1))

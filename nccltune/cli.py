@@ -17,8 +17,8 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
+    from .records import TrialResult
     from .store import Store
-    from .trials.runner import TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +242,7 @@ def cmd_topo_check(args: argparse.Namespace) -> int:
     from .render import dumps, topocheck_doc, topocheck_text
     from .topocheck import check_topology_file
 
-    python = args.python
-    if python is None:
-        try:
-            python = load_cfg(args).bench.python
-        except NccltuneError:
-            raise
-    check = check_topology_file(Path(args.xml), python=python,
+    check = check_topology_file(Path(args.xml), python=load_cfg(args).bench.python,
                                 keep_dump=Path(args.dump) if args.dump else None)
     out(dumps(topocheck_doc(check)) if args.json else topocheck_text(check))
     return EXIT_OK if check.passed else 1
@@ -263,7 +257,9 @@ _HANDLERS = {
 
 
 def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
-    """Config file plus command-line overrides. A demo keeps its state in ./nccltune-demo."""
+    """Config file plus every command-line flag that has a config twin, folded in here once:
+    nothing further down merges a flag with its setting. A demo keeps its state in ./nccltune-demo.
+    """
     from .config import DEFAULT_CONFIG_PATH, load_config, with_overrides
 
     cfg = load_config(Path(args.config) if args.config else DEFAULT_CONFIG_PATH, required=bool(args.config))
@@ -272,6 +268,21 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
         overrides["state_dir"] = str(Path(args.state_dir).resolve())
     elif demo:
         overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+    if getattr(args, "python", None):
+        overrides["bench.python"] = args.python
+    if getattr(args, "profile", None):
+        overrides["sweep.profile"] = args.profile
+    if getattr(args, "exhaustive", False):
+        overrides["sweep.strategy"] = "exhaustive"
+    if args.command == "sweep" and args.force:
+        overrides["sweep.force"] = True
+    unpin = [n for n in dict.fromkeys(getattr(args, "unpin", None) or []) if n not in cfg.sweep.unpin]
+    if unpin:
+        # --unpin sweeps a variable "although the environment or config sets it": a config pin of
+        # the same name gives way (the config file itself may not name one variable in both).
+        overrides["sweep.unpin"] = [*cfg.sweep.unpin, *unpin]
+        if any(n in cfg.sweep.pin for n in unpin):
+            overrides["sweep.pin"] = {k: v for k, v in cfg.sweep.pin.items() if k not in unpin}
     return with_overrides(cfg, **overrides) if overrides else cfg
 
 
@@ -311,17 +322,16 @@ class _Progress:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .pipeline import SweepPipeline, estimate_seconds
+    from .pipeline import SweepPipeline
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
-    pipe = SweepPipeline(cfg, demo=args.demo, profile=args.profile, exhaustive=args.exhaustive, force=args.force,
-                         unpin=args.unpin, progress=progress, python=args.python)
+    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
     if args.plan:
         plan, search = pipe.plan()
         trials = search.estimate_trials()
-        seconds = estimate_seconds(plan, trials, cfg, pipe.node().demo, pipe.node())
+        seconds = pipe.estimate_seconds(plan, trials)
         if args.json:
             out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile)))
         else:
@@ -418,7 +428,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with _history(args) as store:
         runs = [store.run(args.run)] if args.run is not None else store.runs(limit=1, kind="sweep")
         run = runs[0] if runs else None
-        if run is None or run.summary is None or "rows" not in (run.summary or {}):
+        if run is None or not run.rows:
             raise CheckFailed("no finished sweep to report on")
         trials = store.trials(run.id)
     if args.plot:
@@ -490,7 +500,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     cfg = load_cfg(args, demo=bool(args.demo))
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, python=args.python, force=args.force)
+                        threshold_pct=args.threshold, force=args.force)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1
 

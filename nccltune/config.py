@@ -34,6 +34,7 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
 from .errors import InputError
+from .names import VARIABLE_NAME_RE, format_size
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -75,7 +76,6 @@ MAX_MESSAGE_BYTES = 16 * 2**30
 
 # What the sweep's variables may be called. Whether a name is a tunable that nccltune knows is
 # decided by the sweep catalogue, which can name the line thanks to Config.lines.
-VARIABLE_NAME_RE = re.compile(r"^(NCCL|TORCH_NCCL)_[A-Z0-9_]+$")
 
 _PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -141,14 +141,6 @@ def parse_size(text: str | int) -> int:
     if value.denominator != 1:
         raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)
-
-
-def format_size(size_bytes: int) -> str:
-    """The shortest exact spelling of a byte count that parse_size reads back: 65536 -> "64KiB"."""
-    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size_bytes >= factor and size_bytes % factor == 0:
-            return f"{size_bytes // factor}{unit}"
-    return str(size_bytes)
 
 
 def parse_window(text: str) -> tuple[_dt.time, _dt.time]:

@@ -229,6 +229,10 @@ class Daemon:
                  len(self.node.topo.gpus), self.node.fingerprint, self.nccl.get("nccl_version") or "n/a",
                  " (CPU demo)" if self.node.demo else "")
 
+    def _trial_cfg(self) -> Config:
+        """The config with --python folded in, as the sweep and verify take it."""
+        return with_overrides(self.cfg, **{"bench.python": self.opts.python}) if self.opts.python else self.cfg
+
     def _probe_nccl(self) -> dict[str, Any]:
         """The worker interpreter's torch and NCCL; empty when it has no torch (nccl-tests engine)."""
         try:
@@ -474,8 +478,8 @@ class Daemon:
         self.metrics.sweeps_total += 1
         started = time.time()
         try:
-            pipe = SweepPipeline(self.cfg, demo=self.opts.demo, progress=self._progress,
-                                 abort_check=self._abort_check, python=self.opts.python)
+            pipe = SweepPipeline(self._trial_cfg(), demo=self.opts.demo, progress=self._progress,
+                                 abort_check=self._abort_check)
             report = pipe.run()
         except TrialAborted as exc:
             log.warning("sweep stopped: %s; the published files are unchanged", exc)
@@ -509,8 +513,8 @@ class Daemon:
         self.metrics.nccl_version = report.nccl_version or self.metrics.nccl_version
         self.metrics.busbw = {}
         for row in report.rows:
-            self.metrics.busbw[(row["size_bytes"], "default")] = row["default_busbw_gbps"]
-            self.metrics.busbw[(row["size_bytes"], "published")] = row["tuned_busbw_gbps"]
+            self.metrics.busbw[(row.size_bytes, "default")] = row.default_busbw_gbps
+            self.metrics.busbw[(row.size_bytes, "published")] = row.tuned_busbw_gbps
         log.info("sweep done in %.0f s: %s", report.wall_s, report.summary)
         self._refresh_tuning_fingerprint()
         self.verify_due = True
@@ -524,7 +528,7 @@ class Daemon:
         self.last_verify = self.clock()
         self.status("verifying")
         try:
-            result = run_verify(self.cfg, demo=self.opts.demo, python=self.opts.python, node=self.node,
+            result = run_verify(self._trial_cfg(), demo=self.opts.demo, node=self.node,
                                 abort_check=self._abort_check)
         except (TrialAborted, BusyError) as exc:
             log.info("verify skipped: %s", exc)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .errors import UnavailableError
+from .names import DEMO_LABEL
+from .store import RunRecord, TrialRecord
 
-DEMO_BANNER = "CPU DEMO (gloo backend): not NCCL numbers"
 
-
-def series_by_label(trials: list[Any]) -> dict[str, dict[int, float]]:
+def series_by_label(trials: Sequence[TrialRecord]) -> dict[str, dict[int, float]]:
     """Median busbw per size for every measured setting with more than one good run (and defaults)."""
     runs: dict[str, dict[int, list[float]]] = {}
     counts: dict[str, int] = {}
@@ -27,7 +27,7 @@ def series_by_label(trials: list[Any]) -> dict[str, dict[int, float]]:
     return {label: {s: statistics.median(v) for s, v in sizes.items()} for label, sizes in runs.items()}
 
 
-def plot_run(run: Any, trials: list[Any], out: Path) -> None:
+def plot_run(run: RunRecord, trials: Sequence[TrialRecord], out: Path) -> None:
     """Raises UnavailableError (exit 69) when matplotlib is not installed."""
     try:
         import matplotlib
@@ -49,7 +49,7 @@ def plot_run(run: Any, trials: list[Any], out: Path) -> None:
     ax.set_ylabel("bus bandwidth (GB/s)")
     title = f"all-reduce busbw, run {run.id}"
     if run.demo:
-        title += f"\n{DEMO_BANNER}"
+        title += f"\n{DEMO_LABEL}"
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import stat
 import time
@@ -39,10 +38,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import EXIT_CHECK_FAILED, BusyError, InputError, NccltuneError
+from .names import DEMO_LABEL, PUBLISHED_NAME_RE
 
 log = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+$")
+NAME_RE = PUBLISHED_NAME_RE
 
 # NCCL's conf parser (setEnvFile in src/misc/param.cc) copies at most 1023 bytes of a name and of a
 # value into 1024-byte buffers; longer values are cut silently, and NCCL releases before the
@@ -69,7 +69,7 @@ CONF_END = "# END nccltune managed block"
 _CONF_BEGIN_PREFIX = b"# BEGIN nccltune"
 _CONF_END_PREFIX = b"# END nccltune"
 
-DEMO_LINE = "# CPU DEMO (gloo backend): these are not NCCL numbers and must not be used on a GPU node."
+DEMO_LINE = f"# {DEMO_LABEL} and must not be used on a GPU node."
 
 # A temp file is named ".<target>.tmp-<pid>-<random>" so that a crashed writer's leftover is
 # recognisable, never matches what a launcher reads, and can be cleaned up by the next publish.

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+from .names import DEMO_LABEL, format_size
+from .records import ReportRow
+from .store import RunRecord, TrialRecord
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
 from .topology.nicpaths import NicPaths, compute_nic_paths
 from .topology.paths import PathMatrix
+
+if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
+    from .doctor import Finding
+    from .node import Node
+    from .pipeline import SweepReport
+    from .sweep.plan import Plan
+    from .topocheck import TopoCheck
+    from .verify import VerifyResult
 
 SCHEMA_VERSION = 1
 
@@ -143,13 +155,6 @@ def _final_nic_lines(topo: Topology, nic_paths: NicPaths) -> list[str]:
 
 # -- sweep plans and reports -------------------------------------------------------------------------
 
-DEMO_BANNER = "CPU DEMO (gloo backend): these are not NCCL numbers"
-
-
-def _fmt_size(n: int) -> str:
-    from .sweep.select import fmt_size
-
-    return fmt_size(n)
 
 
 def _fmt_s(seconds: float) -> str:
@@ -157,15 +162,15 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def pruned_list(plan: Any) -> list[dict[str, str]]:
+def pruned_list(plan: Plan) -> list[dict[str, str]]:
     return [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned]
 
 
-def plan_doc(plan: Any, node: Any, trials: int, seconds: float, profile: str) -> dict[str, Any]:
+def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str) -> dict[str, Any]:
     return {
         "kind": "sweep-plan",
         "demo": node.demo,
-        "label": DEMO_BANNER if node.demo else None,
+        "label": DEMO_LABEL if node.demo else None,
         "backend": plan.backend,
         "nranks": plan.nranks,
         "profile": profile,
@@ -180,13 +185,13 @@ def plan_doc(plan: Any, node: Any, trials: int, seconds: float, profile: str) ->
     }
 
 
-def plan_text(plan: Any, node: Any, trials: int, seconds: float, profile: str) -> str:
+def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str) -> str:
     lines = []
     if node.demo:
-        lines.append(f"*** {DEMO_BANNER} ***")
+        lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep plan for {node.topo.source}: {plan.nranks} ranks, backend {plan.backend}, "
                  f"profile {profile}")
-    lines.append(f"Sizes: {', '.join(_fmt_size(s) for s in plan.sizes)}")
+    lines.append(f"Sizes: {', '.join(format_size(s) for s in plan.sizes)}")
     lines.append("")
     lines.append("Measured (each against NCCL's defaults, which are measured first and repeated):")
     if not plan.variables:
@@ -208,9 +213,9 @@ def plan_text(plan: Any, node: Any, trials: int, seconds: float, profile: str) -
     if plan.pruned:
         lines.append("")
         lines.append("Pruned:")
-        for p in plan.pruned:
-            what = p.name if p.value == "*" else f"{p.name}={p.value}"
-            lines.append(f"  {what}: {p.reason}")
+        for pruned in plan.pruned:
+            what = pruned.name if pruned.value == "*" else f"{pruned.name}={pruned.value}"
+            lines.append(f"  {what}: {pruned.reason}")
     if plan.notes:
         lines.append("")
         lines.extend(f"Note: {n}" for n in plan.notes)
@@ -219,12 +224,12 @@ def plan_text(plan: Any, node: Any, trials: int, seconds: float, profile: str) -
     return "\n".join(lines)
 
 
-def sweep_doc(report: Any) -> dict[str, Any]:
+def sweep_doc(report: SweepReport) -> dict[str, Any]:
     pub = report.published
     return {
         "kind": "sweep",
         "demo": report.demo,
-        "label": DEMO_BANNER if report.demo else None,
+        "label": DEMO_LABEL if report.demo else None,
         "run_id": report.run_id,
         "backend": report.backend,
         "fingerprint": report.fingerprint,
@@ -238,7 +243,7 @@ def sweep_doc(report: Any) -> dict[str, Any]:
         "chosen": report.chosen_label,
         "published_env": report.chosen_env,
         "summary": report.summary,
-        "sizes": report.rows,
+        "sizes": [r.as_dict() for r in report.rows],
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
@@ -254,14 +259,14 @@ def fmt_bw(gbps: float) -> str:
     return f"{gbps:.3g}"
 
 
-def rows_text(rows: list[dict[str, Any]]) -> list[str]:
+def rows_text(rows: Sequence[ReportRow]) -> list[str]:
     table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
     for r in rows:
         table.append([
-            _fmt_size(r["size_bytes"]) + ("" if r.get("weight", 1) else " (not in profile)"),
-            fmt_bw(r["default_busbw_gbps"]), f"±{r['default_noise_pct']:.1f}%",
-            fmt_bw(r["tuned_busbw_gbps"]), f"{r['ratio']:.3f}",
-            f"{r.get('default_algo_proto') or '-'} -> {r.get('tuned_algo_proto') or '-'}",
+            format_size(r.size_bytes) + ("" if r.weight else " (not in profile)"),
+            fmt_bw(r.default_busbw_gbps), f"±{r.default_noise_pct:.1f}%",
+            fmt_bw(r.tuned_busbw_gbps), f"{r.ratio:.3f}",
+            f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}",
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     numeric = (1, 2, 3, 4)
@@ -272,10 +277,10 @@ def rows_text(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def sweep_text(report: Any) -> str:
+def sweep_text(report: SweepReport) -> str:
     lines = []
     if report.demo:
-        lines.append(f"*** {DEMO_BANNER} ***")
+        lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {report.run_id}: backend {report.backend}, fingerprint {report.fingerprint}, "
                  f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
@@ -293,11 +298,11 @@ def sweep_text(report: Any) -> str:
         for name, value in sorted(report.chosen_env.items()):
             lines.append(f"  {name}={value}")
     if report.demo:
-        lines.append(f"*** {DEMO_BANNER} ***")
+        lines.append(f"*** {DEMO_LABEL} ***")
     return "\n".join(lines)
 
 
-def _run_dict(run: Any) -> dict[str, Any]:
+def _run_dict(run: RunRecord) -> dict[str, Any]:
     return {"id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
             "finished_at": run.finished_at, "fingerprint": run.fingerprint, "backend": run.backend,
             "demo": run.demo, "profile": run.profile, "nccltune_version": run.nccltune_version,
@@ -305,7 +310,7 @@ def _run_dict(run: Any) -> dict[str, Any]:
             "published_generation": run.published_generation}
 
 
-def history_doc(runs: list[Any], trials: list[Any] | None) -> dict[str, Any]:
+def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None) -> dict[str, Any]:
     doc: dict[str, Any] = {"kind": "history", "runs": [_run_dict(r) for r in runs]}
     if trials is not None:
         doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
@@ -317,7 +322,7 @@ def history_doc(runs: list[Any], trials: list[Any] | None) -> dict[str, Any]:
     return doc
 
 
-def history_text(runs: list[Any]) -> str:
+def history_text(runs: Sequence[RunRecord]) -> str:
     if not runs:
         return "No runs yet."
     lines = [f"{'id':>4}  {'kind':6}  {'status':11}  {'started':25}  {'backend':7}  chosen"]
@@ -328,7 +333,7 @@ def history_text(runs: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def trials_text(run: Any, trials: list[Any]) -> str:
+def trials_text(run: RunRecord, trials: Sequence[TrialRecord]) -> str:
     lines = [f"Run {run.id} ({run.kind}, {run.status}{', CPU demo' if run.demo else ''}), "
              f"fingerprint {run.fingerprint}"]
     for t in trials:
@@ -338,31 +343,30 @@ def trials_text(run: Any, trials: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def report_doc(run: Any, trials: list[Any], plot: str | None) -> dict[str, Any]:
-    s = run.summary or {}
-    return {"kind": "report", "run": _run_dict(run), "label": DEMO_BANNER if run.demo else None,
-            "sizes": s.get("rows", []), "plot": plot, "trials": len(trials)}
+def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None) -> dict[str, Any]:
+    return {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
+            "sizes": [r.as_dict() for r in run.rows], "plot": plot, "trials": len(trials)}
 
 
-def report_text(run: Any) -> str:
+def report_text(run: RunRecord) -> str:
     s = run.summary or {}
     lines = []
     if run.demo:
-        lines.append(f"*** {DEMO_BANNER} ***")
+        lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
-    lines.extend(rows_text(s.get("rows", [])))
+    lines.extend(rows_text(run.rows))
     lines.append(str(s.get("summary", "")))
     return "\n".join(lines)
 
 
-def topocheck_doc(check: Any) -> dict[str, Any]:
+def topocheck_doc(check: TopoCheck) -> dict[str, Any]:
     doc = {k: v for k, v in vars(check).items() if k != "dump_diff"}
     doc["busbw_gbps"] = {str(k): v for k, v in check.busbw_gbps.items()}
     doc["dump_diff"] = check.dump_diff.as_dict() if check.dump_diff else None
     return {"kind": "topo-check", **doc}
 
 
-def topocheck_text(check: Any) -> str:
+def topocheck_text(check: TopoCheck) -> str:
     lines = [f"{'PASS' if check.passed else 'FAIL'}: {check.verdict}", f"File: {check.xml}",
              f"NCCL {check.nccl_version or '?'}; trial {check.trial_status}"
              + (f" ({check.trial_reason})" if check.trial_reason else "")]
@@ -373,7 +377,7 @@ def topocheck_text(check: Any) -> str:
                      f"{g['type_intra']}/{g['type_inter']}")
     for size, ap in sorted(check.algo_proto.items(), key=lambda kv: int(kv[0])):
         bw = check.busbw_gbps.get(int(size))
-        lines.append(f"AllReduce {_fmt_size(int(size))}: {ap}" + (f", {bw:.1f} GB/s busbw" if bw else ""))
+        lines.append(f"AllReduce {format_size(int(size))}: {ap}" + (f", {bw:.1f} GB/s busbw" if bw else ""))
     if check.correct is not None:
         lines.append(f"Result check: {'correct' if check.correct else 'WRONG'}")
     for h in check.hints:
@@ -396,14 +400,14 @@ def topocheck_text(check: Any) -> str:
     return "\n".join(lines)
 
 
-def doctor_doc(topo: Topology, findings: list[Any]) -> dict[str, Any]:
+def doctor_doc(topo: Topology, findings: Sequence[Finding]) -> dict[str, Any]:
     counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
     return {"kind": "doctor", "source": topo.source, "counts": counts,
             "findings": [{"severity": f.severity, "code": f.code, "message": f.message, "fix": f.fix}
                          for f in findings]}
 
 
-def doctor_text(topo: Topology, findings: list[Any]) -> str:
+def doctor_text(topo: Topology, findings: Sequence[Finding]) -> str:
     if not findings:
         return f"No problems found ({topo.source})."
     lines = []
@@ -416,23 +420,23 @@ def doctor_text(topo: Topology, findings: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def verify_doc(r: Any) -> dict[str, Any]:
+def verify_doc(r: VerifyResult) -> dict[str, Any]:
     return {"kind": "verify", "passed": r.passed, "reason": r.reason, "demo": r.demo,
-            "label": DEMO_BANNER if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
+            "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
             "sizes": [vars(row) for row in r.rows]}
 
 
-def verify_text(r: Any) -> str:
+def verify_text(r: VerifyResult) -> str:
     lines = []
     if r.demo:
-        lines.append(f"*** {DEMO_BANNER} ***")
+        lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"{'PASS' if r.passed else 'FAIL'}: {r.reason}")
     lines.append(f"Environment: {r.env_source}; expected: {r.expectation}")
     for row in r.rows:
         meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
         exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
         drift = f"{row.drift_pct:+.1f}%" if row.drift_pct is not None else "-"
-        lines.append(f"  {_fmt_size(row.size_bytes):>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
+        lines.append(f"  {format_size(row.size_bytes):>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
                      f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
     return "\n".join(lines)

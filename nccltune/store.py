@@ -29,20 +29,17 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .errors import BusyError, InputError
+from .records import BACKENDS, TRIAL_STATUSES, Backend, Measurement, ReportRow, TrialStatus
 
 log = logging.getLogger(__name__)
 
 RunStatus = Literal["running", "ok", "failed", "interrupted"]
 RunKind = Literal["sweep", "verify"]
-Backend = Literal["nccl", "gloo"]
 Phase = Literal["baseline", "screen", "combine", "final", "verify", "exhaustive"]
-TrialStatus = Literal["ok", "failed", "timeout", "crashed", "wrong_result", "error"]
 
 _RUN_STATUSES: frozenset[str] = frozenset(typing.get_args(RunStatus))
 _RUN_KINDS: frozenset[str] = frozenset(typing.get_args(RunKind))
-_BACKENDS: frozenset[str] = frozenset(typing.get_args(Backend))
 _PHASES: frozenset[str] = frozenset(typing.get_args(Phase))
-_TRIAL_STATUSES: frozenset[str] = frozenset(typing.get_args(TrialStatus))
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -73,21 +70,12 @@ def _utc_now() -> datetime:
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One message size of one trial, as the benchmark worker reported it."""
-
-    size_bytes: int
-    time_us: float
-    algbw_gbps: float
-    busbw_gbps: float
-    algo: str | None = None
-    proto: str | None = None
-    correct: bool = True
-
-
-@dataclass(frozen=True)
 class RunRecord:
-    """A sweep or verify run. JSON columns come back decoded; times are ISO-8601 UTC text."""
+    """A sweep or verify run. JSON columns come back decoded; times are ISO-8601 UTC text.
+
+    `rows` is a sweep's report, size by size, from the report_rows table. `summary` shows the
+    same rows under "rows" too, as the JSON documents (history, report) have always carried them.
+    """
 
     id: int
     kind: RunKind
@@ -108,6 +96,7 @@ class RunRecord:
     summary: dict[str, Any] | None
     chosen_env: dict[str, str] | None
     published_generation: int | None
+    rows: tuple[ReportRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,9 +198,63 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX measurements_by_trial ON measurements(trial_id)")
 
 
+_REPORT_ROW_COLUMNS = ("size_bytes", "collective", "weight", "default_busbw_gbps", "default_noise_pct",
+                       "tuned_busbw_gbps", "ratio", "default_algo_proto", "tuned_algo_proto")
+
+
+def _insert_report_rows(conn: sqlite3.Connection, run_id: int, rows: Sequence[ReportRow]) -> None:
+    conn.executemany(
+        f"INSERT INTO report_rows (run_id, position, {', '.join(_REPORT_ROW_COLUMNS)}) "
+        f"VALUES (?, ?, {', '.join('?' for _ in _REPORT_ROW_COLUMNS)})",
+        [(run_id, i, *(getattr(r, c) for c in _REPORT_ROW_COLUMNS)) for i, r in enumerate(rows)],
+    )
+
+
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    # What a measurement now says beyond v1: which collective, how many channels NCCL used,
+    # and the GPU-clock time beside the host-clock one. Old rows were all all-reduce.
+    conn.execute("ALTER TABLE measurements ADD COLUMN collective TEXT NOT NULL DEFAULT 'all_reduce'")
+    conn.execute("ALTER TABLE measurements ADD COLUMN channels INTEGER")
+    conn.execute("ALTER TABLE measurements ADD COLUMN gpu_time_us REAL")
+    # A sweep's report, one row per size (and collective), instead of a list inside summary_json.
+    conn.execute(
+        """
+        CREATE TABLE report_rows (
+            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            collective TEXT NOT NULL,
+            weight REAL NOT NULL,
+            default_busbw_gbps REAL NOT NULL,
+            default_noise_pct REAL NOT NULL,
+            tuned_busbw_gbps REAL NOT NULL,
+            ratio REAL NOT NULL,
+            default_algo_proto TEXT,
+            tuned_algo_proto TEXT,
+            PRIMARY KEY (run_id, position)
+        )
+        """
+    )
+    # Sweeps recorded before this version kept their rows in summary_json: move them over.
+    for run_id, text in conn.execute(
+        "SELECT id, summary_json FROM runs WHERE kind = 'sweep' AND summary_json IS NOT NULL"
+    ).fetchall():
+        summary = _load(text)
+        if not isinstance(summary, dict) or not isinstance(summary.get("rows"), list):
+            continue
+        try:
+            rows = [ReportRow.from_dict(doc) for doc in summary["rows"]]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("run %s: report rows kept in its summary, not readable as rows (%s)", run_id, exc)
+            continue
+        _insert_report_rows(conn, int(run_id), rows)
+        rest = {k: v for k, v in summary.items() if k != "rows"}
+        conn.execute("UPDATE runs SET summary_json = ? WHERE id = ?", (_dump(rest), run_id))
+
+
 # Migration i (0-based) takes the schema from user_version i to i + 1. Append, never edit:
 # files in the field have already run the earlier ones.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1,)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1, _migrate_v2)
 
 
 def schema_version() -> int:
@@ -457,7 +500,7 @@ class Store:
             ValueError: an unknown kind or backend, or topology/config that is not JSON.
         """
         _check("kind", kind, _RUN_KINDS)
-        _check("backend", backend, _BACKENDS)
+        _check("backend", backend, BACKENDS)
         topology_json, config_json = _dump(dict(topology)), _dump(dict(config))
         with self._write() as conn:
             cur = conn.execute(
@@ -513,9 +556,10 @@ class Store:
                 (SQLite stores NaN as NULL), or `nccl` that is not JSON.
         """
         _check("phase", phase, _PHASES)
-        _check("status", status, _TRIAL_STATUSES)
+        _check("status", status, TRIAL_STATUSES)
         for m in measurements:
-            if not all(math.isfinite(v) for v in (m.time_us, m.algbw_gbps, m.busbw_gbps)):
+            numbers = (m.time_us, m.algbw_gbps, m.busbw_gbps, *(() if m.gpu_time_us is None else (m.gpu_time_us,)))
+            if not all(math.isfinite(v) for v in numbers):
                 raise ValueError(f"trial {label!r}: measurement at {m.size_bytes} bytes is not finite: {m}")
         env_json = _dump(dict(sorted(env.items())))
         nccl_json = None if nccl is None else _dump(dict(nccl))
@@ -536,8 +580,8 @@ class Store:
             conn.executemany(
                 """
                 INSERT INTO measurements (trial_id, size_bytes, time_us, algbw_gbps, busbw_gbps,
-                    algo, proto, correct)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    algo, proto, correct, collective, channels, gpu_time_us)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
                 [
                     (
@@ -549,6 +593,9 @@ class Store:
                         m.algo,
                         m.proto,
                         int(m.correct),
+                        m.collective,
+                        m.channels,
+                        m.gpu_time_us,
                     )
                     for m in measurements
                 ],
@@ -563,14 +610,24 @@ class Store:
         summary: Mapping[str, Any] | None = None,
         chosen_env: Mapping[str, str] | None = None,
         published_generation: int | None = None,
+        rows: Sequence[ReportRow] = (),
     ) -> None:
-        """Close a run with its final status, the selector's summary and what was published.
+        """Close a run with its final status, the selector's summary, the report's rows and what
+        was published.
 
         Raises:
             KeyError: no run with that id.
-            ValueError: status 'running' or unknown, or summary/chosen_env that is not JSON.
+            ValueError: status 'running' or unknown, summary/chosen_env that is not JSON, a row
+                that is not a finite number, or a summary that carries "rows" of its own (they
+                belong in `rows`).
         """
         _check("status", status, _RUN_STATUSES - {"running"})
+        if summary is not None and "rows" in summary and rows:
+            raise ValueError("the report's rows go in `rows`, not in the summary")
+        for r in rows:
+            if not all(math.isfinite(v) for v in (r.weight, r.default_busbw_gbps, r.default_noise_pct,
+                                                   r.tuned_busbw_gbps, r.ratio)):
+                raise ValueError(f"report row at {r.size_bytes} bytes is not finite: {r}")
         summary_json = None if summary is None else _dump(dict(summary))
         chosen_json = None if chosen_env is None else _dump(dict(sorted(chosen_env.items())))
         with self._write() as conn:
@@ -584,6 +641,8 @@ class Store:
             )
             if cur.rowcount != 1:
                 raise KeyError(f"no run with id {run_id}")
+            conn.execute("DELETE FROM report_rows WHERE run_id = ?", (run_id,))
+            _insert_report_rows(conn, run_id, rows)
 
     def mark_interrupted(self) -> int:
         """Turn every 'running' run into 'interrupted'; return how many there were.
@@ -610,11 +669,21 @@ class Store:
             params.append(kind)
         sql += " ORDER BY started_at DESC, id DESC LIMIT ?"
         params.append(-1 if limit is None else limit)
-        return [_run_record(row) for row in self._conn.execute(sql, params)]
+        return [self._run_record(row) for row in self._conn.execute(sql, params).fetchall()]
 
     def run(self, run_id: int) -> RunRecord | None:
         row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return None if row is None else _run_record(row)
+        return None if row is None else self._run_record(row)
+
+    def report_rows(self, run_id: int) -> tuple[ReportRow, ...]:
+        """A run's report, size by size, in the order it was written."""
+        return tuple(
+            _report_row(row)
+            for row in self._conn.execute("SELECT * FROM report_rows WHERE run_id = ? ORDER BY position", (run_id,))
+        )
+
+    def _run_record(self, row: sqlite3.Row) -> RunRecord:
+        return _run_record(row, self.report_rows(int(row["id"])))
 
     def trials(self, run_id: int) -> list[TrialRecord]:
         """A run's trials in seq order, each with its measurements in the order they were added."""
@@ -642,7 +711,7 @@ class Store:
             sql += " AND status = ?"
             params.append(status)
         row = self._conn.execute(sql + " ORDER BY started_at DESC, id DESC LIMIT 1", params).fetchone()
-        return None if row is None else _run_record(row)
+        return None if row is None else self._run_record(row)
 
     def baseline(self, fingerprint: str) -> dict[int, float] | None:
         """Median busbw (GB/s) per size of the baseline trials of the latest ok sweep.
@@ -683,7 +752,12 @@ class Store:
 # Row decoding
 
 
-def _run_record(row: sqlite3.Row) -> RunRecord:
+def _run_record(row: sqlite3.Row, rows: tuple[ReportRow, ...]) -> RunRecord:
+    summary = _load(row["summary_json"])
+    if rows and isinstance(summary, dict):
+        # Sorted like every JSON column, so that the document reads as it did when the rows were
+        # stored inside the summary.
+        summary = dict(sorted({**summary, "rows": [r.as_dict() for r in rows]}.items()))
     return RunRecord(
         id=int(row["id"]),
         kind=typing.cast(RunKind, row["kind"]),
@@ -701,9 +775,10 @@ def _run_record(row: sqlite3.Row) -> RunRecord:
         hostname=str(row["hostname"]),
         topology=_load(row["topology_json"]),
         config=_load(row["config_json"]),
-        summary=_load(row["summary_json"]),
+        summary=summary,
         chosen_env=_load(row["chosen_env_json"]),
         published_generation=row["published_generation"],
+        rows=rows,
     )
 
 
@@ -733,4 +808,21 @@ def _measurement(row: sqlite3.Row) -> Measurement:
         algo=row["algo"],
         proto=row["proto"],
         correct=bool(row["correct"]),
+        channels=row["channels"],
+        gpu_time_us=row["gpu_time_us"],
+        collective=str(row["collective"]),
+    )
+
+
+def _report_row(row: sqlite3.Row) -> ReportRow:
+    return ReportRow(
+        size_bytes=int(row["size_bytes"]),
+        weight=float(row["weight"]),
+        default_busbw_gbps=float(row["default_busbw_gbps"]),
+        default_noise_pct=float(row["default_noise_pct"]),
+        tuned_busbw_gbps=float(row["tuned_busbw_gbps"]),
+        ratio=float(row["ratio"]),
+        default_algo_proto=row["default_algo_proto"],
+        tuned_algo_proto=row["tuned_algo_proto"],
+        collective=str(row["collective"]),
     )

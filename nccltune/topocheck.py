@@ -17,10 +17,11 @@ from typing import Any
 
 from .errors import UnavailableError
 from .hw.nvml import read_nvml
-from .nccl.debuglog import NcclLog, parse_nccl_log
+from .nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
+from .records import TrialResult
 from .topology.diff import TopoDiff, diff_trees
 from .topology.ncclxml import load_xml
-from .trials.runner import Runner, TrialResult, find_worker_python
+from .trials.runner import Runner, find_worker_python
 
 CHECK_SIZES = (1 << 20, 64 << 20)
 
@@ -102,7 +103,7 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
         transports=dict(log.transports),
         graphs=[{"pattern": g.pattern, "nchannels": g.nchannels, "bw_intra": g.bw_intra,
                  "type_intra": g.type_intra, "type_inter": g.type_inter} for g in log.graphs],
-        algo_proto={str(t.size_bytes): f"{t.algo}/{t.proto}" for t in log.tuning if t.func.lower() == "allreduce"},
+        algo_proto={str(size): c.label for size, c in choices_by_size(log).items()},
         correct=correct, busbw_gbps={s.size_bytes: s.busbw_gbps for s in result.sizes},
         trial_status=result.status, trial_reason=result.reason, nccl_version=log.version,
         dump=str(dump) if dump.exists() else None, dump_diff=dump_diff, log_dir=result.log_dir)

@@ -6,26 +6,30 @@ need something published, so that each of them does not pay for its own sweep.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from nccltune.sweep.space import CATALOGUE
 from nccltune.topology.source import bundled_topologies_dir
 
 SNAPSHOT = bundled_topologies_dir() / "h200x2-nvswitch-vm.json"
+# Everything but NCCL_ALGO that could be measured on one node (network knobs are pruned anyway).
+EXCLUDE = [name for name, t in CATALOGUE.items() if t.kind == "perf" and t.scope == "node" and name != "NCCL_ALGO"]
 # The defaults twice, NCCL_ALGO=Ring and the topology file alone, then one round of finalists.
 BASE_CONFIG: dict[str, Any] = {
     "sweep": {
         "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
         "variables": {"NCCL_ALGO": ["Ring"]},
-        "exclude": ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
-                    "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"],
+        "exclude": EXCLUDE,
     },
     # gloo on two shared cores varies by tens of percent between runs: a wide drift threshold
     # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
@@ -44,17 +48,42 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def seeded_state(factory: pytest.TempPathFactory) -> Path:
-    """State dir of one finished demo sweep with BASE_CONFIG over the bundled 2-GPU snapshot."""
+@dataclass
+class DemoSweep:
+    """The shared demo sweep: its directory, config, state, the JSON document it printed and its stderr."""
+
+    root: Path
+    config: Path
+    state: Path
+    doc: dict[str, Any]
+    stderr: str
+
+    def args(self, state: Path | None = None) -> list[str | Path]:
+        """--config and --state-dir for a command on this state (or a copy of it)."""
+        return ["--config", self.config, "--state-dir", state or self.state]
+
+
+def demo_sweep_in(factory: pytest.TempPathFactory) -> DemoSweep:
+    """One finished demo sweep with BASE_CONFIG over the bundled 2-GPU snapshot, made once per
+    test session (the conftest's `demo_sweep` fixture; test modules that cannot take the fixture
+    call `seeded_state`)."""
     root = factory.getbasetemp() / "seeded-demo-sweep"
     if not (root / "done").exists():
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
         (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
         got = subprocess.run(
-            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--config", str(root / "config.yaml"),
-             "--state-dir", str(root / "state")],
+            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--json",
+             "--config", str(root / "config.yaml"), "--state-dir", str(root / "state")],
             capture_output=True, text=True, env=clean_env(), timeout=SWEEP_S, cwd=root)
         assert got.returncode == 0, got.stderr
+        (root / "sweep.json").write_text(got.stdout)
+        (root / "sweep.err").write_text(got.stderr)
         (root / "done").touch()
-    return root / "state"
+    return DemoSweep(root, root / "config.yaml", root / "state", json.loads((root / "sweep.json").read_text()),
+                     (root / "sweep.err").read_text())
+
+
+def seeded_state(factory: pytest.TempPathFactory) -> Path:
+    """State dir of the shared demo sweep (see demo_sweep_in)."""
+    return demo_sweep_in(factory).state

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
+from conftest import REPO
+from demo_state import DemoSweep
 
 from nccltune.cli import main
 from nccltune.lock import SweepLock
@@ -31,7 +32,6 @@ from nccltune.sweep.space import CATALOGUE
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[1]
 # Everything but NCCL_ALGO that could be measured on one node (network knobs are pruned anyway).
 EXCLUDE = [name for name, t in CATALOGUE.items() if t.kind == "perf" and t.scope == "node" and name != "NCCL_ALGO"]
 CONFIG = (
@@ -68,30 +68,10 @@ def cli_json(*args: str | Path, env: dict[str, str] | None = None) -> dict[str, 
     return doc
 
 
-@dataclass
-class Demo:
-    root: Path
-    config: Path
-    state: Path
-    doc: dict[str, Any]
-    stderr: str
-    wall_s: float
-
-    def args(self, state: Path | None = None) -> list[str | Path]:
-        return ["--config", self.config, "--state-dir", state or self.state]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    """One real demo sweep, shared by the tests that read what it left."""
-    root = tmp_path_factory.mktemp("demo")
-    config = root / "config.yaml"
-    config.write_text(CONFIG)
-    state = root / "state"
-    started = time.monotonic()
-    rc, out, err = cli("sweep", "--demo", "--json", "--config", config, "--state-dir", state)
-    assert rc == 0, err
-    return Demo(root, config, state, json.loads(out), err, time.monotonic() - started)
+@pytest.fixture
+def demo(demo_sweep: DemoSweep) -> DemoSweep:
+    """The shared real demo sweep (conftest), read by the tests that check what it left."""
+    return demo_sweep
 
 
 @pytest.fixture
@@ -158,7 +138,7 @@ def test_unpin_sweeps_a_variable_the_environment_sets(config: Path, tmp_path: Pa
 # -- a real demo sweep ------------------------------------------------------------------------------
 
 
-def test_demo_sweep_json_is_labelled_and_publishes(demo: Demo) -> None:
+def test_demo_sweep_json_is_labelled_and_publishes(demo: DemoSweep) -> None:
     doc = demo.doc
     assert doc["schema_version"] == 1 and doc["kind"] == "sweep"
     assert doc["demo"] is True and DEMO_BANNER in doc["label"]
@@ -190,7 +170,7 @@ def test_demo_sweep_json_is_labelled_and_publishes(demo: Demo) -> None:
     assert "nccltune: trial" not in demo.stderr
 
 
-def test_published_files_can_be_sourced_by_sh(demo: Demo) -> None:
+def test_published_files_can_be_sourced_by_sh(demo: DemoSweep) -> None:
     expected = demo.doc["published_env"]
     sh_text = (demo.state / "nccl.sh").read_text()
     sourced = _sourced(demo.state / "nccl.sh")
@@ -218,7 +198,7 @@ def _assignments(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("fmt", ["env", "sh", "json"])
-def test_env_prints_what_was_published(demo: Demo, fmt: str, tmp_path: Path) -> None:
+def test_env_prints_what_was_published(demo: DemoSweep, fmt: str, tmp_path: Path) -> None:
     rc, out, err = cli("env", "--format", fmt, *demo.args())
     assert rc == 0, err
     expected = demo.doc["published_env"]
@@ -238,7 +218,7 @@ def test_env_prints_what_was_published(demo: Demo, fmt: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("fmt", "name"), [("env", "nccl.env"), ("sh", "nccl.sh")])
-def test_env_prints_the_published_file_exactly(demo: Demo, fmt: str, name: str) -> None:
+def test_env_prints_the_published_file_exactly(demo: DemoSweep, fmt: str, name: str) -> None:
     rc, out, err = cli("env", "--format", fmt, *demo.args())
     assert rc == 0, err
     assert out == (demo.state / name).read_text()
@@ -250,7 +230,7 @@ def test_env_without_anything_published_is_a_check_failure(tmp_path: Path, confi
     assert "nothing is published" in err
 
 
-def test_history_records_the_run(demo: Demo) -> None:
+def test_history_records_the_run(demo: DemoSweep) -> None:
     doc = cli_json("history", *demo.args())
     assert doc["kind"] == "history"
     run = doc["runs"][0]
@@ -268,12 +248,12 @@ def test_history_records_the_run(demo: Demo) -> None:
     assert "[CPU demo]" in out
 
 
-def test_history_of_an_unknown_run_is_a_usage_error(demo: Demo) -> None:
+def test_history_of_an_unknown_run_is_a_usage_error(demo: DemoSweep) -> None:
     rc, _out, err = cli("history", "--run", "999", *demo.args())
     assert rc == 2 and "no run 999" in err
 
 
-def test_report_shows_the_last_sweep(demo: Demo) -> None:
+def test_report_shows_the_last_sweep(demo: DemoSweep) -> None:
     doc = cli_json("report", *demo.args())
     assert doc["kind"] == "report"
     assert DEMO_BANNER in doc["label"]
@@ -285,7 +265,7 @@ def test_report_shows_the_last_sweep(demo: Demo) -> None:
     assert out.startswith(f"*** {DEMO_BANNER}")
 
 
-def test_a_second_sweep_in_text_form_publishes_a_new_generation(demo: Demo, tmp_path: Path) -> None:
+def test_a_second_sweep_in_text_form_publishes_a_new_generation(demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
     shutil.copytree(demo.state, state)
     rc, out, err = cli("sweep", "--demo", *demo.args(state))
@@ -388,7 +368,7 @@ def _wait_for(predicate: Any, timeout_s: float, proc: subprocess.Popen[str]) -> 
 
 
 def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
-        demo: Demo, tmp_path: Path, pid_recording_python: tuple[Path, Path]) -> None:
+        demo: DemoSweep, tmp_path: Path, pid_recording_python: tuple[Path, Path]) -> None:
     wrapper, record = pid_recording_python
     state = tmp_path / "state"
     shutil.copytree(demo.state, state)

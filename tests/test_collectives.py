@@ -9,7 +9,8 @@ import pytest
 
 from nccltune import collectives
 from nccltune.collectives import COLLECTIVES, NAMES, algbw_gbps, get, parse_list
-from nccltune.trials.runner import Runner, SizeResult, TrialResult
+from nccltune.records import Measurement, TrialResult
+from nccltune.trials.runner import Runner
 
 MiB = 1 << 20
 
@@ -119,7 +120,7 @@ def test_nccls_algorithm_per_size_is_matched_by_the_collectives_function(tmp_pat
     (tmp_path / "nccl.7001.log").write_text(
         "nodea:7001:7001 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}\n"
         "nodea:7001:7001 [0] NCCL INFO AllGather: 4096 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..3}\n")
-    result = TrialResult("ok", None, [SizeResult(4096, 1.0, 1.0, 1.0, True, collective=n)
+    result = TrialResult("ok", None, [Measurement(4096, 1.0, 1.0, 1.0, collective=n)
                                       for n in ("all_reduce", "all_gather", "sendrecv")], 1.0, start={"pid": 7001})
     Runner._attach_nccl_log(tmp_path, result)
     assert [(s.algo, s.proto) for s in result.sizes] == [("TREE", "LL"), ("RING", "SIMPLE"), (None, None)]

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES
 
 from nccltune.config import (
     MAX_MESSAGE_BYTES,
@@ -27,7 +28,7 @@ from nccltune.config import (
 )
 from nccltune.errors import EXIT_CONFIG, InputError
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "config.yaml"
+EXAMPLE = EXAMPLES / "config.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -17,14 +17,9 @@ from nccltune.cli import main
 
 pytest.importorskip("torch")
 
-from demo_state import clean_env, seeded_state
+from demo_state import clean_env
 
 POLICY = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return seeded_state(tmp_path_factory)
 
 
 @pytest.fixture

@@ -8,22 +8,23 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import NCCL_LOGS
 
 from nccltune.cli import main
 from nccltune.errors import EXIT_BUSY
 from nccltune.hw.types import GpuProcess
 from nccltune.nccl.debuglog import parse_nccl_log
+from nccltune.records import Measurement, TrialResult
 from nccltune.topocheck import verdict_of
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 from nccltune.topology.source import bundled_topologies_dir
-from nccltune.trials.runner import SizeResult, TrialResult
 
-LOGS = Path(__file__).parent / "fixtures" / "nccllog"
+LOGS = NCCL_LOGS
 
 
 def _trial(status: str = "ok", correct: bool = True, reason: str | None = None) -> TrialResult:
     return TrialResult(status=status, reason=reason, wall_s=1.0,
-                       sizes=[SizeResult(1 << 20, 10.0, 100.0, 100.0, correct)])
+                       sizes=[Measurement(1 << 20, 10.0, 100.0, 100.0, correct=correct)])
 
 
 def _log(name: str):  # type: ignore[no-untyped-def]
@@ -84,7 +85,7 @@ def test_a_gpu_sweep_refuses_busy_gpus_with_75_and_writes_nothing(tmp_path: Path
 
 def test_the_daemon_counts_other_processes_not_its_own_ranks(tmp_path: Path) -> None:
     from nccltune.daemon import Daemon, DaemonOptions
-    from nccltune.pipeline import load_node
+    from nccltune.node import load_node
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"topology": {"snapshot": str(_busy_snapshot(tmp_path))}}))

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
+from conftest import TOPOLOGIES
 from fakesysfs import build_fake_sysfs
 
 from nccltune.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, InputError, UnavailableError
@@ -25,7 +26,7 @@ from nccltune.hw.sysfs import SysfsReader
 from nccltune.hw.types import Gpu, Nic, NvLink, NvmlSnapshot, P2PStatus, Snapshot, SysfsSnapshot
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 
-TOPOLOGY_DIR = Path(__file__).resolve().parents[1] / "topologies"
+TOPOLOGY_DIR = TOPOLOGIES
 TOPOLOGY_FILES = sorted(TOPOLOGY_DIR.glob("*.json"))
 # Built from public facts by a script, hence written by snapshot_to_json byte for byte.
 SYNTHETIC = ("hgx-h100-8gpu.json", "dgx-a100-8gpu.json", "pcie-4gpu-2socket.json",

@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from conftest import NCCL_LOGS
 
 from nccltune.nccl.debuglog import (
     GraphSearch,
     NcclLog,
+    SizeChoice,
     TuningChoice,
     algo_proto_by_size,
+    choices_by_size,
+    nccl_func,
     parse_nccl_log,
+    prevailing,
     summarize,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nccllog"
+FIXTURES = NCCL_LOGS
 
 
 def _read(name: str) -> str:
@@ -300,6 +304,26 @@ def test_tuning_tie_keeps_the_first_choice() -> None:
         "h:1:1 [0] NCCL INFO AllReduce: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"
     )
     assert algo_proto_by_size(parse_nccl_log(text)) == {8: ("TREE", "LL")}
+
+
+def test_one_rule_gives_the_choice_with_its_channels_wherever_it_is_asked() -> None:
+    text = (
+        "h:1:1 [0] NCCL INFO AllReduce: 64 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..3}\n"
+        "h:1:1 [0] NCCL INFO AllReduce: 64 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}\n"
+        "h:1:1 [0] NCCL INFO AllReduce: 64 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}\n"
+        "h:1:1 [0] NCCL INFO AllGather: 64 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..7}\n"
+    )
+    log = parse_nccl_log(text)
+    # The most frequent algorithm/protocol wins; the channels of its first launch come along.
+    assert choices_by_size(log) == {64: SizeChoice("RING", "LL", 4)}
+    assert choices_by_size(log, nccl_func("all_gather")) == {64: SizeChoice("RING", "SIMPLE", 8)}
+    assert choices_by_size(log)[64].label == "RING/LL"
+    # Across trials the same rule: most frequent, the first seen on a tie, nothing from nothing.
+    ring, tree = SizeChoice("RING", "LL"), SizeChoice("TREE", "LL")
+    assert prevailing([tree, ring, ring]) == ring
+    assert prevailing([tree, ring]) == tree
+    assert prevailing([]) is None
+    assert nccl_func("all_reduce") == "AllReduce" and nccl_func("reduce_scatter") == "ReduceScatter"
 
 
 def test_tuning_line_with_trailing_comm_pointer() -> None:

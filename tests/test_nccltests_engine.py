@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import NCCL_TESTS_OUTPUT
 
 from nccltune.cli import main
 from nccltune.errors import EXIT_CONFIG
 from nccltune.trials import nccltests
 
-REFERENCE = Path(__file__).parent / "fixtures" / "nccl-tests"
+REFERENCE = NCCL_TESTS_OUTPUT
 
 
 def test_reference_output_parses_to_its_rows() -> None:

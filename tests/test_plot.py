@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from nccltune.plot import series_by_label
-from nccltune.store import Measurement
+from nccltune.records import Measurement
 
 
 def _trial(phase: str, label: str, values: dict[int, float], status: str = "ok") -> SimpleNamespace:

@@ -16,7 +16,8 @@ import pytest
 
 from nccltune import store as store_mod
 from nccltune.errors import EXIT_BUSY, EXIT_CONFIG, BusyError, InputError
-from nccltune.store import Measurement, Store
+from nccltune.records import Measurement, ReportRow
+from nccltune.store import Store
 
 
 class FakeClock:
@@ -307,7 +308,7 @@ def test_migrations_run_once_and_data_survives_reopen(db_path: Path) -> None:
     with Store(db_path) as s:
         run_id = _start(s)
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1 == store_mod.schema_version()
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2 == store_mod.schema_version()
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
 
@@ -322,19 +323,97 @@ def test_a_later_migration_is_applied_once(db_path: Path, monkeypatch: pytest.Mo
 
     calls: list[int] = []
 
-    def migrate_v2(conn: sqlite3.Connection) -> None:
+    def migrate_next(conn: sqlite3.Connection) -> None:
         calls.append(1)
         conn.execute("ALTER TABLE runs ADD COLUMN note TEXT")
 
-    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, migrate_v2))
+    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, migrate_next))
     with Store(db_path) as s:
         assert s.run(run_id) is not None
     with Store(db_path) as s:
         assert s.run(run_id) is not None
     assert calls == [1]
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
     raw.close()
+
+
+OLD_ROWS = [
+    {"size_bytes": 1024, "weight": 1.0, "default_busbw_gbps": 1.5, "default_noise_pct": 2.0,
+     "tuned_busbw_gbps": 1.8, "ratio": 1.2, "default_algo_proto": "RING/LL", "tuned_algo_proto": "TREE/LL"},
+    {"size_bytes": 1 << 20, "default_busbw_gbps": 10.0, "tuned_busbw_gbps": 12.5},
+]
+
+
+def _version_1_file(path: Path, runs: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    """A history file as a version-1 nccltune wrote it: report rows inside summary_json."""
+    raw = sqlite3.connect(path)
+    store_mod.MIGRATIONS[0](raw)
+    raw.execute("PRAGMA user_version = 1")
+    ids = []
+    for kind, summary in runs:
+        cur = raw.execute(
+            "INSERT INTO runs (started_at, finished_at, status, kind, fingerprint, backend, demo, nccltune_version,"
+            " hostname, topology_json, config_json, summary_json) VALUES (?, ?, 'ok', ?, 'fp-a', 'gloo', 1, '0.1.0',"
+            " 'node1', '{}', '{}', ?)",
+            ("2026-01-01T00:00:00.000000+00:00", "2026-01-01T00:01:00.000000+00:00", kind,
+             json.dumps(summary, sort_keys=True)))
+        assert cur.lastrowid is not None
+        ids.append(cur.lastrowid)
+    trial = raw.execute("INSERT INTO trials (run_id, seq, phase, label, env_json, status, started_at) VALUES"
+                        " (?, 1, 'baseline', 'defaults', '{}', 'ok', '2026-01-01T00:00:30.000000+00:00')", (ids[0],))
+    raw.execute("INSERT INTO measurements (trial_id, size_bytes, time_us, algbw_gbps, busbw_gbps, correct)"
+                " VALUES (?, 1024, 10.0, 1.5, 1.5, 1)", (trial.lastrowid,))
+    raw.commit()
+    raw.close()
+    return ids
+
+
+def test_a_version_1_file_keeps_its_report_rows_as_a_table(db_path: Path) -> None:
+    sweep, verify = _version_1_file(db_path, [
+        ("sweep", {"chosen": "NCCL_ALGO=Tree", "rows": OLD_ROWS}),
+        ("verify", {"rows": [{"size_bytes": 8, "ok": True}]}),
+    ])
+    with Store(db_path) as s:
+        run = s.run(sweep)
+        assert run is not None
+        assert [r.size_bytes for r in run.rows] == [1024, 1 << 20]
+        assert run.rows[0] == ReportRow(1024, 1.0, 1.5, 2.0, 1.8, 1.2, "RING/LL", "TREE/LL")
+        # What the old row left out: every size weighed, no noise known, the ratio of the medians.
+        assert (run.rows[1].weight, run.rows[1].default_noise_pct, run.rows[1].ratio) == (1.0, 0.0, 1.25)
+        assert run.summary is not None and run.summary["chosen"] == "NCCL_ALGO=Tree"
+        assert [r["size_bytes"] for r in run.summary["rows"]] == [1024, 1 << 20]
+        # A verify run's rows are verify's own (measured against expected), left where they were.
+        other = s.run(verify)
+        assert other is not None and other.rows == () and other.summary == {"rows": [{"size_bytes": 8, "ok": True}]}
+        (m,) = s.trials(sweep)[0].measurements
+        assert (m.busbw_gbps, m.collective, m.channels, m.gpu_time_us) == (1.5, "all_reduce", None, None)
+        assert s.baseline("fp-a") == {1024: 1.5}
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == store_mod.schema_version()
+    stored = raw.execute("SELECT summary_json FROM runs WHERE id = ?", (sweep,)).fetchone()[0]
+    assert json.loads(stored) == {"chosen": "NCCL_ALGO=Tree"}
+    assert raw.execute("SELECT COUNT(*) FROM report_rows WHERE run_id = ?", (sweep,)).fetchone()[0] == 2
+    raw.close()
+
+
+def test_report_rows_and_new_measurement_fields_round_trip(store: Store) -> None:
+    run_id = _start(store)
+    store.add_trial(run_id, seq=1, phase="baseline", label="defaults", env={}, status="ok",
+                    measurements=[Measurement(4096, 9.0, 0.4, 0.5, algo="RING", proto="LL", channels=4,
+                                              gpu_time_us=8.5, collective="all_gather")])
+    rows = [ReportRow(4096, 1.0, 0.5, 1.0, 0.6, 1.2, "RING/LL", "TREE/LL"),
+            ReportRow(8192, 0.0, 0.9, 0.0, 0.9, 1.0, collective="all_gather")]
+    store.finish_run(run_id, status="ok", summary={"chosen": "x"}, rows=rows)
+    run = store.run(run_id)
+    assert run is not None and list(run.rows) == rows
+    assert run.summary == {"chosen": "x", "rows": [r.as_dict() for r in rows]}
+    (m,) = store.trials(run_id)[0].measurements
+    assert (m.channels, m.gpu_time_us, m.collective) == (4, 8.5, "all_gather")
+    with pytest.raises(ValueError, match="not finite"):
+        store.finish_run(run_id, status="ok", rows=[ReportRow(1, 1.0, float("nan"), 0.0, 1.0, 1.0)])
+    with pytest.raises(ValueError, match="go in `rows`"):
+        store.finish_run(run_id, status="ok", summary={"rows": []}, rows=rows)
 
 
 def test_mark_interrupted(store: Store) -> None:

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CHECK_UNITS = REPO / ".ci" / "check-units"
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"
 PROLOG = REPO / "launchers" / "slurm-prolog.sh"

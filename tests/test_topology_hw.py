@@ -11,13 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import TOPOLOGIES
 
 from nccltune.hw.sysfs import SysfsReader
 from nccltune.topology.model import from_snapshot
 from nccltune.topology.paths import compute_paths
 from nccltune.topology.snapshot import load_snapshot
-
-TOPOLOGIES = Path(__file__).resolve().parents[1] / "topologies"
 
 CPUINFO = {
     # What each architecture's kernel prints for one processor (abridged, real key spellings).

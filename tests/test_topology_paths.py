@@ -16,16 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import GOLDEN, TOPOLOGIES
 
 from nccltune.render import topology_text
 from nccltune.topology.model import Topology
 from nccltune.topology.ncclxml import load_xml, parse_xml
 from nccltune.topology.paths import LOC_BW, PathGraph, PathMatrix, compute_paths
 from nccltune.topology.source import load_topology
-
-ROOT = Path(__file__).resolve().parents[1]
-TOPOLOGIES = ROOT / "topologies"
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 def _paths(name: str) -> tuple[Topology, PathMatrix]:

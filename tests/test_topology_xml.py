@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import GOLDEN, TOPOLOGIES
 
 from nccltune.cli import main
 from nccltune.errors import EXIT_CONFIG, InputError
@@ -19,9 +20,6 @@ from nccltune.topology.ncclxml import FILLED_ATTRS, load_xml, parse_xml, render_
 from nccltune.topology.paths import compute_paths
 from nccltune.topology.snapshot import load_snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
-TOPOLOGIES = ROOT / "topologies"
-GOLDEN = Path(__file__).resolve().parent / "golden"
 NAMES = sorted(p.stem for p in TOPOLOGIES.glob("*.json"))
 NCCL_DUMP = GOLDEN / "h200x2-nvswitch-vm.nccl-dump.xml"
 

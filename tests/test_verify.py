@@ -27,21 +27,17 @@ from nccltune.cli import main
 from nccltune.config import Config, load_config, with_overrides
 from nccltune.errors import CheckFailed
 from nccltune.lock import SweepLock
+from nccltune.records import ReportRow
 from nccltune.store import Store
 from nccltune.verify import DEMO_VERIFY_SIZES, run_verify
 
 pytest.importorskip("torch")
 
-from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, seeded_state
+from demo_state import BASE_CONFIG, SNAPSHOT, clean_env
 
 # gloo on two shared cores differs by tens of percent from one run to the next; the real-worker
 # tests check the plumbing with a wide threshold, the scripted ones check the judgement.
 WIDE_THRESHOLD = "90"
-
-
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return seeded_state(tmp_path_factory)
 
 
 @pytest.fixture
@@ -183,8 +179,10 @@ def fake_python(tmp_path: Path) -> Path:
     return path
 
 
-def _cfg(config: Path, state: Path) -> Config:
-    return with_overrides(load_config(config), state_dir=str(state))
+def _cfg(config: Path, state: Path, python: Path | None = None) -> Config:
+    """The test's config in `state`, its worker run by `python` (bench.python, as --python sets it)."""
+    extra: dict[str, object] = {"bench.python": str(python)} if python else {}
+    return with_overrides(load_config(config), state_dir=str(state), **extra)
 
 
 def _record_sweep(state: Path, rows: list[dict[str, float]]) -> int:
@@ -195,14 +193,14 @@ def _record_sweep(state: Path, rows: list[dict[str, float]]) -> int:
                                  nccl_version=None, driver_version=None, torch_version=None,
                                  nccltune_version=__version__, hostname=socket.gethostname(), topology={},
                                  config={})
-        store.finish_run(run_id, status="ok", summary={"rows": rows})
+        store.finish_run(run_id, status="ok", summary={}, rows=[ReportRow.from_dict(r) for r in rows])
     return run_id
 
 
 def _verify_with(table: dict[int, float], config: Path, state: Path, fake_python: Path, **kw: Any) -> Any:
     with mock.patch.dict(os.environ, clean_env(FAKE_BUSBW=json.dumps({str(k): v for k, v in table.items()})),
                          clear=True):
-        return run_verify(_cfg(config, state), demo=str(SNAPSHOT), python=str(fake_python), **kw)
+        return run_verify(_cfg(config, state, python=fake_python), demo=str(SNAPSHOT), **kw)
 
 
 def test_a_drop_beyond_the_allowed_drift_fails_and_within_passes(config: Path, state: Path,
@@ -243,11 +241,11 @@ def test_a_size_that_was_not_measured_fails_verify_without_a_crash(config: Path,
 
 def test_a_sweep_that_measured_none_of_the_verify_sizes_gives_no_expectation(config: Path, state: Path,
                                                                              fake_python: Path) -> None:
-    cfg = _cfg(config, state)
+    cfg = _cfg(config, state, python=fake_python)
     _record_sweep(state, [{"size_bytes": 4096, "default_busbw_gbps": 1.0, "tuned_busbw_gbps": 1.0,
                            "default_noise_pct": 1.0}])
     with pytest.raises(CheckFailed, match=r"sweep \d+ measured none of the verify sizes"):
-        run_verify(cfg, demo=str(SNAPSHOT), python=str(fake_python))
+        run_verify(cfg, demo=str(SNAPSHOT))
     assert verify_runs(state) == []
 
 

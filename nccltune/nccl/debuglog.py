@@ -20,8 +20,11 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..collectives import COLLECTIVES
 
 # Not "log": that is the name of the parsed-log parameter of the public functions below.
 logger = logging.getLogger(__name__)
@@ -29,9 +32,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GraphSearch",
     "NcclLog",
+    "SizeChoice",
     "TuningChoice",
     "algo_proto_by_size",
+    "choices_by_size",
+    "nccl_func",
     "parse_nccl_log",
+    "prevailing",
     "summarize",
 ]
 
@@ -484,17 +491,58 @@ def parse_nccl_log(text: str) -> NcclLog:
     return result
 
 
-def algo_proto_by_size(log: NcclLog, func: str = "AllReduce") -> dict[int, tuple[str, str]]:
-    """Algorithm and protocol NCCL chose for each message size of ``func``, sorted by size.
+@dataclass(frozen=True)
+class SizeChoice:
+    """What NCCL used for one message size: algorithm, protocol and channel count."""
 
-    When a size was launched with different choices (several communicators or runs in one
-    log), the most frequent choice wins; on a tie, the one seen first.
-    """
-    by_size: dict[int, Counter[tuple[str, str]]] = {}
-    for choice in log.tuning:
-        if choice.func == func:
-            by_size.setdefault(choice.size_bytes, Counter())[(choice.algo, choice.proto)] += 1
-    return {size: by_size[size].most_common(1)[0][0] for size in sorted(by_size)}
+    algo: str
+    proto: str
+    channels: int | None = None
+
+    @property
+    def label(self) -> str:
+        """"RING/LL": how reports name the choice."""
+        return f"{self.algo}/{self.proto}"
+
+
+def nccl_func(collective: str) -> str | None:
+    """NCCL's name for a collective in its per-size TUNING lines (all_reduce -> AllReduce,
+    all_to_all -> AlltoAll); None for a collective NCCL logs no such line for (send/recv) or one
+    nccltune does not know."""
+    known = COLLECTIVES.get(collective)
+    return known.log_func if known else None
+
+
+def prevailing(choices: Iterable[SizeChoice]) -> SizeChoice | None:
+    """THE rule for the choice NCCL made at one size when it was seen several times (several
+    launches, communicators, trials or repeats): the most frequent wins; on a tie, the one seen
+    first. None when there was none."""
+    counts = Counter(choices)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def choices_by_size(log: NcclLog, func: str = "AllReduce") -> dict[int, SizeChoice]:
+    """Algorithm, protocol and channels NCCL chose for each message size of ``func`` (NCCL's
+    name, see :func:`nccl_func`), sorted by size, under :func:`prevailing`."""
+    by_size: dict[int, list[SizeChoice]] = {}
+    for c in log.tuning:
+        if c.func == func:
+            channels = c.channel_hi - c.channel_lo + 1 if c.channel_hi >= c.channel_lo else None
+            by_size.setdefault(c.size_bytes, []).append(SizeChoice(c.algo, c.proto, channels))
+    out: dict[int, SizeChoice] = {}
+    for size in sorted(by_size):
+        # Channels vary with the launch; the algorithm and protocol decide, the channels of the
+        # first launch with that pair come along.
+        pair = prevailing(SizeChoice(c.algo, c.proto) for c in by_size[size])
+        assert pair is not None
+        out[size] = next(c for c in by_size[size] if (c.algo, c.proto) == (pair.algo, pair.proto))
+    return out
+
+
+def algo_proto_by_size(log: NcclLog, func: str = "AllReduce") -> dict[int, tuple[str, str]]:
+    """Algorithm and protocol NCCL chose for each message size of ``func``, sorted by size
+    (the rule of :func:`prevailing`)."""
+    return {size: (c.algo, c.proto) for size, c in choices_by_size(log, func).items()}
 
 
 def summarize(log: NcclLog) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..names import TUNED_NAME_STARTS
 from ..topology.model import Topology
 from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
 from ..topology.paths import RANK, PathMatrix
@@ -139,7 +140,7 @@ def build_plan(
     pruned: list[Pruned] = []
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
-        if (name.startswith("NCCL_") or name.startswith("TORCH_NCCL_")) and name not in unpin:
+        if name.startswith(TUNED_NAME_STARTS) and name not in unpin:
             if name in MANAGED:
                 continue
             tun = CATALOGUE.get(name)

@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..names import format_size
+
 MiB = 1 << 20
 
 BUILTIN_PROFILES = {
@@ -161,7 +163,7 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
     if regressions:
         worst = min(regressions, key=lambda r: r[1])
         return Verdict(gain, threshold, False, regressions,
-                       f"{len(regressions)} size(s) slower than the defaults (worst {_fmt_size(worst[0])}: "
+                       f"{len(regressions)} size(s) slower than the defaults (worst {format_size(worst[0])}: "
                        f"x{worst[1]:.3f})", robust)
     if require_gain and gain <= 0.0:
         # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
@@ -177,11 +179,4 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
                    f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size", robust)
 
 
-def _fmt_size(n: int) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return f"{n}B"
-
-
-fmt_size = _fmt_size
+fmt_size = format_size

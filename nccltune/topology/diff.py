@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .links import pci_lane_rate
 from .model import CLASS_NVSWITCH, XNode
 from .ncclxml import FILLED_ATTRS, VOLATILE_ATTRS
-from .paths import pci_lane_rate
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..hw.cpuset import cpulist_from_cpus, cpumask_from_cpus, cpus_from_cpumask
 from ..hw.types import Gpu, Nic, PciDevice, Snapshot, parse_int
+from .links import pci_lane_rate
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ class Topology:
 
 
 def _speed_rank(speed: str | None) -> float:
-    from .paths import pci_lane_rate
-
     return pci_lane_rate(speed) if speed else 0.0
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import socket
 from pathlib import Path
 
 from ..errors import InputError
 from ..hw.nvml import read_nvml
 from ..hw.sysfs import read_sysfs
 from ..hw.types import SNAPSHOT_SCHEMA_VERSION, Snapshot, SnapshotFormatError, from_dict, to_dict
+from ..names import short_hostname
 
 SNAPSHOT_KIND = "nccltune-snapshot"
 
@@ -27,7 +27,7 @@ def record_snapshot(sysfs_root: str | os.PathLike[str] = "/", description: str |
     return Snapshot(
         nvml=nvml,
         sysfs=sysfs,
-        hostname=socket.gethostname().split(".")[0],
+        hostname=short_hostname(),
         recorded_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         description=description,
     )

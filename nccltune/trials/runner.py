@@ -20,13 +20,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..collectives import COLLECTIVES
 from ..errors import NccltuneError, UnavailableError
-from ..nccl.debuglog import parse_nccl_log, summarize
+from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
+from ..records import Measurement, TrialResult, TrialStatus
 from . import nccltests
 
 log = logging.getLogger(__name__)
@@ -43,46 +43,25 @@ class TrialAborted(NccltuneError):
     """The caller asked to stop (a job started on the GPUs, or the service is stopping)."""
 
 
-@dataclass
-class SizeResult:
-    size_bytes: int
-    time_us: float
-    algbw_gbps: float
-    busbw_gbps: float
-    correct: bool
-    algo: str | None = None
-    proto: str | None = None
-    gpu_time_us: float | None = None  # CUDA-event time beside the host-clock time, where both exist
-    collective: str = "all_reduce"  # collectives.NAMES; all_reduce for a worker that did not say
+def measurement_of(doc: Mapping[str, Any]) -> Measurement:
+    """A worker's `size` JSON line as a record.
+
+    Raises:
+        KeyError, TypeError, ValueError: a field is missing or not a number.
+    """
+    gpu_time = doc.get("gpu_time_us")
+    return Measurement(
+        size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]), algbw_gbps=float(doc["algbw_gbps"]),
+        busbw_gbps=float(doc["busbw_gbps"]), correct=bool(doc["correct"]),
+        gpu_time_us=float(gpu_time) if gpu_time is not None else None,
+        collective=str(doc.get("collective") or "all_reduce"))
 
 
-@dataclass
-class TrialResult:
-    status: str  # ok | failed | timeout | crashed | wrong_result | error
-    reason: str | None
-    sizes: list[SizeResult]
-    wall_s: float
-    start: dict[str, Any] = field(default_factory=dict)
-    nccl: dict[str, Any] = field(default_factory=dict)
-    log_dir: str | None = None
-    not_measured: dict[str, str] = field(default_factory=dict)  # collective -> why the backend could not
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def busbw(self) -> dict[int, float]:
-        return {s.size_bytes: s.busbw_gbps for s in self.sizes}
-
-    @property
-    def method(self) -> str | None:
-        """How the trial measured, 'placement; timing' (e.g. 'out-of-place; host clock, ...'), from
-        the worker's start record; None when no worker started."""
-        if self.start.get("engine") == "nccl-tests":
-            return "out-of-place; all_reduce_perf (nccl-tests)"
-        if not self.start.get("timing"):
-            return None
-        return f"{self.start.get('placement', 'in-place')}; {self.start['timing']}"
+def with_nccl_choice(m: Measurement, choice: SizeChoice | None) -> Measurement:
+    """The measurement with the algorithm, protocol and channels NCCL logged for its size."""
+    if choice is None:
+        return m
+    return replace(m, algo=choice.algo, proto=choice.proto, channels=choice.channels)
 
 
 def free_port() -> int:
@@ -226,7 +205,7 @@ class Runner:
         wall = time.monotonic() - started
         rows, version = nccltests.parse_output((trial_dir / "rank0.out").read_text(errors="replace"))
         wanted = set(sizes)
-        results = [SizeResult(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, r.correct)
+        results = [Measurement(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, correct=r.correct)
                    for r in rows if r.size_bytes in wanted or not wanted]
         if status == "ok" and not results:
             status, reason = "error", "all_reduce_perf printed no result rows"
@@ -238,7 +217,7 @@ class Runner:
         self._attach_nccl_log(trial_dir, result)
         return result
 
-    def _wait(self, started: float) -> tuple[str, str | None]:
+    def _wait(self, started: float) -> tuple[TrialStatus, str | None]:
         deadline = started + self.timeout_s
         while True:
             codes = [p.poll() for p in self._procs]
@@ -279,8 +258,8 @@ class Runner:
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 log.warning("rank process %d did not exit after SIGKILL", p.pid)
 
-    def _collect(self, trial_dir: Path, status: str, reason: str | None, wall: float) -> TrialResult:
-        sizes: list[SizeResult] = []
+    def _collect(self, trial_dir: Path, status: TrialStatus, reason: str | None, wall: float) -> TrialResult:
+        sizes: list[Measurement] = []
         start: dict[str, Any] = {}
         not_measured: dict[str, str] = {}
         done = False
@@ -301,11 +280,7 @@ class Runner:
                 start = doc
             elif event == "size":
                 try:
-                    sizes.append(SizeResult(
-                        size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]),
-                        algbw_gbps=float(doc["algbw_gbps"]), busbw_gbps=float(doc["busbw_gbps"]),
-                        correct=bool(doc["correct"]), collective=str(doc.get("collective", "all_reduce")),
-                        gpu_time_us=float(doc["gpu_time_us"]) if doc.get("gpu_time_us") is not None else None))
+                    sizes.append(measurement_of(doc))
                 except (KeyError, TypeError, ValueError):
                     status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
             elif event == "not_measured":
@@ -343,10 +318,9 @@ class Runner:
         chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
         parsed = parse_nccl_log(chosen.read_text(errors="replace"))
         result.nccl = summarize(parsed)
-        by_size = {(c.func.lower(), c.size_bytes): (c.algo, c.proto) for c in parsed.tuning}
-        for s in result.sizes:
-            func = COLLECTIVES[s.collective].log_func if s.collective in COLLECTIVES else None
-            if func and (func.lower(), s.size_bytes) in by_size:
-                s.algo, s.proto = by_size[(func.lower(), s.size_bytes)]
+        by_collective = {c: choices_by_size(parsed, func) for c in {m.collective for m in result.sizes}
+                         if (func := nccl_func(c)) is not None}
+        result.sizes = [with_nccl_choice(m, by_collective.get(m.collective, {}).get(m.size_bytes))
+                        for m in result.sizes]
         if parsed.errors and result.status == "ok":
             result.status, result.reason = "error", f"NCCL: {parsed.errors[0]}"

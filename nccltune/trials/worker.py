@@ -30,11 +30,15 @@ lacks is reported as not measured, with the reason.
 Rank 0 prints: {"event": "start", ...}, per collective one {"event": "size", "collective": ...}
 per size (or one {"event": "not_measured", "collective": ..., "reason": ...}), {"event": "done"}.
 Exit status: 0 ok, 3 wrong result, 4 setup error; anything else is a crash.
+`worker.py --probe` (no ranks, no communicator) prints one {"event": "probe", ...} line with
+torch's and NCCL's versions and the NCCL library this interpreter loads, found by the same
+memory-map rule the direct path uses: what the sweep and the daemon know of the worker's NCCL.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -121,6 +125,32 @@ def loaded_nccl_path(maps_text: str) -> str | None:
         if len(fields) == 6 and os.path.basename(fields[5]).startswith("libnccl.so"):
             return fields[5].strip()
     return None
+
+
+def read_maps() -> str:
+    with open("/proc/self/maps") as fh:
+        return fh.read()
+
+
+def probe_record(maps: Callable[[], str] = read_maps) -> dict[str, object]:
+    """`--probe`: torch's and NCCL's versions and the NCCL library this process has loaded, found
+    by loaded_nccl_path in its memory map (`maps`), the rule the direct calls use."""
+    info: dict[str, object] = {"event": "probe", "torch_version": None, "nccl_version": None, "nccl_lib": None}
+    try:
+        import torch
+    except ImportError as exc:
+        info["error"] = str(exc)
+        return info
+    info["torch_version"] = torch.__version__
+    try:
+        v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+        info["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:  # a CPU-only torch has no NCCL: reported as unknown
+        pass
+    # Read after NCCL was asked its version, so that a lazily loaded library is mapped by then.
+    with contextlib.suppress(OSError):
+        info["nccl_lib"] = loaded_nccl_path(maps())
+    return info
 
 
 def version_code(text: str) -> int:
@@ -341,6 +371,9 @@ def torch_call(dist: Any, name: str, send: Any, recv: Any, rank: int, world: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--probe"]:
+        emit(probe_record())
+        return 0
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     ap.add_argument("--collectives", default=coll.DEFAULT,

@@ -1,0 +1,102 @@
+"""The sweep's choice and its report: what gets published, the rows per size, the summary line.
+
+Reads the search's result and the trials (for which algorithm and protocol NCCL used); decides
+nothing the selection has not decided (sweep/select.py judges, this module only shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .nccl.debuglog import SizeChoice, prevailing
+from .records import ReportRow, TrialResult
+from .sweep.plan import Plan
+from .sweep.strategy import Finalist, SearchResult, label_of
+
+DEFAULTS_LABEL = "NCCL defaults"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a sweep publishes and how it reports it."""
+
+    chosen: Finalist | None
+    label: str
+    env: dict[str, str]  # everything published: the chosen candidate, the policy, the config's pins
+    uses_topology_file: bool
+    rows: list[ReportRow]
+    summary: str
+
+
+def choose(result: SearchResult, plan: Plan, topology_file: Path,
+           trials: Iterable[tuple[Mapping[str, str], TrialResult]], demo: bool) -> Choice:
+    """The published environment for the search's winner (NCCL's defaults when none won), with
+    the trial's own topology file replaced by the published one."""
+    chosen = result.chosen
+    chosen_env = dict(chosen.env) if chosen else {}
+    uses_topology_file = "NCCL_TOPO_FILE" in chosen_env
+    if uses_topology_file:
+        chosen_env["NCCL_TOPO_FILE"] = str(topology_file)
+    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+    return Choice(
+        chosen=chosen, label=chosen.label if chosen else DEFAULTS_LABEL,
+        env={**chosen_env, **plan.policy, **config_pins}, uses_topology_file=uses_topology_file,
+        rows=report_rows(result, chosen, nccl_choices(trials)), summary=summarize(result, chosen, demo))
+
+
+def nccl_choices(trials: Iterable[tuple[Mapping[str, str], TrialResult]]) -> dict[str, dict[int, SizeChoice]]:
+    """Candidate label -> size -> what NCCL used there over the candidate's good trials (the one
+    rule of nccl.debuglog.prevailing decides when trials differ)."""
+    seen: dict[str, dict[int, list[SizeChoice]]] = {}
+    for env, result in trials:
+        if not result.ok:
+            continue
+        by_size = seen.setdefault(label_of(env), {})
+        for m in result.sizes:
+            if m.algo and m.proto:
+                by_size.setdefault(m.size_bytes, []).append(SizeChoice(m.algo, m.proto))
+    out: dict[str, dict[int, SizeChoice]] = {}
+    for label, sizes in seen.items():
+        for size, choices in sizes.items():
+            got = prevailing(choices)
+            if got is not None:
+                out.setdefault(label, {})[size] = got
+    return out
+
+
+def report_rows(result: SearchResult, chosen: Finalist | None,
+                choices: Mapping[str, Mapping[int, SizeChoice]]) -> list[ReportRow]:
+    """One row per size of the baseline: defaults against the chosen setting (itself the
+    defaults when nothing was chosen)."""
+    rows = []
+    tuned = chosen.stats if chosen else {}
+    defaults = choices.get(label_of({}), {})
+    chosen_choices = choices.get(label_of(chosen.env), {}) if chosen else defaults
+    for size, base in sorted(result.baseline.items()):
+        t = tuned.get(size)
+        d_choice, t_choice = defaults.get(size), chosen_choices.get(size)
+        rows.append(ReportRow(
+            size_bytes=size, weight=result.weights.get(size, 0.0),
+            default_busbw_gbps=round(base.median, 3), default_noise_pct=round(base.noise_pct, 2),
+            tuned_busbw_gbps=round(t.median, 3) if t else round(base.median, 3),
+            ratio=round(t.median / base.median, 4) if t and base.median > 0 else 1.0,
+            default_algo_proto=d_choice.label if d_choice else None,
+            tuned_algo_proto=t_choice.label if t_choice else None,
+        ))
+    return rows
+
+
+def summarize(result: SearchResult, chosen: Finalist | None, demo: bool) -> str:
+    """One sentence: what is published and why."""
+    prefix = "[CPU demo, not NCCL numbers] " if demo else ""
+    if chosen is None:
+        return prefix + "Nothing beat NCCL's defaults beyond the measured noise: publishing the defaults."
+    v = chosen.verdict
+    if chosen is result.topo_only:
+        return (prefix + "No setting beat NCCL's defaults beyond the measured noise; publishing the defaults with "
+                "nccltune's topology file (measured no slower than without it).")
+    gain = (f"{v.gain_pct:+.2f}% ({v.robust_gain_pct:+.2f}% beyond the run-to-run noise at each size; "
+            f"minimum {v.threshold_pct:.2f}%)") if v else ""
+    return prefix + f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."

@@ -1,0 +1,80 @@
+"""From the config and the node to the sweep's plan: what is measured, pinned, pruned, published
+by policy, which sizes count how much, and about how long it will take."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .config import Config
+from .errors import InputError
+from .node import Node, iterations, size_ladder
+from .sweep.plan import Plan, build_plan
+from .sweep.select import BUILTIN_PROFILES, profile_weights
+from .sweep.space import CATALOGUE, unknown_variable_hint
+from .sweep.strategy import Settings
+
+# Published by policy beside every tuning, never swept (torch's reaction to a failed collective).
+POLICY_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def check_config_variables(cfg: Config) -> None:
+    """Every variable and value the config names must be known and valid (file:line on error)."""
+    where = cfg.path or "config"
+    for section, mapping in (("sweep.variables", cfg.sweep.variables), ("sweep.pin", cfg.sweep.pin)):
+        for name, values in mapping.items():
+            line = cfg.lines.get(f"{section}.{name}")
+            tunable = CATALOGUE.get(name)
+            if tunable is None and section == "sweep.variables":
+                raise InputError(where, f"{section}.{name}: not a variable nccltune knows how to sweep",
+                                 line=line, hint=unknown_variable_hint(name))
+            for value in ([values] if isinstance(values, str) else values):
+                problem = tunable.validate(value) if tunable else None
+                if problem:
+                    raise InputError(where, f"{section}.{name}: {problem}", line=line)
+
+
+def check_profile(cfg: Config) -> None:
+    """sweep.profile names a built-in or a configured profile.
+
+    Raises:
+        InputError: it names neither (exit 78).
+    """
+    profile = cfg.sweep.profile
+    if profile not in BUILTIN_PROFILES and profile not in cfg.sweep.profiles:
+        raise InputError(cfg.path or "config", f"unknown profile {profile!r}", line=cfg.lines.get("sweep.profile"),
+                         hint=f"built in: {', '.join(BUILTIN_PROFILES)}; or define sweep.profiles")
+
+
+def make_plan(cfg: Config, node: Node, env: Mapping[str, str]) -> Plan:
+    """The plan for this node, with the variables pinned by `env` (the calling environment) and
+    the config, less the ones sweep.unpin frees."""
+    check_config_variables(cfg)
+    policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
+    return build_plan(
+        node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=list(cfg.sweep.unpin),
+        variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
+        sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks,
+    )
+
+
+def weights(cfg: Config, plan: Plan) -> dict[int, float]:
+    """How much each size of the plan counts under sweep.profile."""
+    return profile_weights(cfg.sweep.profile, plan.sizes, cfg.sweep.profiles)
+
+
+def settings(cfg: Config) -> Settings:
+    """The search's settings from the sweep section."""
+    s = cfg.sweep
+    return Settings(baseline_repeats=s.baseline_repeats, finalist_repeats=s.finalist_repeats,
+                    max_finalists=s.max_finalists, min_gain_pct=s.min_gain_pct,
+                    max_regression_pct=s.max_regression_pct, exhaustive=s.strategy == "exhaustive")
+
+
+def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node) -> float:
+    """Rough time: process start and communicator set-up, plus the data moved per size."""
+    overhead = 2.5 if node.demo else 7.0
+    warmup, iters = iterations(cfg, node)
+    bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
+    bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
+    per_trial = overhead + sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
+    return trials * per_trial

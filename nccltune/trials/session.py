@@ -1,0 +1,122 @@
+"""One run's trials, shared by the sweep and verify: each trial numbered, run in fresh rank
+processes, reported to the progress callback and stored with its measurements as it ends.
+
+The session also remembers what the trials told about the software (NCCL and torch versions,
+the measuring method, as the first trial that says) and which trials failed, for the run's
+summary. It owns the run's record from start to finish: `start_run` opens it, `finish` or
+`abandon` closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import __version__
+from ..config import Config, config_to_dict
+from ..errors import InputError, UnavailableError
+from ..names import short_hostname
+from ..node import Node, iterations
+from ..records import ReportRow, TrialResult
+from ..store import Phase, RunKind, RunStatus, Store
+from .runner import Runner, find_worker_python
+
+log = logging.getLogger(__name__)
+
+# progress(seq, expected total, phase, label, result): result is None as a trial starts.
+ProgressFn = Callable[[int, int, str, str, "TrialResult | None"], None]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What measures: the worker under `python`, or all_reduce_perf at `nccl_tests`."""
+
+    python: str
+    nccl_tests: str | None = None
+
+
+def resolve_engine(cfg: Config, node: Node) -> Engine:
+    """The measuring engine bench.engine names, with its interpreter (bench.python, else found).
+
+    Raises:
+        InputError: nccl-tests asked for in the CPU demo (exit 78).
+        UnavailableError: all_reduce_perf, or an interpreter with torch, not found (exit 69).
+    """
+    if cfg.bench.engine != "nccl-tests":
+        return Engine(find_worker_python(cfg.bench.python))
+    from .nccltests import find_binary
+
+    if node.demo:
+        raise InputError(cfg.path or "config", "bench.engine nccl-tests measures NCCL on GPUs; the CPU demo "
+                         "needs the torch worker (bench.engine: torch)", line=cfg.lines.get("bench.engine"))
+    binary = find_binary(cfg.bench.nccl_tests_dir)
+    if binary is None:
+        raise UnavailableError("all_reduce_perf (nccl-tests) not found in bench.nccl_tests_dir or on PATH",
+                               hint="build nccl-tests, or set bench.engine: torch")
+    return Engine(cfg.bench.python or sys.executable, binary)
+
+
+def start_run(store: Store, *, kind: RunKind, cfg: Config, node: Node, profile: str | None,
+              topology: Mapping[str, Any]) -> int:
+    """Record a run of this node as started; its id."""
+    return store.start_run(
+        kind=kind, fingerprint=node.fingerprint, backend=node.backend, demo=node.demo, profile=profile,
+        nccl_version=None, driver_version=node.topo.driver_version, torch_version=None,
+        nccltune_version=__version__, hostname=short_hostname(), topology=topology, config=config_to_dict(cfg))
+
+
+class TrialSession:
+    """The trials of one run, in order."""
+
+    def __init__(self, store: Store, run_id: int, runner: Runner, sizes: Sequence[int], *, cfg: Config,
+                 node: Node, progress: ProgressFn | None = None,
+                 expected_trials: Callable[[], int] | None = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.runner = runner
+        self.sizes = list(sizes)
+        self.warmup, self.iters = iterations(cfg, node)
+        self.progress = progress
+        self.expected_trials = expected_trials or (lambda: 0)
+        self.seq = 0
+        self.failed: list[tuple[str, str]] = []
+        self.nccl_version: str | None = None
+        self.torch_version: str | None = None
+        self.method: str | None = None
+        # Every trial with the candidate it ran, for what the trials say beyond their busbw
+        # (which algorithm and protocol NCCL used per size).
+        self.results: list[tuple[dict[str, str], TrialResult]] = []
+
+    def trial(self, env: Mapping[str, str], phase: Phase, label: str) -> TrialResult:
+        """Run and store one trial of the candidate `env` (its own variables only)."""
+        self.seq += 1
+        total = max(self.expected_trials(), self.seq)
+        if self.progress:
+            self.progress(self.seq, total, phase, label, None)
+        result = self.runner.run(env, self.sizes, warmup=self.warmup, iters=self.iters, label=label)
+        self.nccl_version = self.nccl_version or result.nccl_version
+        self.torch_version = self.torch_version or result.torch_version
+        self.method = self.method or result.method
+        self.store.add_trial(self.run_id, seq=self.seq, phase=phase, label=label, env=env, status=result.status,
+                             reason=result.reason, wall_s=result.wall_s, nccl=result.nccl,
+                             measurements=result.sizes)
+        if self.progress:
+            self.progress(self.seq, total, phase, label, result)
+        if not result.ok:
+            self.failed.append((label, result.reason or result.status))
+        self.results.append((dict(env), result))
+        return result
+
+    def finish(self, status: RunStatus, summary: Mapping[str, Any], *, chosen_env: Mapping[str, str] | None = None,
+               published_generation: int | None = None, rows: Sequence[ReportRow] = ()) -> None:
+        """Close the run with what it found."""
+        self.store.finish_run(self.run_id, status=status, summary=summary, chosen_env=chosen_env,
+                              published_generation=published_generation, rows=rows)
+
+    def abandon(self, status: RunStatus, summary: Mapping[str, Any]) -> None:
+        """Stop whatever trial runs (its rank processes are killed) and close the run as ended early."""
+        self.runner.kill()
+        self.store.finish_run(self.run_id, status=status, summary=summary)

@@ -1,0 +1,34 @@
+"""What the tests share: where the fixture files live, and the one finished CPU-demo sweep.
+
+Test modules import the paths from here (`from conftest import TOPOLOGIES`); the demo sweep is
+the `demo_sweep` fixture (made once per test session, see demo_state.py) and `seeded`, its
+state directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from demo_state import DemoSweep, demo_sweep_in
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+TOPOLOGIES = REPO / "topologies"  # the recorded and synthetic snapshots
+EXAMPLES = REPO / "examples"
+GOLDEN = TESTS / "golden"  # expected renderings of the snapshots
+FIXTURES = TESTS / "fixtures"
+NCCL_LOGS = FIXTURES / "nccllog"  # NCCL_DEBUG=INFO logs
+NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
+
+
+@pytest.fixture(scope="session")
+def demo_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSweep:
+    """One finished demo sweep (`sweep --demo --json`), shared read-only: copy its state to change it."""
+    return demo_sweep_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def seeded(demo_sweep: DemoSweep) -> Path:
+    """The demo sweep's state directory: something published, one sweep in the history."""
+    return demo_sweep.state

@@ -1,0 +1,43 @@
+"""The sweep's choice and report rows: what NCCL used per size over a candidate's trials, the
+published environment, and the rows the reports show."""
+
+from __future__ import annotations
+
+from nccltune.choice import nccl_choices, report_rows
+from nccltune.nccl.debuglog import SizeChoice
+from nccltune.records import Measurement, ReportRow, TrialResult
+from nccltune.sweep.select import SizeStats
+from nccltune.sweep.strategy import Finalist, SearchResult
+
+
+def _trial(choices: dict[int, tuple[str, str]], status: str = "ok") -> TrialResult:
+    sizes = [Measurement(s, 1.0, 1.0, 1.0, algo=a, proto=p) for s, (a, p) in choices.items()]
+    return TrialResult(status="ok" if status == "ok" else "crashed", reason=None, sizes=sizes, wall_s=1.0)
+
+
+def test_what_nccl_used_is_the_prevailing_choice_of_the_good_trials() -> None:
+    tree = {"NCCL_ALGO": "Tree", "NCCL_TOPO_FILE": "/run/t.xml"}
+    got = nccl_choices([
+        ({}, _trial({1024: ("RING", "LL"), 4096: ("TREE", "LL")})),
+        ({}, _trial({1024: ("TREE", "LL")})),
+        ({}, _trial({1024: ("RING", "LL")})),
+        ({}, _trial({1024: ("NVLS", "SIMPLE")}, status="crashed")),
+        (tree, _trial({1024: ("TREE", "LL128")})),
+    ])
+    assert got == {"defaults": {1024: SizeChoice("RING", "LL"), 4096: SizeChoice("TREE", "LL")},
+                   "NCCL_ALGO=Tree": {1024: SizeChoice("TREE", "LL128")}}
+
+
+def test_rows_compare_the_defaults_with_the_chosen_setting() -> None:
+    baseline = {1024: SizeStats(1024, 2.0, 1.9, 2.1, 3), 4096: SizeStats(4096, 4.0, 4.0, 4.0, 3)}
+    chosen = Finalist(env={"NCCL_ALGO": "Tree"}, label="NCCL_ALGO=Tree",
+                      stats={1024: SizeStats(1024, 3.0, 3.0, 3.0, 2)})
+    result = SearchResult(baseline_runs=[], baseline=baseline, screened=[], finalists=[chosen], chosen=chosen,
+                          topo_only=None, weights={1024: 1.0, 4096: 0.0}, notes=[])
+    choices = {"defaults": {1024: SizeChoice("RING", "LL")}, "NCCL_ALGO=Tree": {1024: SizeChoice("TREE", "LL")}}
+    assert report_rows(result, chosen, choices) == [
+        ReportRow(1024, 1.0, 2.0, 5.0, 3.0, 1.5, "RING/LL", "TREE/LL"),
+        ReportRow(4096, 0.0, 4.0, 0.0, 4.0, 1.0, None, None),
+    ]
+    # Nothing chosen: the defaults on both sides.
+    assert report_rows(result, None, choices)[0] == ReportRow(1024, 1.0, 2.0, 5.0, 2.0, 1.0, "RING/LL", "RING/LL")
