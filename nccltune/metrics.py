@@ -29,7 +29,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .errors import NccltuneError
+from .errors import InputError, NccltuneError
 from .publish import read_published
 from .store import RunRecord, Store
 
@@ -324,13 +324,29 @@ def write_snapshot(directory: Path, snap: Snapshot) -> Path:
     """Write `<directory>/nccltune.prom` atomically (written beside it, renamed over it); return its path.
 
     node_exporter often runs as another user, hence mode 0644 whatever the umask.
+
+    Raises:
+        InputError: running as root, and the directory is one another user could plant a link in.
+        OSError: the file cannot be written.
     """
     directory.mkdir(parents=True, exist_ok=True)
+    _check_directory(directory)
     path = directory / FILENAME
     write_to_textfile(str(path), registry_for(snap))
     if (path.stat().st_mode & 0o777) != 0o644:
         os.chmod(path, 0o644)
     return path
+
+
+def _check_directory(directory: Path) -> None:
+    """As root, refuse a directory another user can write to: the temporary file's name is predictable
+    (`nccltune.prom.<pid>.<thread>`), so a link planted there would be written through as root."""
+    if os.geteuid() != 0:
+        return
+    st = directory.stat()
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise InputError(str(directory), "the metrics directory is writable by another user; not writing there "
+                         "as root", hint=f"chown root {directory} && chmod go-w {directory}")
 
 
 def write_metrics_from_store(directory: Path, store: Store, *, fingerprint: str, node_class: str | None = None,

@@ -20,8 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccltune import __version__
-from nccltune.publish import Provenance, publish
-from nccltune.store import Measurement, Store
+from nccltune.errors import InputError
 from nccltune.metrics import (
     DAEMON_STATES,
     FILENAME,
@@ -32,6 +31,8 @@ from nccltune.metrics import (
     write_metrics_from_store,
 )
 from nccltune.metrics import render as render_snapshot
+from nccltune.publish import Provenance, publish
+from nccltune.store import Measurement, Store
 
 
 def render(state: MetricsState) -> str:
@@ -388,6 +389,17 @@ def test_the_file_is_readable_by_node_exporter_whatever_the_umask(tmp_path: Path
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "textfile" / FILENAME).stat().st_mode) == 0o644
     assert sorted(os.listdir(tmp_path / "textfile")) == [FILENAME]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root only")
+def test_as_root_a_directory_another_user_can_write_is_refused(tmp_path: Path, store: Store) -> None:
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    directory.chmod(0o1777)  # like /tmp: anyone could plant nccltune.prom.<pid>.<thread> as a link
+    with pytest.raises(InputError, match="writable by another user") as caught:
+        write_metrics_from_store(directory, store, fingerprint=FP)
+    assert str(directory) in str(caught.value)
+    assert os.listdir(directory) == []
 
 
 # -- one-shot commands write it too ------------------------------------------------------------------
