@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .errors import InputError, NccltuneError
 from .publish import read_published
-from .store import RunRecord, Store
+from .store import RunKind, RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,16 @@ def _unix(iso: str | None) -> float | None:
     return None if iso is None else datetime.fromisoformat(iso).timestamp()
 
 
-def _finished(runs: list[RunRecord], statuses: tuple[str, ...]) -> RunRecord | None:
-    """The newest run that ended with one of these statuses (runs come newest first)."""
-    return next((r for r in runs if r.finished_at is not None and r.status in statuses), None)
+def _latest_finished(store: Store, fingerprint: str, kind: RunKind, statuses: tuple[RunStatus, ...]
+                     ) -> RunRecord | None:
+    """The most recently started run of this kind that ended with one of these statuses.
+
+    One indexed query per status, not a scan of the history: the daemon writes every poll and
+    verify runs pile up. Runs marked interrupted after a crash have no end time and do not count.
+    """
+    found = [r for st in statuses if (r := store.latest_run(fingerprint, kind=kind, status=st)) is not None
+             and r.finished_at is not None]
+    return max(found, key=lambda r: (r.started_at, r.id), default=None)
 
 
 def env_digest(env: Mapping[str, str]) -> str:
@@ -157,18 +164,16 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
     """The textfile's content for this node (`fingerprint`) from its history, plus `live` values."""
     snap = Snapshot(node_class=node_class or "", fingerprint=fingerprint, live=live,
                     degraded=live.degraded if live is not None else False)
-    sweeps = store.runs(limit=None, kind="sweep")
-    snap.sweeps_total = len(sweeps)
-    mine = [r for r in sweeps if r.fingerprint == fingerprint]
-    last = _finished(mine, ("ok", "failed", "interrupted"))
+    snap.sweeps_total = len(store.runs(limit=None, kind="sweep"))
+    last = _latest_finished(store, fingerprint, "sweep", ("ok", "failed", "interrupted"))
     if last is not None:
         snap.last_sweep_ts = _unix(last.finished_at)
         started = _unix(last.started_at)
         if snap.last_sweep_ts is not None and started is not None:
             snap.last_sweep_duration_s = round(snap.last_sweep_ts - started, 3)
         snap.last_sweep_success = last.status == "ok"
-    ok = _finished(mine, ("ok",))
-    newest = mine[0] if mine else None
+    ok = _latest_finished(store, fingerprint, "sweep", ("ok",))
+    newest = store.latest_run(fingerprint, kind="sweep", status=None)
     if newest is not None:
         snap.driver_version = newest.driver_version
         gpus = newest.topology.get("gpus")
@@ -186,8 +191,7 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
                 snap.noise_ratio[key] = round(float(row["default_noise_pct"]) / 100.0, 6)
             if row.get("ratio") is not None:
                 snap.tuned_ratio[key] = float(row["ratio"])
-    verifies = [r for r in store.runs(limit=None, kind="verify") if r.fingerprint == fingerprint]
-    verify = _finished(verifies, ("ok", "failed"))
+    verify = _latest_finished(store, fingerprint, "verify", ("ok", "failed"))
     if verify is not None:
         snap.last_verify_ts = _unix(verify.finished_at)
         snap.last_verify_success = verify.status == "ok"
