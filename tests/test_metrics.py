@@ -26,17 +26,16 @@ from nccltune.metrics import (
     FILENAME,
     LiveState,
     MetricsState,
+    PublishedInfo,
+    Snapshot,
     env_digest,
+    render,
     write_metrics,
     write_metrics_from_store,
+    write_snapshot,
 )
-from nccltune.metrics import render as render_snapshot
 from nccltune.publish import Provenance, publish
 from nccltune.store import Measurement, Store
-
-
-def render(state: MetricsState) -> str:
-    return render_snapshot(state.snapshot())
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -52,21 +51,27 @@ def samples(text: str) -> dict[str, list[Any]]:
     return out
 
 
-def full_state() -> MetricsState:
-    return MetricsState(
-        fingerprint="f655b0b8afa0e83c", gpus=2, driver_version="580.159.04", nccl_version="2.21.5", demo=False,
+def full_state() -> Snapshot:
+    c = "all_reduce"
+    return Snapshot(
+        fingerprint="f655b0b8afa0e83c", gpus=2, driver_version="580.159.04", nccl_version="2.21.5",
         degraded=False, last_sweep_ts=1_790_000_000.5, last_sweep_duration_s=812.25, last_sweep_success=True,
-        published_generation=4, busbw={(4096, "default"): 0.5, (4096, "published"): 0.75,
-                                       (1 << 30, "default"): 340.0, (1 << 30, "published"): 351.5},
-        last_verify_ts=1_790_000_900.0, last_verify_success=False, verify_drift={1 << 30: -0.125},
-        doctor={"error": 1, "warning": 2}, sweeps_total=3, topology_changes_total=1)
+        last_successful_sweep_ts=1_790_000_000.5, sweeps_total=3,
+        published=PublishedInfo(generation=4, demo=False, state="tuned", decision="node", env_digest="0123456789abcdef",
+                                profile_generation=""),
+        busbw_gbps={(c, 4096, "default"): 0.5, (c, 4096, "published"): 0.75,
+                    (c, 1 << 30, "default"): 340.0, (c, 1 << 30, "published"): 351.5},
+        tuned_ratio={(c, 4096): 1.5, (c, 1 << 30): 351.5 / 340.0},
+        last_verify_ts=1_790_000_900.0, last_verify_success=False, verify_drift_ratio={(c, 1 << 30): -0.125},
+        doctor={"error": 1, "warning": 2}, topology_changes_total=1)
 
 
 def test_an_empty_state_renders_what_is_always_known() -> None:
-    fams = parse(render(MetricsState()))
+    empty = Snapshot(doctor={}, topology_changes_total=0)  # a daemon that has not swept yet
+    fams = parse(render(empty))
     assert set(fams) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_degraded",
                          "nccltune_doctor_findings", "nccltune_sweeps", "nccltune_topology_changes"}
-    s = samples(render(MetricsState()))
+    s = samples(render(empty))
     assert [(x.labels, x.value) for x in s["nccltune_build_info"]] == [({"version": __version__, "class": ""}, 1.0)]
     assert [x.value for x in s["nccltune_degraded"]] == [0.0]
     assert [x.value for x in s["nccltune_sweeps_total"]] == [0.0]
@@ -111,7 +116,7 @@ def test_values_are_in_base_units() -> None:
 
 @pytest.mark.parametrize("value", ['quote " inside', "new\nline", "back\\slash", 'all: \\"\n\\n', "ünïcode"])
 def test_label_values_are_escaped(value: str) -> None:
-    text = render(MetricsState(fingerprint=value, driver_version=value))
+    text = render(Snapshot(fingerprint=value, driver_version=value))
     # Every sample stays on one line.
     assert len([line for line in text.splitlines() if line.startswith("nccltune_topology_info")]) == 1
     info = samples(text)["nccltune_topology_info"][0]
@@ -123,7 +128,8 @@ def test_a_missing_sweep_or_verify_leaves_their_gauges_out() -> None:
     state = full_state()
     state.last_sweep_success = None
     state.last_verify_ts = None
-    state.busbw = {}
+    state.busbw_gbps = {}
+    state.tuned_ratio = {}
     s = samples(render(state))
     assert "nccltune_last_sweep_success" not in s
     assert "nccltune_last_verify_timestamp_seconds" not in s
@@ -131,7 +137,8 @@ def test_a_missing_sweep_or_verify_leaves_their_gauges_out() -> None:
 
 
 def test_non_finite_values_are_written_as_the_text_format_spells_them() -> None:
-    state = MetricsState(last_sweep_duration_s=math.inf, verify_drift={4096: -math.inf, 8192: math.nan})
+    state = Snapshot(last_sweep_duration_s=math.inf,
+                     verify_drift_ratio={("all_reduce", 4096): -math.inf, ("all_reduce", 8192): math.nan})
     text = render(state)
     assert 'nccltune_last_sweep_duration_seconds{class=""} +Inf' in text
     assert 'nccltune_verify_drift_ratio{class="",collective="all_reduce",size_bytes="4096"} -Inf' in text
@@ -141,25 +148,44 @@ def test_non_finite_values_are_written_as_the_text_format_spells_them() -> None:
     assert math.isnan(s["nccltune_verify_drift_ratio"][1].value)
 
 
-def test_write_metrics_replaces_the_file_atomically(tmp_path: Path) -> None:
+def test_the_file_is_replaced_atomically(tmp_path: Path) -> None:
     directory = tmp_path / "textfile"
-    path = write_metrics(directory, MetricsState(sweeps_total=1))
+    path = write_snapshot(directory, Snapshot(sweeps_total=1))
     assert path == directory / FILENAME
-    assert path.read_text() == render(MetricsState(sweeps_total=1))
+    assert path.read_text() == render(Snapshot(sweeps_total=1))
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     inode = path.stat().st_ino
     reader = open(path, "rb")  # noqa: SIM115 - held open across the rewrite on purpose
     try:
-        write_metrics(directory, MetricsState(sweeps_total=2))
+        write_snapshot(directory, Snapshot(sweeps_total=2))
         # A reader that had the old file open still reads a complete old file: the new one was
         # renamed over it, not written into it.
-        assert reader.read().decode() == render(MetricsState(sweeps_total=1))
+        assert reader.read().decode() == render(Snapshot(sweeps_total=1))
     finally:
         reader.close()
     assert path.stat().st_ino != inode
-    assert path.read_text() == render(MetricsState(sweeps_total=2))
+    assert path.read_text() == render(Snapshot(sweeps_total=2))
     # Nothing else is left where node_exporter globs *.prom, and no temp file at all.
     assert sorted(os.listdir(directory)) == [FILENAME]
+
+
+def test_the_daemons_in_memory_state_renders_the_same_series(tmp_path: Path) -> None:
+    """MetricsState: what the daemon fills until it calls write_metrics_from_store."""
+    state = MetricsState(
+        fingerprint="f655b0b8afa0e83c", gpus=2, demo=True, last_sweep_ts=1_790_000_000.5, last_sweep_success=True,
+        published_generation=4, busbw={(4096, "default"): 0.5, (4096, "published"): 0.75},
+        verify_drift={1 << 30: -0.125}, doctor={"error": 1}, sweeps_total=3)
+    s = samples(write_metrics(tmp_path, state).read_text())
+    assert {x.labels["setting"]: x.value for x in s["nccltune_busbw_bytes_per_second"]} == {
+        "default": 0.5e9, "published": 0.75e9}
+    assert [x.value for x in s["nccltune_tuned_ratio"]] == [1.5]
+    assert [x.value for x in s["nccltune_published_generation"]] == [4.0]
+    assert [x.value for x in s["nccltune_published_demo"]] == [1.0]
+    assert [x.value for x in s["nccltune_last_successful_sweep_timestamp_seconds"]] == [1_790_000_000.5]
+    assert [x.value for x in s["nccltune_verify_drift_ratio"]] == [-0.125]
+    assert [x.value for x in s["nccltune_sweeps_total"]] == [3.0]
+    assert {x.labels["severity"]: x.value for x in s["nccltune_doctor_findings"]} == {
+        "error": 1.0, "warning": 0.0, "info": 0.0}
 
 
 # -- from the stored history ------------------------------------------------------------------------
