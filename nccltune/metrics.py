@@ -7,8 +7,8 @@ file has the same series after a daemon restart as before it, and a one-shot `nc
 (its state, busy GPUs, heartbeat, doctor counts) comes in as `LiveState`.
 
 Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
-series carries a `class` label (the node class fingerprint, empty until one is known) so that
-fleet rules can compare a node with the other nodes of its kind. The exposition is written by
+series carries a `class` label (the node class fingerprint) once one is known, so that fleet
+rules can compare a node with the other nodes of its kind. The exposition is written by
 prometheus_client into its own registry and renamed into place (`write_to_textfile`).
 """
 
@@ -223,7 +223,8 @@ class _SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.snap
-        cls = {"class": s.node_class}
+        # Prometheus stores an empty label as no label: a node without a class has none in the file either.
+        cls = {"class": s.node_class} if s.node_class else {}
 
         def gauge(name: str, doc: str, samples: list[tuple[dict[str, str], float]]) -> Iterator[Metric]:
             if not samples:
@@ -284,16 +285,16 @@ class _SnapshotCollector(Collector):
         yield from gauge("nccltune_verify_allowed_drift_ratio", "latest verify: the drop below expectation it "
                          "allowed (threshold or twice the noise, whichever is larger)",
                          per_size(s.verify_allowed_drift_ratio))
-        sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=["class"])
-        sweeps.add_metric([s.node_class], float(s.sweeps_total))
+        sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=list(cls))
+        sweeps.add_metric(list(cls.values()), float(s.sweeps_total))
         yield sweeps
         if s.doctor is not None:
             yield from gauge("nccltune_doctor_findings", "doctor findings by severity",
                              [({"severity": sev}, float(s.doctor.get(sev, 0))) for sev in SEVERITIES])
         if s.topology_changes_total is not None:
             changes = CounterMetricFamily("nccltune_topology_changes",
-                                          "fingerprint changes seen by this daemon process", labels=["class"])
-            changes.add_metric([s.node_class], float(s.topology_changes_total))
+                                          "fingerprint changes seen by this daemon process", labels=list(cls))
+            changes.add_metric(list(cls.values()), float(s.topology_changes_total))
             yield changes
         live = s.live
         if live is None:

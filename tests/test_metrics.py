@@ -72,7 +72,7 @@ def test_an_empty_state_renders_what_is_always_known() -> None:
     assert set(fams) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_degraded",
                          "nccltune_doctor_findings", "nccltune_sweeps", "nccltune_topology_changes"}
     s = samples(render(empty))
-    assert [(x.labels, x.value) for x in s["nccltune_build_info"]] == [({"version": __version__, "class": ""}, 1.0)]
+    assert [(x.labels, x.value) for x in s["nccltune_build_info"]] == [({"version": __version__}, 1.0)]
     assert [x.value for x in s["nccltune_degraded"]] == [0.0]
     assert [x.value for x in s["nccltune_sweeps_total"]] == [0.0]
 
@@ -105,13 +105,13 @@ def test_values_are_in_base_units() -> None:
     assert [x.value for x in s["nccltune_last_sweep_success"]] == [1.0]
     assert [x.value for x in s["nccltune_last_verify_success"]] == [0.0]
     assert [(x.labels, x.value) for x in s["nccltune_verify_drift_ratio"]] == [
-        ({"class": "", "collective": "all_reduce", "size_bytes": str(1 << 30)}, -0.125)]
+        ({"collective": "all_reduce", "size_bytes": str(1 << 30)}, -0.125)]
     assert [x.value for x in s["nccltune_published_generation"]] == [4.0]
     doctor = {x.labels["severity"]: x.value for x in s["nccltune_doctor_findings"]}
     assert doctor == {"error": 1.0, "warning": 2.0, "info": 0.0}
     info = s["nccltune_topology_info"][0]
     assert info.labels == {"fingerprint": "f655b0b8afa0e83c", "gpus": "2", "driver_version": "580.159.04",
-                           "nccl_version": "2.21.5", "demo": "0", "class": ""}
+                           "nccl_version": "2.21.5", "demo": "0"}
 
 
 @pytest.mark.parametrize("value", ['quote " inside', "new\nline", "back\\slash", 'all: \\"\n\\n', "ünïcode"])
@@ -140,9 +140,9 @@ def test_non_finite_values_are_written_as_the_text_format_spells_them() -> None:
     state = Snapshot(last_sweep_duration_s=math.inf,
                      verify_drift_ratio={("all_reduce", 4096): -math.inf, ("all_reduce", 8192): math.nan})
     text = render(state)
-    assert 'nccltune_last_sweep_duration_seconds{class=""} +Inf' in text
-    assert 'nccltune_verify_drift_ratio{class="",collective="all_reduce",size_bytes="4096"} -Inf' in text
-    assert 'nccltune_verify_drift_ratio{class="",collective="all_reduce",size_bytes="8192"} NaN' in text
+    assert 'nccltune_last_sweep_duration_seconds +Inf' in text
+    assert 'nccltune_verify_drift_ratio{collective="all_reduce",size_bytes="4096"} -Inf' in text
+    assert 'nccltune_verify_drift_ratio{collective="all_reduce",size_bytes="8192"} NaN' in text
     s = samples(text)
     assert s["nccltune_last_sweep_duration_seconds"][0].value == math.inf
     assert math.isnan(s["nccltune_verify_drift_ratio"][1].value)
@@ -334,11 +334,11 @@ def test_a_failed_sweep_keeps_the_last_published_numbers(tmp_path: Path, store: 
     clock.advance(3600)
     add_sweep(store, clock, status="failed", wall_s=30.0)
     text = write(tmp_path, store)
-    assert values(text, "nccltune_last_sweep_success") == {(("class", ""),): 0.0}
-    assert values(text, "nccltune_last_sweep_timestamp_seconds") == {(("class", ""),): clock.now.timestamp()}
-    assert values(text, "nccltune_last_sweep_duration_seconds") == {(("class", ""),): 30.0}
-    assert values(text, "nccltune_last_successful_sweep_timestamp_seconds") == {(("class", ""),): ok_end}
-    assert values(text, "nccltune_sweeps_total") == {(("class", ""),): 2.0}
+    assert values(text, "nccltune_last_sweep_success") == {(): 0.0}
+    assert values(text, "nccltune_last_sweep_timestamp_seconds") == {(): clock.now.timestamp()}
+    assert values(text, "nccltune_last_sweep_duration_seconds") == {(): 30.0}
+    assert values(text, "nccltune_last_successful_sweep_timestamp_seconds") == {(): ok_end}
+    assert values(text, "nccltune_sweeps_total") == {(): 2.0}
     assert len(samples(text)["nccltune_busbw_bytes_per_second"]) == 4
 
 
@@ -348,14 +348,16 @@ def test_runs_of_another_topology_are_not_this_nodes_last_sweep(tmp_path: Path, 
     for name in ("nccltune_last_sweep_timestamp_seconds", "nccltune_last_sweep_success",
                  "nccltune_busbw_bytes_per_second", "nccltune_published_generation"):
         assert name not in samples(text), name
-    assert values(text, "nccltune_sweeps_total") == {(("class", ""),): 1.0}  # the history's count
+    assert values(text, "nccltune_sweeps_total") == {(): 1.0}  # the history's count
 
 
 def test_an_empty_history_writes_what_is_always_known(tmp_path: Path, store: Store) -> None:
     text = write(tmp_path, store)
     assert set(parse(text)) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_degraded",
                                 "nccltune_sweeps"}
-    assert values(text, "nccltune_degraded") == {(("class", ""),): 0.0}
+    assert values(text, "nccltune_degraded") == {(): 0.0}
+    # No class known: no class label (Prometheus would drop an empty one anyway).
+    assert not any("class" in x.labels for xs in samples(text).values() for x in xs)
 
 
 def test_the_published_files_win_over_the_history(tmp_path: Path, store: Store, clock: Clock) -> None:
@@ -366,8 +368,8 @@ def test_the_published_files_win_over_the_history(tmp_path: Path, store: Store, 
     for _ in range(2):
         publish(publish_dir, {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml"}, prov)
     text = write(tmp_path, store, publish_dir=publish_dir)
-    assert values(text, "nccltune_published_generation") == {(("class", ""),): 2.0}
-    assert values(text, "nccltune_published_demo") == {(("class", ""),): 1.0}
+    assert values(text, "nccltune_published_generation") == {(): 2.0}
+    assert values(text, "nccltune_published_demo") == {(): 1.0}
     info = samples(text)["nccltune_published_info"][0].labels
     assert info["state"] == "safe" and info["decision"] == "node"
     assert info["env_digest"] == env_digest({"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml"})
@@ -381,7 +383,7 @@ def test_a_corrupt_published_file_falls_back_to_the_history(tmp_path: Path, stor
     (publish_dir / "nccl.json").write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="nccltune.metrics"):
         text = write(tmp_path, store, publish_dir=publish_dir)
-    assert values(text, "nccltune_published_generation") == {(("class", ""),): 7.0}
+    assert values(text, "nccltune_published_generation") == {(): 7.0}
     assert "cannot be read" in caplog.text and "nccl.json" in caplog.text
 
 
@@ -392,10 +394,10 @@ def test_live_values_of_a_daemon(tmp_path: Path, store: Store) -> None:
     text = write(tmp_path, store, live=live)
     states = {dict(k)["state"]: v for k, v in values(text, "nccltune_daemon_state").items()}
     assert states == {s: (1.0 if s == "sweeping" else 0.0) for s in DAEMON_STATES}
-    assert values(text, "nccltune_busy_gpus") == {(("class", ""),): 3.0}
-    assert values(text, "nccltune_heartbeat_timestamp_seconds") == {(("class", ""),): 1_790_000_123.5}
-    assert values(text, "nccltune_degraded") == {(("class", ""),): 1.0}
-    assert values(text, "nccltune_topology_changes_total") == {(("class", ""),): 1.0}
+    assert values(text, "nccltune_busy_gpus") == {(): 3.0}
+    assert values(text, "nccltune_heartbeat_timestamp_seconds") == {(): 1_790_000_123.5}
+    assert values(text, "nccltune_degraded") == {(): 1.0}
+    assert values(text, "nccltune_topology_changes_total") == {(): 1.0}
     doctor = {dict(k)["severity"]: v for k, v in values(text, "nccltune_doctor_findings").items()}
     assert doctor == {"error": 2.0, "warning": 0.0, "info": 0.0}
     info = samples(text)["nccltune_topology_info"][0].labels
