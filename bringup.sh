@@ -21,10 +21,10 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
   site_dir=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   pth="$site_dir/nccltune-node-packages.pth"
   if [ -n "$parent_sites" ]; then printf '%s\n' "$parent_sites" > "$pth"; else rm -f "$pth"; fi
-  deps='import pynvml, lxml, psutil, yaml'
+  deps='import pynvml, lxml, psutil, yaml, prometheus_client'
   if ! "$venv/bin/python" -c "$deps" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q --no-build-isolation -e . \
-      || { echo "bringup: nccltune needs nvidia-ml-py, lxml, psutil and pyyaml next to the node's torch" \
+      || { echo "bringup: nccltune needs nvidia-ml-py, lxml, psutil, pyyaml and prometheus_client next to the node's torch" \
                 "($PYTHON); install them there, or give this node a package index" >&2; exit 1; }
   fi
   # The console script is the proof of an install: `import nccltune` also works from this directory.

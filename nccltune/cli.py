@@ -337,14 +337,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile))
         return EXIT_OK
+    fingerprint = pipe.node().fingerprint
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         report = pipe.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
+        _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
     out(dumps(sweep_doc(report)) if args.json else sweep_text(report))
     return EXIT_OK
+
+
+def _write_metrics(cfg: Config, fingerprint: str) -> None:
+    """Rewrite the node_exporter textfile from the history (publish.metrics_dir), as the daemon does.
+
+    A file that cannot be written is a warning: what the run published stays good.
+    """
+    directory = cfg.metrics_dir
+    if directory is None:
+        return
+    from .metrics import write_metrics_from_store
+    from .store import Store
+
+    try:
+        with Store(cfg.state_path("history.db")) as store:
+            write_metrics_from_store(directory, store, fingerprint=fingerprint, publish_dir=cfg.publish_dir)
+    except (OSError, NccltuneError) as exc:
+        log.warning("cannot write metrics to %s: %s", directory, exc)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -501,6 +521,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     cfg = load_cfg(args, demo=bool(args.demo))
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
                         threshold_pct=args.threshold, force=args.force)
+    _write_metrics(cfg, result.fingerprint)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1
 

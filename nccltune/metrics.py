@@ -1,43 +1,378 @@
-"""node_exporter textfile metrics (`<metrics_dir>/nccltune.prom`), written atomically.
+"""node_exporter textfile metrics (`<metrics_dir>/nccltune.prom`), built from the stored history.
 
-Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios).
+Every series that describes a sweep, a verify or what is published is read back from the history
+database (and the published nccl.json), never from what one process happens to remember: the
+file has the same series after a daemon restart as before it, and a one-shot `nccltune sweep` or
+`nccltune verify` writes the same file the daemon does. Only what a running daemon alone knows
+(its state, busy GPUs, heartbeat, doctor counts) comes in as `LiveState`.
+
+Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
+series carries a `class` label (the node class fingerprint) once one is known, so that fleet
+rules can compare a node with the other nodes of its kind. The exposition is written by
+prometheus_client into its own registry and renamed into place (`write_to_textfile`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
 from . import __version__
-from .publish import atomic_write
+from .errors import InputError, NccltuneError
+from .publish import read_published
+from .store import RunKind, RunRecord, RunStatus, Store
+
+log = logging.getLogger(__name__)
 
 FILENAME = "nccltune.prom"
+# What the store's rows measured when they do not say: the sweep and verify run all_reduce.
+DEFAULT_COLLECTIVE = "all_reduce"
+# What a running daemon is doing; `nccltune_daemon_state` has one series per state (1 for the current one).
+DAEMON_STATES = ("starting", "idle", "sweep_pending", "sweeping", "verifying", "degraded", "stopping")
+SEVERITIES = ("error", "warning", "info")
+_GBPS = 1e9  # GB/s as the store keeps it, to bytes per second
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+@dataclass(frozen=True)
+class LiveState:
+    """What only a running daemon knows; everything else comes from the history.
+
+    `heartbeat_ts` is unix time (the write itself), `doctor` counts findings by severity.
+    """
+
+    state: str
+    busy_gpus: int
+    heartbeat_ts: float
+    degraded: bool = False
+    doctor: Mapping[str, int] | None = None
+    gpus: int | None = None
+    driver_version: str | None = None
+    nccl_version: str | None = None
+    topology_changes_total: int = 0
+
+    def __post_init__(self) -> None:
+        if self.state not in DAEMON_STATES:
+            raise ValueError(f"LiveState.state must be one of {', '.join(DAEMON_STATES)}; got {self.state!r}")
 
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in sorted(labels.items())) + "}"
+@dataclass(frozen=True)
+class PublishedInfo:
+    """What is in force in the publish directory, as the fleet rules compare it between nodes."""
+
+    generation: int | None
+    demo: bool
+    state: str  # "tuned" or "safe"
+    decision: str  # "node" (this node's own sweep) or "class" (a class profile)
+    env_digest: str  # same published variables <=> same digest, on any node
+    profile_generation: str  # the class profile's generation; "" for a node-local decision
 
 
-def _value(value: float | None) -> str:
-    """A sample value as the text format spells it: NaN, +Inf and -Inf (Python writes inf)."""
-    if value is None or math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+@dataclass
+class Snapshot:
+    """Everything one textfile holds. Sizes in bytes; bandwidths in GB/s (converted on output)."""
+
+    node_class: str = ""
+    fingerprint: str = ""
+    gpus: int | None = None
+    driver_version: str | None = None
+    nccl_version: str | None = None
+    degraded: bool = False
+    last_sweep_ts: float | None = None
+    last_sweep_duration_s: float | None = None
+    last_sweep_success: bool | None = None
+    last_successful_sweep_ts: float | None = None
+    sweeps_total: int = 0
+    published: PublishedInfo | None = None
+    # (collective, size_bytes, "default"|"published") -> GB/s of the latest ok sweep
+    busbw_gbps: dict[tuple[str, int, str], float] = field(default_factory=dict)
+    # (collective, size_bytes) -> relative run-to-run noise of the defaults in that sweep
+    noise_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    tuned_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    last_verify_ts: float | None = None
+    last_verify_success: bool | None = None
+    # (collective, size_bytes) -> measured/expected - 1, and the drift verify allowed there (positive)
+    verify_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    verify_allowed_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    doctor: Mapping[str, int] | None = None  # severity -> count; None: not known to the writer
+    topology_changes_total: int | None = None  # a daemon process's own count
+    live: LiveState | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# From the history
+
+
+def _unix(iso: str | None) -> float | None:
+    return None if iso is None else datetime.fromisoformat(iso).timestamp()
+
+
+def _latest_finished(store: Store, fingerprint: str, kind: RunKind, statuses: tuple[RunStatus, ...]
+                     ) -> RunRecord | None:
+    """The most recently started run of this kind that ended with one of these statuses.
+
+    One indexed query per status, not a scan of the history: the daemon writes every poll and
+    verify runs pile up. Runs marked interrupted after a crash have no end time and do not count.
+    """
+    found = [r for st in statuses if (r := store.latest_run(fingerprint, kind=kind, status=st)) is not None
+             and r.finished_at is not None]
+    return max(found, key=lambda r: (r.started_at, r.id), default=None)
+
+
+def env_digest(env: Mapping[str, str]) -> str:
+    """A short digest of a published environment: nodes that publish the same values agree on it."""
+    return hashlib.sha256(json.dumps(dict(sorted(env.items())), separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> PublishedInfo | None:
+    """nccl.json's provenance when it can be read (what launchers get), else the latest ok sweep's."""
+    if publish_dir is not None:
+        try:
+            got = read_published(publish_dir)
+        except NccltuneError as exc:
+            log.warning("metrics: the published files cannot be read (%s); using the history", exc)
+            got = None
+        if got is not None:
+            env, prov = got
+            generation = prov.get("generation")
+            class_profile = prov.get("class_profile")
+            return PublishedInfo(
+                generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
+                demo=prov.get("demo") is True, state=str(prov.get("state") or "tuned"),
+                decision="class" if class_profile else "node", env_digest=env_digest(env),
+                profile_generation=str(prov.get("class_profile_generation") or "") if class_profile else "")
+    latest = store.latest_published(fingerprint)
+    if latest is None:
+        return None
+    run = store.run(latest.run_id)
+    return PublishedInfo(generation=latest.generation, demo=bool(run and run.demo), state="tuned", decision="node",
+                         env_digest=env_digest(latest.env), profile_generation="")
+
+
+def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | None = None,
+                        live: LiveState | None = None, publish_dir: Path | None = None) -> Snapshot:
+    """The textfile's content for this node (`fingerprint`) from its history, plus `live` values."""
+    snap = Snapshot(node_class=node_class or "", fingerprint=fingerprint, live=live,
+                    degraded=live.degraded if live is not None else False)
+    snap.sweeps_total = len(store.runs(limit=None, kind="sweep"))
+    last = _latest_finished(store, fingerprint, "sweep", ("ok", "failed", "interrupted"))
+    if last is not None:
+        snap.last_sweep_ts = _unix(last.finished_at)
+        started = _unix(last.started_at)
+        if snap.last_sweep_ts is not None and started is not None:
+            snap.last_sweep_duration_s = round(snap.last_sweep_ts - started, 3)
+        snap.last_sweep_success = last.status == "ok"
+    ok = _latest_finished(store, fingerprint, "sweep", ("ok",))
+    newest = store.latest_run(fingerprint, kind="sweep", status=None)
+    if newest is not None:
+        snap.driver_version = newest.driver_version
+        gpus = newest.topology.get("gpus")
+        snap.gpus = gpus if isinstance(gpus, int) else None
+    if ok is not None:
+        snap.last_successful_sweep_ts = _unix(ok.finished_at)
+        summary = ok.summary or {}
+        snap.nccl_version = summary.get("nccl_version") or ok.nccl_version
+        for row in summary.get("rows", []):
+            collective, size = str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"])
+            key = (collective, size)
+            snap.busbw_gbps[(collective, size, "default")] = float(row["default_busbw_gbps"])
+            snap.busbw_gbps[(collective, size, "published")] = float(row["tuned_busbw_gbps"])
+            if row.get("default_noise_pct") is not None:
+                snap.noise_ratio[key] = round(float(row["default_noise_pct"]) / 100.0, 6)
+            if row.get("ratio") is not None:
+                snap.tuned_ratio[key] = float(row["ratio"])
+    verify = _latest_finished(store, fingerprint, "verify", ("ok", "failed"))
+    if verify is not None:
+        snap.last_verify_ts = _unix(verify.finished_at)
+        snap.last_verify_success = verify.status == "ok"
+        for row in (verify.summary or {}).get("rows", []):
+            key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
+            if row.get("drift_pct") is not None:
+                snap.verify_drift_ratio[key] = round(float(row["drift_pct"]) / 100.0, 6)
+            if row.get("allowed_pct") is not None:
+                snap.verify_allowed_drift_ratio[key] = round(float(row["allowed_pct"]) / 100.0, 6)
+    snap.published = _published(publish_dir, store, fingerprint)
+    if live is not None:
+        snap.doctor = live.doctor
+        snap.topology_changes_total = live.topology_changes_total
+        snap.gpus = live.gpus if live.gpus is not None else snap.gpus
+        snap.driver_version = live.driver_version or snap.driver_version
+        snap.nccl_version = live.nccl_version or snap.nccl_version
+    return snap
+
+
+# ---------------------------------------------------------------------------------------------
+# Exposition
+
+
+class _SnapshotCollector(Collector):
+    """Yields the families of one snapshot; registered in a registry of its own for one write."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snap
+        # Prometheus stores an empty label as no label: a node without a class has none in the file either.
+        cls = {"class": s.node_class} if s.node_class else {}
+
+        def gauge(name: str, doc: str, samples: list[tuple[dict[str, str], float]]) -> Iterator[Metric]:
+            if not samples:
+                return
+            labels = sorted({*cls, *samples[0][0]})
+            fam = GaugeMetricFamily(name, doc, labels=labels)
+            for extra, value in samples:
+                merged = {**cls, **extra}
+                fam.add_metric([merged[k] for k in labels], value)
+            yield fam
+
+        def one(name: str, doc: str, value: float | bool | None) -> Iterator[Metric]:
+            if value is not None:
+                yield from gauge(name, doc, [({}, float(value))])
+
+        def per_size(values: Mapping[tuple[str, int], float]) -> list[tuple[dict[str, str], float]]:
+            return [({"collective": c, "size_bytes": str(size)}, v) for (c, size), v in sorted(values.items())]
+
+        yield from gauge("nccltune_build_info", "nccltune version (always 1)", [({"version": __version__}, 1.0)])
+        yield from gauge("nccltune_topology_info", "topology of this node (always 1)", [({
+            "fingerprint": s.fingerprint, "gpus": "" if s.gpus is None else str(s.gpus),
+            "driver_version": s.driver_version or "", "nccl_version": s.nccl_version or "",
+            "demo": "1" if s.published is not None and s.published.demo else "0"}, 1.0)])
+        yield from one("nccltune_degraded", "1 when NVML failed or a GPU is lost; the last safe files are kept",
+                       s.degraded)
+        yield from one("nccltune_last_sweep_timestamp_seconds", "end of the latest finished sweep (unix time)",
+                       s.last_sweep_ts)
+        yield from one("nccltune_last_sweep_duration_seconds", "wall time of the latest finished sweep",
+                       s.last_sweep_duration_s)
+        yield from one("nccltune_last_sweep_success", "1 if the latest finished sweep published, else 0",
+                       s.last_sweep_success)
+        yield from one("nccltune_last_successful_sweep_timestamp_seconds",
+                       "end of the latest sweep that published (unix time)", s.last_successful_sweep_ts)
+        p = s.published
+        if p is not None:
+            yield from one("nccltune_published_generation",
+                           "generation of the published environment (this node's count)", p.generation)
+            yield from one("nccltune_published_demo", "1 when the published environment comes from the CPU demo",
+                           p.demo)
+            if p.env_digest:
+                yield from gauge("nccltune_published_info", "what is published: state, decision (node|class), "
+                                 "digest of the variables, class profile generation (always 1)",
+                                 [({"state": p.state, "decision": p.decision, "env_digest": p.env_digest,
+                                    "profile_generation": p.profile_generation}, 1.0)])
+        yield from gauge("nccltune_busbw_bytes_per_second", "bus bandwidth measured by the latest ok sweep, "
+                         "for NCCL's defaults and the published setting",
+                         [({"collective": c, "size_bytes": str(size), "setting": which}, _scaled(bw, _GBPS))
+                          for (c, size, which), bw in sorted(s.busbw_gbps.items())])
+        yield from gauge("nccltune_busbw_noise_ratio", "run-to-run noise of the defaults' bus bandwidth in the "
+                         "latest ok sweep (relative)",
+                         [({**labels, "setting": "default"}, v) for labels, v in per_size(s.noise_ratio)])
+        yield from gauge("nccltune_tuned_ratio", "published over default bus bandwidth", per_size(s.tuned_ratio))
+        yield from one("nccltune_last_verify_timestamp_seconds", "end of the latest verify (unix time)",
+                       s.last_verify_ts)
+        yield from one("nccltune_last_verify_success", "1 if the latest verify passed", s.last_verify_success)
+        yield from gauge("nccltune_verify_drift_ratio", "latest verify: measured over expected bus bandwidth, minus 1",
+                         per_size(s.verify_drift_ratio))
+        yield from gauge("nccltune_verify_allowed_drift_ratio", "latest verify: the drop below expectation it "
+                         "allowed (threshold or twice the noise, whichever is larger)",
+                         per_size(s.verify_allowed_drift_ratio))
+        sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=list(cls))
+        sweeps.add_metric(list(cls.values()), float(s.sweeps_total))
+        yield sweeps
+        if s.doctor is not None:
+            yield from gauge("nccltune_doctor_findings", "doctor findings by severity",
+                             [({"severity": sev}, float(s.doctor.get(sev, 0))) for sev in SEVERITIES])
+        if s.topology_changes_total is not None:
+            changes = CounterMetricFamily("nccltune_topology_changes",
+                                          "fingerprint changes seen by this daemon process", labels=list(cls))
+            changes.add_metric(list(cls.values()), float(s.topology_changes_total))
+            yield changes
+        live = s.live
+        if live is None:
+            return
+        yield from gauge("nccltune_daemon_state", "1 for what the daemon is doing now, 0 for the other states",
+                         [({"state": st}, 1.0 if st == live.state else 0.0) for st in DAEMON_STATES])
+        yield from one("nccltune_busy_gpus", "GPUs that other processes are computing on", live.busy_gpus)
+        yield from one("nccltune_heartbeat_timestamp_seconds", "when the daemon last wrote this file (unix time)",
+                       live.heartbeat_ts)
+
+
+def _scaled(value: float, scale: float) -> float:
+    """value * scale without binary noise: 0.535 GB/s is 535000000 B/s, not 535000000.00000006."""
+    if scale == 1.0:
+        return value
+    return float(f"{value * scale:.12g}")
+
+
+def registry_for(snap: Snapshot) -> CollectorRegistry:
+    """A registry of its own (not the process-global one), holding exactly this snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snap))
+    return registry
+
+
+def render(snap: Snapshot) -> str:
+    """The text exposition of one snapshot."""
+    return generate_latest(registry_for(snap)).decode("utf-8")
+
+
+def write_snapshot(directory: Path, snap: Snapshot) -> Path:
+    """Write `<directory>/nccltune.prom` atomically (written beside it, renamed over it); return its path.
+
+    node_exporter often runs as another user, hence mode 0644 whatever the umask.
+
+    Raises:
+        InputError: running as root, and the directory is one another user could plant a link in.
+        OSError: the file cannot be written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_directory(directory)
+    path = directory / FILENAME
+    write_to_textfile(str(path), registry_for(snap))
+    if (path.stat().st_mode & 0o777) != 0o644:
+        os.chmod(path, 0o644)
+    return path
+
+
+def _check_directory(directory: Path) -> None:
+    """As root, refuse a directory another user can write to: the temporary file's name is predictable
+    (`nccltune.prom.<pid>.<thread>`), so a link planted there would be written through as root."""
+    if os.geteuid() != 0:
+        return
+    st = directory.stat()
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise InputError(str(directory), "the metrics directory is writable by another user; not writing there "
+                         "as root", hint=f"chown root {directory} && chmod go-w {directory}")
+
+
+def write_metrics_from_store(directory: Path, store: Store, *, fingerprint: str, node_class: str | None = None,
+                             live: LiveState | None = None, publish_dir: Path | None = None) -> Path:
+    """Build the textfile from the history (and `live`, from a running daemon) and write it.
+
+    Called by `nccltune sweep` and `nccltune verify` after their run, and by the daemon at
+    start and after every sweep, verify or publish. Raises OSError when the file cannot be written.
+    """
+    snap = snapshot_from_store(store, fingerprint=fingerprint, node_class=node_class, live=live,
+                               publish_dir=publish_dir)
+    return write_snapshot(directory, snap)
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon's in-memory state, until it calls write_metrics_from_store: rendered the same way.
 
 
 @dataclass
 class MetricsState:
-    """What the daemon (or a one-shot command) knows; rendered as one textfile."""
+    """What a daemon process remembers; `write_metrics` renders it through the same Snapshot."""
 
     fingerprint: str | None = None
     gpus: int = 0
@@ -57,64 +392,26 @@ class MetricsState:
     sweeps_total: int = 0
     topology_changes_total: int = 0
 
-
-def render(state: MetricsState) -> str:
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str,
-               samples: Sequence[tuple[Mapping[str, str], float | None]]) -> None:
-        if not samples:
-            return
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{_labels(labels)} {_value(value)}")
-
-    metric("nccltune_build_info", "gauge", "nccltune version (always 1)", [({"version": __version__}, 1)])
-    metric("nccltune_topology_info", "gauge", "topology of this node (always 1)",
-           [({"fingerprint": state.fingerprint or "", "gpus": str(state.gpus),
-              "driver_version": state.driver_version or "", "nccl_version": state.nccl_version or "",
-              "demo": "1" if state.demo else "0"}, 1)])
-    metric("nccltune_degraded", "gauge", "1 when NVML failed or a GPU is lost; the last safe files are kept",
-           [({}, 1.0 if state.degraded else 0.0)])
-    if state.last_sweep_ts is not None:
-        metric("nccltune_last_sweep_timestamp_seconds", "gauge", "end of the last sweep (unix time)",
-               [({}, state.last_sweep_ts)])
-    if state.last_sweep_duration_s is not None:
-        metric("nccltune_last_sweep_duration_seconds", "gauge", "wall time of the last sweep",
-               [({}, state.last_sweep_duration_s)])
-    if state.last_sweep_success is not None:
-        metric("nccltune_last_sweep_success", "gauge", "1 if the last sweep published, else 0",
-               [({}, 1.0 if state.last_sweep_success else 0.0)])
-    if state.published_generation is not None:
-        metric("nccltune_published_generation", "gauge", "generation of the published environment",
-               [({}, state.published_generation)])
-    metric("nccltune_busbw_bytes_per_second", "gauge", "all-reduce bus bandwidth measured by the last sweep",
-           [({"size_bytes": str(s), "setting": which}, bw * 1e9) for (s, which), bw in sorted(state.busbw.items())])
-    ratios = []
-    for (s, which), bw in sorted(state.busbw.items()):
-        base = state.busbw.get((s, "default"))
-        if which == "published" and base:
-            ratios.append(({"size_bytes": str(s)}, bw / base))
-    metric("nccltune_tuned_ratio", "gauge", "published over default bus bandwidth", ratios)
-    if state.last_verify_ts is not None:
-        metric("nccltune_last_verify_timestamp_seconds", "gauge", "end of the last verify (unix time)",
-               [({}, state.last_verify_ts)])
-    if state.last_verify_success is not None:
-        metric("nccltune_last_verify_success", "gauge", "1 if the last verify passed",
-               [({}, 1.0 if state.last_verify_success else 0.0)])
-    metric("nccltune_verify_drift_ratio", "gauge", "last verify: measured over expected bus bandwidth, minus 1",
-           [({"size_bytes": str(s)}, d) for s, d in sorted(state.verify_drift.items())])
-    metric("nccltune_doctor_findings", "gauge", "doctor findings by severity",
-           [({"severity": sev}, float(state.doctor.get(sev, 0))) for sev in ("error", "warning", "info")])
-    metric("nccltune_sweeps_total", "counter", "sweeps started by this process", [({}, state.sweeps_total)])
-    metric("nccltune_topology_changes_total", "counter", "fingerprint changes seen by this process",
-           [({}, state.topology_changes_total)])
-    return "\n".join(lines) + "\n"
+    def snapshot(self) -> Snapshot:
+        c = DEFAULT_COLLECTIVE
+        ratios = {(c, size): bw / self.busbw[(size, "default")] for (size, which), bw in self.busbw.items()
+                  if which == "published" and self.busbw.get((size, "default"))}
+        published = None
+        if self.published_generation is not None or self.demo:
+            published = PublishedInfo(generation=self.published_generation, demo=self.demo, state="tuned",
+                                      decision="node", env_digest="", profile_generation="")
+        return Snapshot(
+            fingerprint=self.fingerprint or "", gpus=self.gpus, driver_version=self.driver_version,
+            nccl_version=self.nccl_version, degraded=self.degraded, last_sweep_ts=self.last_sweep_ts,
+            last_sweep_duration_s=self.last_sweep_duration_s, last_sweep_success=self.last_sweep_success,
+            last_successful_sweep_ts=self.last_sweep_ts if self.last_sweep_success else None,
+            sweeps_total=self.sweeps_total, published=published,
+            busbw_gbps={(c, size, which): bw for (size, which), bw in self.busbw.items()},
+            tuned_ratio=ratios, last_verify_ts=self.last_verify_ts, last_verify_success=self.last_verify_success,
+            verify_drift_ratio={(c, size): d for size, d in self.verify_drift.items()},
+            doctor=self.doctor, topology_changes_total=self.topology_changes_total)
 
 
 def write_metrics(directory: Path, state: MetricsState) -> Path:
-    path = directory / FILENAME
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, render(state))
-    return path
+    """Write a daemon's in-memory state; superseded by write_metrics_from_store."""
+    return write_snapshot(directory, state.snapshot())
