@@ -33,7 +33,8 @@ from ..verify import run_verify
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Config", "MetricsState", "NcclInfo", "Node", "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome",
+    "Config", "MetricsState", "NcclInfo", "Node", "Published", "SweepLock", "SweepOutcome", "TrialAborted",
+    "VerifyOutcome",
     "daemon_lock", "export_metrics", "open_history", "probe_worker_nccl", "read_config", "read_node",
     "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
     "tuning_fingerprint_of",
