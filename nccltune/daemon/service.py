@@ -323,7 +323,7 @@ class Daemon:
 
     # -- trials -----------------------------------------------------------------------------------
 
-    def _abort_check(self) -> str | None:
+    def abort_check(self) -> str | None:
         """Asked between and during trials: a reason to stop them, or None."""
         self.ping()
         if self.stop_requested:
@@ -354,7 +354,7 @@ class Daemon:
         started_s = self.clock()
         try:
             outcome = actions.run_sweep(self.cfg, self.opts.demo, self.opts.python, self._progress,
-                                        self._abort_check)
+                                        self.abort_check)
         except TrialAborted as exc:
             log.warning("sweep stopped: %s; the published files are unchanged", exc)
             self.metrics.last_sweep_success = False
@@ -397,7 +397,7 @@ class Daemon:
         self.status("verifying")
         try:
             outcome = actions.run_verification(self.cfg, self.opts.demo, self.opts.python, self.watcher.node,
-                                               self._abort_check)
+                                               self.abort_check)
         except (TrialAborted, BusyError) as exc:
             log.info("verify skipped: %s", exc)
             self.status(self._idle_status())
