@@ -118,6 +118,11 @@ def test_an_unreadable_node_is_reported_each_poll_and_its_return_once() -> None:
     readings.node = _demo_node(SNAPSHOT)
     assert w.poll() == [NodeReadable(), GpusIdle()]
     assert w.poll() == [GpusIdle()]
+    # the process query failing after the node was read is the node failing too
+    readings.users = NVMLError_GpuIsLost("GPU is lost")
+    assert w.poll() == [NodeUnreadable("NVML error: GPU is lost")]
+    readings.users = []
+    assert w.poll() == [NodeReadable(), GpusIdle()]
 
 
 def test_busy_gpus_are_seen_at_each_poll_and_by_the_cheap_check() -> None:

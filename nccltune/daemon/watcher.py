@@ -139,6 +139,7 @@ class Watcher:
         """Read the node again and report, in order: readability, GPU use, topology, NCCL."""
         try:
             node = self._load_node()
+            pids = self._gpu_users(node)
         except NccltuneError as exc:
             return self._unreadable(f"cannot read the node: {exc.message}")
         except Exception as exc:  # NVML errors (GPU lost, driver unloaded) are not NccltuneErrors
@@ -147,7 +148,6 @@ class Watcher:
         if self.unreadable:
             self.unreadable = False
             events.append(NodeReadable())
-        pids = self._gpu_users(node)
         events.append(GpusBusy(tuple(pids)) if pids else GpusIdle())
         facts = topology_facts(node.topo)
         old = self.node
