@@ -132,9 +132,6 @@ class Watcher:
         self.facts = topology_facts(self._node.topo)
         self.nccl = self._probe_nccl()
 
-    def reprobe_nccl(self) -> None:
-        self.nccl = self._probe_nccl()
-
     def poll(self) -> list[Event]:
         """Read the node again and report, in order: readability, GPU use, topology, NCCL."""
         try:
