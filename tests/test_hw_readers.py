@@ -596,9 +596,9 @@ def test_procfs_descendants_from_a_fake_tree(tmp_path: Path) -> None:
 
 def test_procfs_descendants_of_this_process_include_a_grandchild() -> None:
     child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
     try:
-        assert child.stdout is not None
-        grandchild = int(child.stdout.readline())
         found = descendants()
         assert {child.pid, grandchild} <= found
         assert os.getpid() not in found
