@@ -34,10 +34,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Config", "MetricsState", "NcclInfo", "Node", "Published", "SweepLock", "SweepOutcome", "TrialAborted",
-    "VerifyOutcome",
-    "daemon_lock", "export_metrics", "open_history", "probe_worker_nccl", "read_config", "read_node",
-    "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
-    "tuning_fingerprint_of",
+    "VerifyOutcome", "daemon_lock", "export_metrics", "open_history", "prepare_state_dir", "probe_worker_nccl",
+    "read_config", "read_node", "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep",
+    "run_verification", "tuning_fingerprint_of",
 ]
 
 ProgressFn = Callable[[int, int, str, str, Any], None]
@@ -99,6 +98,11 @@ def read_config(path: Path | None, overrides: dict[str, object]) -> Config:
     if overrides:
         cfg = with_overrides(cfg, **overrides)
     return cfg
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state directory (history, locks, published files by default) if it is missing."""
+    state_dir.mkdir(parents=True, exist_ok=True)
 
 
 def daemon_lock(state_dir: Path) -> SweepLock:

@@ -201,7 +201,7 @@ class Daemon:
 
     def start(self) -> None:
         state_dir = Path(self.cfg.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        actions.prepare_state_dir(state_dir)
         self._lock = actions.daemon_lock(state_dir)
         actions.open_history(state_dir)
         self.watcher.start()
