@@ -4,7 +4,7 @@ Every series that describes a sweep, a verify or what is published is read back 
 database (and the published nccl.json), never from what one process happens to remember: the
 file has the same series after a daemon restart as before it, and a one-shot `nccltune sweep` or
 `nccltune verify` writes the same file the daemon does. Only what a running daemon alone knows
-(its state, busy GPUs, heartbeat, doctor counts) comes in as `LiveState`.
+(its state, compute processes of others on the GPUs, heartbeat, doctor counts) comes in as `LiveState`.
 
 Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
 series carries a `class` label (the node class fingerprint) once one is known, so that fleet
@@ -52,7 +52,7 @@ class LiveState:
     """
 
     state: str
-    busy_gpus: int
+    busy_processes: int  # compute processes of others on the node's GPUs
     heartbeat_ts: float
     degraded: bool = False
     doctor: Mapping[str, int] | None = None
@@ -301,7 +301,8 @@ class _SnapshotCollector(Collector):
             return
         yield from gauge("nccltune_daemon_state", "1 for what the daemon is doing now, 0 for the other states",
                          [({"state": st}, 1.0 if st == live.state else 0.0) for st in DAEMON_STATES])
-        yield from one("nccltune_busy_gpus", "GPUs that other processes are computing on", live.busy_gpus)
+        yield from one("nccltune_busy_compute_processes", "compute processes of others on this node's GPUs",
+                       live.busy_processes)
         yield from one("nccltune_heartbeat_timestamp_seconds", "when the daemon last wrote this file (unix time)",
                        live.heartbeat_ts)
 

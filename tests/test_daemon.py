@@ -4,14 +4,13 @@ Most tests start `python -m nccltune daemon --demo <copied snapshot>` with NOTIF
 by the test, and read its log and its sd_notify datagrams with timeouts. To keep the suite
 short on two cores, one demo sweep seeds a published state that the tests copy; a test that
 needs a sweep to start on such a copy runs the daemon with one sweep setting changed (the
-published tuning then no longer matches, as after a config change). Daemon helpers whose
-behaviour needs no process are tested directly on a Daemon object.
+published tuning then no longer matches, as after a config change). The parts that need no
+process are tested in test_daemon_scheduler.py, test_daemon_watcher.py and test_daemon_service.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import re
@@ -33,14 +32,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from nccltune.config import with_overrides
-from nccltune.daemon import DEMO_BUSY_FILE, Daemon, DaemonOptions, describe_change
+from nccltune.daemon import DEMO_BUSY_FILE
 from nccltune.lock import SweepLock
-from nccltune.pipeline import load_node, tuning_fingerprint
-from nccltune.sdnotify import Notifier
 from nccltune.store import Store
-from nccltune.topology.fingerprint import topology_facts
-from nccltune.topology.source import load_topology
 
 pytest.importorskip("torch")
 
@@ -587,204 +581,3 @@ def test_a_corrupt_history_is_moved_aside_at_start(env: Env, seeded: Path) -> No
     assert d.terminate() == 0
     run = last_run(state)
     assert (run.kind, run.status) == ("sweep", "interrupted")
-
-
-# -- helpers, without a process --------------------------------------------------------------------
-
-
-def _edited_snapshot(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    snap = json.loads(SNAPSHOT.read_text())
-    edit(snap)
-    path = tmp_path / "edited.json"
-    path.write_text(json.dumps(snap))
-    return path
-
-
-def test_describe_change_names_the_link_that_went_down(tmp_path: Path) -> None:
-    def one_link_down(snap: dict[str, Any]) -> None:
-        snap["nvml"]["gpus"][1]["nvlinks"][0]["active"] = False
-    old = topology_facts(load_topology(str(SNAPSHOT)))
-    new = topology_facts(load_topology(str(_edited_snapshot(tmp_path, one_link_down))))
-    assert describe_change(old, new) == ["gpus 0000:00:07.0: nvlinks_active 18 -> 17",
-                                         "nvlinks 0000:00:07.0->NVS: count 18 -> 17"]
-    assert describe_change(old, old) == []
-
-
-def test_describe_change_between_two_machines() -> None:
-    a = topology_facts(load_topology("dgx-a100-8gpu"))
-    b = topology_facts(load_topology("hgx-h100-8gpu"))
-    changes = describe_change(a, b)
-    assert "driver_version: '535.161.08' -> '550.54.15'" in changes
-    assert "gpus 0000:07:00.0 is gone" in changes and "gpus 0000:1b:00.0 is new" in changes
-    assert "nics mlx5_0: speed_mbps 200000 -> 400000" not in changes  # NICs are keyed by PCI address
-
-
-def test_describe_change_tells_nics_without_a_pci_address_apart() -> None:
-    nics = [{"name": "eth0", "bus_id": None, "speed_mbps": 1000, "kind": "eth"},
-            {"name": "eth1", "bus_id": None, "speed_mbps": 1000, "kind": "eth"}]
-    slower = [dict(nics[0], speed_mbps=100), nics[1]]
-    assert describe_change({"nics": nics}, {"nics": slower}) == ["nics eth0: speed_mbps 1000 -> 100"]
-    assert describe_change({"nics": nics}, {"nics": nics[:1]}) == ["nics eth1 is gone"]
-    # Nothing that tells the entries apart: the list is still reported as changed.
-    same_name = [{"x": 1}, {"x": 2}]
-    assert describe_change({"pci": same_name}, {"pci": same_name[:1]}) == ["pci changed"]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_daemon(tmp_path: Path, *, clock: Callable[[], float] = time.monotonic,
-                wall: dt.datetime | None = None, state: Path | None = None, **overrides: object) -> Daemon:
-    cfg = tmp_path / "config.yaml"
-    if not cfg.exists():
-        cfg.write_text(config_text())
-    opts = DaemonOptions(config_path=cfg, overrides={"state_dir": str(state or tmp_path / "state"), **overrides},
-                         demo=str(SNAPSHOT))
-    d = Daemon(opts, notifier=Notifier(env={}), clock=clock,
-               wall_clock=(lambda: wall) if wall is not None else dt.datetime.now)
-    d.node = load_node(d.cfg, d.opts.demo)
-    d.facts = topology_facts(d.node.topo)
-    return d
-
-
-def test_may_sweep_now_respects_the_maintenance_window(tmp_path: Path) -> None:
-    night = dt.datetime(2026, 3, 1, 23, 30)
-    noon = dt.datetime(2026, 3, 1, 12, 0)
-    d = make_daemon(tmp_path, wall=noon, **{"daemon.maintenance_window": "22:00-04:00"})
-    assert d.may_sweep_now() == "outside the maintenance window 22:00-04:00"
-    d.wall_clock = lambda: night
-    assert d.may_sweep_now() is None
-    d.wall_clock = lambda: dt.datetime(2026, 3, 2, 3, 59)
-    assert d.may_sweep_now() is None
-    d.wall_clock = lambda: dt.datetime(2026, 3, 2, 4, 0)
-    assert d.may_sweep_now() is not None
-
-
-def test_may_sweep_now_with_a_window_that_excludes_the_real_time(tmp_path: Path) -> None:
-    d = make_daemon(tmp_path)
-    now = dt.datetime.now()
-    start, end = now + dt.timedelta(hours=2), now + dt.timedelta(hours=3)
-    d.cfg = with_overrides(d.cfg, **{"daemon.maintenance_window": f"{start:%H:%M}-{end:%H:%M}"})
-    assert d.may_sweep_now() == f"outside the maintenance window {start:%H:%M}-{end:%H:%M}"
-    d.cfg = with_overrides(d.cfg, **{"daemon.maintenance_window": None})
-    assert d.may_sweep_now() is None
-
-
-def test_may_sweep_now_waits_for_the_quiet_period_after_the_gpus_were_busy(tmp_path: Path) -> None:
-    clock = FakeClock()
-    d = make_daemon(tmp_path, clock=clock, **{"daemon.quiet_period_s": 300})
-    assert d.may_sweep_now() is None
-    (tmp_path / "state").mkdir(exist_ok=True)
-    (tmp_path / "state" / DEMO_BUSY_FILE).touch()
-    d.poll()
-    assert d.may_sweep_now() == "GPUs in use"
-    (tmp_path / "state" / DEMO_BUSY_FILE).unlink()
-    clock.now += 10
-    d.poll()
-    assert d.may_sweep_now() == "GPUs busy within the last 300 s"
-    clock.now += 289
-    assert d.may_sweep_now() == "GPUs busy within the last 300 s"
-    clock.now += 1
-    assert d.may_sweep_now() is None
-
-
-def test_may_sweep_now_refuses_busy_gpus_without_a_quiet_period(tmp_path: Path) -> None:
-    d = make_daemon(tmp_path, clock=FakeClock())  # quiet_period_s: 0
-    (tmp_path / "state").mkdir(exist_ok=True)
-    (tmp_path / "state" / DEMO_BUSY_FILE).touch()
-    d.poll()
-    assert d.may_sweep_now() == "GPUs in use"
-    (tmp_path / "state" / DEMO_BUSY_FILE).unlink()
-    d.poll()
-    assert d.may_sweep_now() is None
-
-
-def test_an_nvml_error_during_a_poll_degrades_and_keeps_the_published_files(
-        tmp_path: Path, seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = tmp_path / "state"
-    shutil.copytree(seeded, state)
-    before = published_bytes(state)
-    d = make_daemon(tmp_path)
-
-    class NVMLError_GpuIsLost(Exception):  # as pynvml names it: not an NccltuneError
-        pass
-
-    def lost(*_args: object) -> None:
-        raise NVMLError_GpuIsLost("GPU is lost")
-
-    monkeypatch.setattr("nccltune.daemon.load_node", lost)
-    d.need_sweep = "topology changed"
-    d.poll()
-    assert d.metrics.degraded
-    assert d.status_text == "degraded: NVML error: GPU is lost"
-    assert d.may_sweep_now() == "degraded"
-    d.maybe_sweep()  # refused: nothing runs, nothing is published
-    d.write_metrics()
-    assert "nccltune_degraded 1.0" in (state / "metrics" / "nccltune.prom").read_text()
-    assert published_bytes(state) == before
-    monkeypatch.undo()
-    d.poll()
-    assert not d.metrics.degraded
-    assert d.status_text == "idle, sweep pending (topology changed)"
-
-
-def _matching_daemon(tmp_path: Path, seeded: Path) -> Daemon:
-    """A daemon over a copy of the seeded state that believes what start() would."""
-    state = tmp_path / "state"
-    shutil.copytree(seeded, state)
-    d = make_daemon(tmp_path)
-    d.nccl = {"nccl_version": provenance(state).get("nccl_version")}
-    assert d.node is not None
-    d.tuning_fp = tuning_fingerprint(d.cfg, d.node.fingerprint, d.nccl["nccl_version"], True)
-    return d
-
-
-def test_a_reload_with_new_sweep_settings_schedules_a_sweep(tmp_path: Path, seeded: Path) -> None:
-    d = _matching_daemon(tmp_path, seeded)
-    d._check_published()
-    assert d.need_sweep is None
-    (tmp_path / "config.yaml").write_text(config_text(daemon={"quiet_period_s": 0, "poll_interval_s": 30}))
-    d.reload()
-    assert d.cfg.daemon.poll_interval_s == 30 and d.need_sweep is None
-    (tmp_path / "config.yaml").write_text(config_text(**RETUNE))
-    d.reload()
-    assert d.need_sweep == "NCCL, nccltune or the sweep settings changed since the published tuning"
-    assert d.status_text.startswith("idle, sweep pending")
-
-
-def test_a_corrupt_nccl_json_schedules_a_sweep_instead_of_stopping(tmp_path: Path, seeded: Path) -> None:
-    d = _matching_daemon(tmp_path, seeded)
-    (tmp_path / "state" / "nccl.json").write_text("{not json")
-    d._regenerate_xml()
-    d._check_published()
-    assert d.need_sweep == "the published files cannot be read"
-
-
-@pytest.mark.parametrize(("sweep_on_start", "first_calls"), [
-    (True, ["start", "poll", "sweep"]),
-    (False, ["start", "sleep", "poll", "sweep"]),
-])
-def test_sweep_on_start_skips_the_first_poll_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      sweep_on_start: bool, first_calls: list[str]) -> None:
-    d = make_daemon(tmp_path, **{"daemon.sweep_on_start": sweep_on_start})
-    d.opts.max_polls = 2
-    calls: list[str] = []
-
-    def start() -> None:
-        calls.append("start")
-        d.need_sweep = "nothing is published yet"
-
-    monkeypatch.setattr(d, "install_signals", lambda: None)
-    monkeypatch.setattr(d, "start", start)
-    monkeypatch.setattr(d, "_sleep", lambda s: calls.append("sleep"))
-    monkeypatch.setattr(d, "poll", lambda: calls.append("poll"))
-    monkeypatch.setattr(d, "maybe_sweep", lambda: calls.append("sweep"))
-    monkeypatch.setattr(d, "maybe_verify", lambda: None)
-    monkeypatch.setattr(d, "write_metrics", lambda: None)
-    assert d.run() == 0
-    assert calls == [*first_calls, "sleep", "poll", "sweep"]

@@ -8,8 +8,12 @@ cannot tell it from the node.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,9 +25,10 @@ from fakesysfs import build_fake_sysfs
 
 from nccltune.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, InputError, UnavailableError
 from nccltune.hw.cpuset import cpus_from_cpulist, cpus_from_cpumask
-from nccltune.hw.nvml import NvmlReader
+from nccltune.hw.nvml import NvmlReader, compute_pids
+from nccltune.hw.procfs import descendants, parent_pids
 from nccltune.hw.sysfs import SysfsReader
-from nccltune.hw.types import Gpu, Nic, NvLink, NvmlSnapshot, P2PStatus, Snapshot, SysfsSnapshot
+from nccltune.hw.types import Gpu, GpuProcess, Nic, NvLink, NvmlSnapshot, P2PStatus, Snapshot, SysfsSnapshot
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 
 TOPOLOGY_DIR = TOPOLOGIES
@@ -517,6 +522,93 @@ def test_nvml_p2p_not_supported_query_is_none() -> None:
                     if name == "nvmlDeviceGetP2PStatus" and args[2] == 3 else None)
     (pair,) = NvmlReader(fake).read().p2p
     assert (pair.read, pair.atomics) == ("ok", None)
+
+
+# -- NVML busy check: one process query per GPU -------------------------------------------------
+
+
+def _with_processes(nvml: NvmlSnapshot, by_gpu: dict[int, tuple[int, ...]]) -> NvmlSnapshot:
+    gpus = tuple(dataclasses.replace(g, processes=tuple(GpuProcess(pid=p, used_memory_bytes=1 << 20)
+                                                        for p in by_gpu.get(g.index, ())))
+                 for g in nvml.gpus)
+    return dataclasses.replace(nvml, gpus=gpus)
+
+
+def test_compute_pids_asks_each_gpu_for_its_processes_and_nothing_else() -> None:
+    fake = FakeNvml(_with_processes(_load("hgx-h100-8gpu.json").nvml, {1: (4242, 4343), 5: (77,)}))
+    assert compute_pids([0, 1, 5], fake) == {0: (), 1: (4242, 4343), 5: (77,)}
+    assert [name for name, _ in fake.calls] == [
+        "nvmlInit",
+        *(call for i in (0, 1, 5) for call in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetComputeRunningProcesses")),
+    ]
+    assert fake.shutdowns == 1
+    assert compute_pids([], FakeNvml(NvmlSnapshot())) == {}
+
+
+def test_compute_pids_not_supported_lists_no_process() -> None:
+    nvml = _with_processes(_load("pcie-2gpu-nvlink-bridge.json").nvml, {0: (10,), 1: (11,)})
+    fake = FakeNvml(nvml, hook=lambda name, args: NOT_SUPPORTED
+                    if name == "nvmlDeviceGetComputeRunningProcesses" and args[0].index == 0 else None)
+    assert compute_pids([0, 1], fake) == {0: (), 1: (11,)}
+
+
+def test_compute_pids_gpu_lost_propagates_and_init_failure_is_unavailable() -> None:
+    nvml = _with_processes(_load("pcie-2gpu-nvlink-bridge.json").nvml, {0: (10,)})
+    lost = FakeNvml(nvml, fail={"nvmlDeviceGetComputeRunningProcesses": GPU_LOST})
+    with pytest.raises(FakeNVMLError) as info:
+        compute_pids([0], lost)
+    assert info.value.value == GPU_LOST
+    assert lost.shutdowns == 1
+    with pytest.raises(UnavailableError) as unavailable:
+        compute_pids([0], FakeNvml(nvml, fail={"nvmlInit": 9}))
+    assert unavailable.value.exit_code == EXIT_UNAVAILABLE
+
+
+# -- procfs: the process tree -------------------------------------------------------------------
+
+
+def _fake_proc(root: Path, entries: dict[str, str | None]) -> Path:
+    """A /proc with one directory per entry; the stat line as given (None: no stat file)."""
+    for name, stat in entries.items():
+        (root / name).mkdir(parents=True)
+        if stat is not None:
+            (root / name / "stat").write_text(stat)
+    return root
+
+
+def test_procfs_descendants_from_a_fake_tree(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path / "proc", {
+        "1": "1 (systemd) S 0 1 1 0 -1\n",
+        "100": "100 (nccltune) S 1 100 100 0 -1\n",
+        # a command name with spaces and parentheses: fields are counted from the last ')'
+        "101": "101 (python3 (rank) 0) S 100 100 100 0 -1\n",
+        "102": "102 (pt_main_thread) R 101 100 100 0 -1\n",
+        "200": "200 (job) S 1 200 200 0 -1\n",
+        "300": "300 (broken",  # truncated: skipped
+        "301": None,  # exited between listing and reading
+        "sys": None,  # not a process
+    })
+    assert parent_pids(proc) == {1: 0, 100: 1, 101: 100, 102: 101, 200: 1}
+    assert descendants(100, proc) == {101, 102}
+    assert descendants(1, proc) == {100, 101, 102, 200}
+    assert descendants(102, proc) == set()
+    assert descendants(100, tmp_path / "missing") == set()
+
+
+def test_procfs_descendants_of_this_process_include_a_grandchild() -> None:
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
+    try:
+        found = descendants()
+        assert {child.pid, grandchild} <= found
+        assert os.getpid() not in found
+        assert descendants(child.pid) >= {grandchild}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
+        child.kill()
+        child.wait(timeout=10)
 
 
 # -- snapshot files ---------------------------------------------------------------------------

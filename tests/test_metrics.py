@@ -305,7 +305,7 @@ def test_every_series_comes_from_the_history(tmp_path: Path, store: Store, clock
     assert published == {"class": "c0ffee", "state": "tuned", "decision": "node",
                          "env_digest": env_digest({"NCCL_ALGO": "Ring"}), "profile_generation": ""}
     # Only a running daemon knows these.
-    for name in ("nccltune_daemon_state", "nccltune_heartbeat_timestamp_seconds", "nccltune_busy_gpus"):
+    for name in ("nccltune_daemon_state", "nccltune_heartbeat_timestamp_seconds", "nccltune_busy_compute_processes"):
         assert name not in samples(text)
     # Every series carries the class, for the fleet rules.
     assert all(x.labels.get("class") == "c0ffee" for xs in samples(text).values() for x in xs)
@@ -314,13 +314,13 @@ def test_every_series_comes_from_the_history(tmp_path: Path, store: Store, clock
 def test_a_restart_writes_the_same_series_as_before_it(tmp_path: Path, store: Store, clock: Clock) -> None:
     add_sweep(store, clock)
     add_verify(store, clock, passed=True)
-    live = LiveState(state="idle", busy_gpus=0, heartbeat_ts=1_790_000_000.0, doctor={"warning": 1},
+    live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1_790_000_000.0, doctor={"warning": 1},
                      topology_changes_total=2)
     before = samples(write(tmp_path, store, live=live))
     # A new process: a new Store object over the same file, nothing remembered.
     with Store(store.path) as again:
         after = samples(write(tmp_path, again))
-    live_only = {"nccltune_daemon_state", "nccltune_busy_gpus", "nccltune_heartbeat_timestamp_seconds",
+    live_only = {"nccltune_daemon_state", "nccltune_busy_compute_processes", "nccltune_heartbeat_timestamp_seconds",
                  "nccltune_doctor_findings", "nccltune_topology_changes_total"}
     assert live_only <= set(before)
     assert set(after) == set(before) - live_only
@@ -388,13 +388,13 @@ def test_a_corrupt_published_file_falls_back_to_the_history(tmp_path: Path, stor
 
 
 def test_live_values_of_a_daemon(tmp_path: Path, store: Store) -> None:
-    live = LiveState(state="sweeping", busy_gpus=3, heartbeat_ts=1_790_000_123.5, degraded=True,
+    live = LiveState(state="sweeping", busy_processes=3, heartbeat_ts=1_790_000_123.5, degraded=True,
                      doctor={"error": 2}, gpus=8, driver_version="580.1", nccl_version="2.23.4",
                      topology_changes_total=1)
     text = write(tmp_path, store, live=live)
     states = {dict(k)["state"]: v for k, v in values(text, "nccltune_daemon_state").items()}
     assert states == {s: (1.0 if s == "sweeping" else 0.0) for s in DAEMON_STATES}
-    assert values(text, "nccltune_busy_gpus") == {(): 3.0}
+    assert values(text, "nccltune_busy_compute_processes") == {(): 3.0}
     assert values(text, "nccltune_heartbeat_timestamp_seconds") == {(): 1_790_000_123.5}
     assert values(text, "nccltune_degraded") == {(): 1.0}
     assert values(text, "nccltune_topology_changes_total") == {(): 1.0}
@@ -406,7 +406,7 @@ def test_live_values_of_a_daemon(tmp_path: Path, store: Store) -> None:
 
 def test_an_unknown_daemon_state_is_refused() -> None:
     with pytest.raises(ValueError, match="idle"):
-        LiveState(state="napping", busy_gpus=0, heartbeat_ts=0.0)
+        LiveState(state="napping", busy_processes=0, heartbeat_ts=0.0)
 
 
 def test_the_file_is_readable_by_node_exporter_whatever_the_umask(tmp_path: Path, store: Store) -> None:

@@ -115,7 +115,7 @@ def written_names(tmp_path: Path) -> set[str]:
         publish(tmp_path / "published", {"NCCL_TOPO_FILE": "/x.xml"},
                 Provenance(nccltune_version=__version__, created_at="2026-11-30T00:00:00+00:00",
                            topology_fingerprint="fp", nccl_version=None, backend="gloo", demo=True, profile=None))
-        live = LiveState(state="idle", busy_gpus=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0)
+        live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0)
         path = write_metrics_from_store(tmp_path / "metrics", store, fingerprint="fp", node_class="cls", live=live,
                                         publish_dir=tmp_path / "published")
     return {s.name for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..errors import UnavailableError
@@ -86,7 +86,9 @@ class NvmlReader:
                 return None
             raise
 
-    def read(self) -> NvmlSnapshot:
+    @contextlib.contextmanager
+    def _initialised(self) -> Iterator[Any]:
+        """NVML initialised for the body, shut down after it; yields the binding."""
         if self._nvml is None:
             self._nvml = _load_binding()
         nvml = self._nvml
@@ -101,10 +103,25 @@ class NvmlReader:
         except OSError as exc:  # library file missing on some bindings
             raise UnavailableError(f"NVML library not found: {exc}", hint="use --demo") from exc
         try:
-            return self._read_initialised()
+            yield nvml
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
+
+    def read(self) -> NvmlSnapshot:
+        with self._initialised():
+            return self._read_initialised()
+
+    def compute_pids(self, indices: Iterable[int]) -> dict[int, tuple[int, ...]]:
+        """GPU index -> pids of its compute processes: one running-processes query per GPU.
+
+        The busy check while trials run needs nothing else, so it skips the links, the P2P
+        matrix and the PCI facts that read() gathers. A GPU that does not answer the query
+        (NotSupported) lists no process; a lost GPU raises the binding's NVMLError.
+        """
+        with self._initialised() as nvml:
+            return {i: tuple(p.pid for p in self._processes(nvml.nvmlDeviceGetHandleByIndex(i)))
+                    for i in indices}
 
     def _read_initialised(self) -> NvmlSnapshot:
         nvml = self._nvml
@@ -224,3 +241,12 @@ def _unsupported(nvml: Any) -> Callable[..., Any]:
 def read_nvml(binding: Any | None = None) -> NvmlSnapshot:
     """Read this node through NVML. See NvmlReader."""
     return NvmlReader(binding).read()
+
+
+def compute_pids(indices: Iterable[int], binding: Any | None = None) -> dict[int, tuple[int, ...]]:
+    """The compute processes on each GPU of `indices` (NVML indices). See NvmlReader.compute_pids.
+
+    Raises:
+        UnavailableError: NVML cannot be loaded or initialised.
+    """
+    return NvmlReader(binding).compute_pids(indices)

@@ -1,4 +1,6 @@
-"""sysfs/procfs reader: the only module that reads /sys and /proc. The root is injected.
+"""sysfs reader: the only module that reads /sys, and the node facts in /proc. The root is injected.
+
+Process facts (who descends from whom) are read by hw/procfs.py.
 
 It records what NCCL's own topology detection reads: the PCI ancestry of every GPU and NIC
 (bridges with class, ids and max link speed/width), NUMA nodes and their cpumaps, the CPU

@@ -1,0 +1,267 @@
+"""The daemon's one door to the rest of nccltune: configuration, node, NCCL probe, sweep, verify,
+publish, history, lock and metrics.
+
+Everything the daemon asks of the measurement and publishing code goes through a function here,
+and comes back as one of the small records below, so that a change in those modules' shapes
+is met in this file alone. The functions do the work of one step each; when and why to call
+them is the scheduler's and the service's business.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
+from ..doctor import default_conf_files, diagnose
+from ..errors import BusyError, NccltuneError, UnavailableError
+from ..lock import SweepLock
+from ..metrics import LiveState, MetricsState, write_metrics_from_store
+from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
+from ..publish import Provenance, atomic_write, publish, read_published
+from ..store import Store
+from ..topology.ncclxml import render_xml
+from ..trials.runner import TrialAborted, find_worker_python
+from ..verify import run_verify
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Config", "MetricsState", "NcclInfo", "Node", "Published", "SweepLock", "SweepOutcome", "TrialAborted",
+    "VerifyOutcome", "daemon_lock", "export_metrics", "open_history", "prepare_state_dir", "probe_worker_nccl",
+    "read_config", "read_node", "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep",
+    "run_verification", "tuning_fingerprint_of",
+]
+
+ProgressFn = Callable[[int, int, str, str, Any], None]
+AbortCheck = Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class NcclInfo:
+    """NCCL as the worker interpreter loads it; all None when it has no torch (nccl-tests engine)."""
+
+    version: str | None = None
+    library: str | None = None
+    # (size in bytes, mtime in whole seconds) of the library file when it was probed
+    library_stat: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """What nccl.json says, as far as the daemon cares. `unreadable` holds the error, if any."""
+
+    exists: bool
+    topology_fingerprint: str | None = None
+    tuning_fingerprint: str | None = None
+    state: str | None = None
+    unreadable: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """A finished sweep, as the metrics and the log report it."""
+
+    published_generation: int | None
+    nccl_version: str | None
+    # (size_bytes, "default" | "published") -> bus bandwidth in GB/s
+    busbw_gbps: dict[tuple[int, str], float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    passed: bool
+    expectation: str
+    reason: str
+    # size_bytes -> ratio measured/expected - 1
+    drift: dict[int, float] = field(default_factory=dict)
+
+
+# -- configuration, lock, history -----------------------------------------------------------------
+
+
+def read_config(path: Path | None, overrides: dict[str, object]) -> Config:
+    """The configuration file (the default one, optional, when no path is given) with overrides.
+
+    Raises:
+        InputError: the file or an override is invalid (exit 78).
+    """
+    cfg = load_config(path or DEFAULT_CONFIG_PATH, required=path is not None)
+    if overrides:
+        cfg = with_overrides(cfg, **overrides)
+    return cfg
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state directory (history, locks, published files by default) if it is missing."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+
+def daemon_lock(state_dir: Path) -> SweepLock:
+    """The held lock that makes this the only daemon on the state directory.
+
+    Raises:
+        BusyError: another daemon holds it (exit 75).
+    """
+    lock = SweepLock(state_dir / "daemon.lock")
+    try:
+        lock.acquire()
+    except BusyError as exc:
+        raise BusyError(str(exc).replace("another sweep", "another daemon")) from exc
+    return lock
+
+
+def open_history(state_dir: Path) -> None:
+    """Open the history once: a corrupt one is moved aside now, and a database of a newer schema
+    stops the start with its message instead of failing every sweep later."""
+    with Store(state_dir / "history.db"):
+        pass
+
+
+# -- the node and NCCL ----------------------------------------------------------------------------
+
+
+def read_node(cfg: Config, demo: str | bool | None) -> Node:
+    """The whole node: NVML (or the snapshot standing in for it), sysfs, topology and paths."""
+    return load_node(cfg, demo)
+
+
+def probe_worker_nccl(cfg: Config, python: str | None) -> NcclInfo:
+    """torch's NCCL in the worker interpreter (a child process: the daemon never imports torch)."""
+    try:
+        info = probe_nccl(find_worker_python(python or cfg.bench.python))
+    except UnavailableError as exc:
+        log.info("no torch for the worker (%s); NCCL version unknown to the daemon", exc.message)
+        return NcclInfo()
+    stat = info.get("nccl_lib_stat")
+    return NcclInfo(version=info.get("nccl_version"), library=info.get("nccl_lib"),
+                    library_stat=(int(stat[0]), int(stat[1])) if stat else None)
+
+
+def tuning_fingerprint_of(cfg: Config, node: Node, nccl: NcclInfo) -> str:
+    """Everything a published tuning depends on besides the topology, hashed with it."""
+    return tuning_fingerprint(cfg, node.fingerprint, nccl.version, node.demo)
+
+
+# -- published files ------------------------------------------------------------------------------
+
+
+def read_published_state(publish_dir: Path) -> Published:
+    try:
+        published = read_published(publish_dir)
+    except NccltuneError as exc:
+        return Published(exists=True, unreadable=str(exc))
+    if published is None:
+        return Published(exists=False)
+    _env, prov = published
+    return Published(exists=True, topology_fingerprint=prov.get("topology_fingerprint"),
+                     tuning_fingerprint=prov.get("tuning_fingerprint"), state=prov.get("state"))
+
+
+def refresh_topology_file(cfg: Config, node: Node) -> None:
+    """Write ncclTopology.xml for this node when it differs and the published tuning is for this
+    topology: a tuned environment always comes with the file it was measured with."""
+    text = render_xml(node.topo.system)
+    path = cfg.topology_file
+    try:
+        if path.exists() and path.read_text() == text:
+            return
+    except OSError:
+        pass
+    published = read_published_state(cfg.publish_dir)
+    if published.unreadable is not None:
+        return  # the start-up check reports it and schedules the sweep that replaces it
+    if not published.exists or published.topology_fingerprint != node.fingerprint:
+        return
+    atomic_write(path, text)
+
+
+def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at: _dt.datetime) -> int:
+    """Publish the new topology file and the policy values, nothing measured on the old topology.
+
+    Returns the published generation.
+    """
+    atomic_write(cfg.topology_file, render_xml(node.topo.system))
+    env = {"NCCL_TOPO_FILE": str(cfg.topology_file), POLICY_VAR: str(cfg.sweep.async_error_handling),
+           **cfg.sweep.pin}
+    prov = Provenance(
+        nccltune_version=__version__,
+        created_at=created_at.astimezone(_dt.timezone.utc).isoformat(timespec="seconds"),
+        topology_fingerprint=node.fingerprint, nccl_version=nccl.version,
+        backend=node.backend, demo=node.demo, profile=None,
+        note=f"safe environment: {why}; tuning pending", tuning_fingerprint=None, state="safe")
+    return publish(cfg.publish_dir, env, prov).generation
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def _with_python(cfg: Config, python: str | None) -> Config:
+    """The config with the daemon's --python folded in, as the sweep and verify take it."""
+    return with_overrides(cfg, **{"bench.python": python}) if python else cfg
+
+
+def run_sweep(cfg: Config, demo: str | bool | None, python: str | None, progress: ProgressFn,
+              abort_check: AbortCheck) -> SweepOutcome:
+    """One full sweep, published when it finds something.
+
+    Raises:
+        TrialAborted: abort_check answered a reason (a job started, the service stops).
+        BusyError: another sweep holds the sweep lock; nothing ran.
+        NccltuneError: the sweep failed; the published files are unchanged.
+    """
+    report = SweepPipeline(_with_python(cfg, python), demo=demo, progress=progress, abort_check=abort_check).run()
+    busbw: dict[tuple[int, str], float] = {}
+    for row in report.rows:
+        busbw[(row.size_bytes, "default")] = row.default_busbw_gbps
+        busbw[(row.size_bytes, "published")] = row.tuned_busbw_gbps
+    return SweepOutcome(published_generation=report.published.generation if report.published else None,
+                        nccl_version=report.nccl_version, busbw_gbps=busbw, wall_s=report.wall_s,
+                        summary=report.summary)
+
+
+def run_verification(cfg: Config, demo: str | bool | None, python: str | None, node: Node,
+                     abort_check: AbortCheck) -> VerifyOutcome:
+    """Measure the published environment against its expectation.
+
+    Raises:
+        TrialAborted, BusyError: as run_sweep; NccltuneError: verify could not run.
+    """
+    result = run_verify(_with_python(cfg, python), demo=demo, node=node, abort_check=abort_check)
+    drift = {r.size_bytes: (r.drift_pct or 0.0) / 100.0 for r in result.rows if r.drift_pct is not None}
+    return VerifyOutcome(passed=result.passed, expectation=result.expectation, reason=result.reason, drift=drift)
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def export_metrics(cfg: Config, node: Node, metrics: MetricsState, *, state: str, busy_processes: int,
+                   heartbeat_ts: float) -> None:
+    """Write the textfile into cfg.metrics_dir (if set) from the stored history, plus what only the
+    running daemon knows (its state, doctor's findings, the heartbeat): after a restart the file
+    has every series it had before.
+
+    Raises:
+        OSError, NccltuneError: the file cannot be written.
+    """
+    directory = cfg.metrics_dir
+    if directory is None:
+        return
+    findings = diagnose(node.topo, node.paths, env=dict(os.environ), publish_dir=cfg.publish_dir,
+                        conf_files=default_conf_files(os.environ))
+    metrics.doctor = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+    live = LiveState(state=state, busy_processes=busy_processes, heartbeat_ts=heartbeat_ts,
+                     degraded=metrics.degraded, doctor=metrics.doctor, gpus=len(node.topo.gpus),
+                     driver_version=node.topo.driver_version, nccl_version=metrics.nccl_version,
+                     topology_changes_total=metrics.topology_changes_total)
+    with Store(Path(cfg.state_dir) / "history.db") as store:
+        write_metrics_from_store(directory, store, fingerprint=node.fingerprint, live=live,
+                                 publish_dir=cfg.publish_dir)

@@ -1,0 +1,449 @@
+"""`nccltune daemon`: the service loop that carries out the scheduler's decisions.
+
+Start-up: load and validate the config (exit 78, so systemd does not loop), take the daemon
+lock (exit 75 when another daemon has it), open the history (a corrupt one is moved aside),
+read the node and the worker's NCCL, regenerate ncclTopology.xml, check what is published,
+notify READY. Then, until SIGTERM: wait as the scheduler says, reload the config after SIGHUP
+(the old one is kept when the new one is invalid), poll the watcher and act on its events
+(a changed topology republishes a safe environment at once and schedules a sweep), do what
+the scheduler decides (sweep, verify), write the metrics. The watchdog is pinged while
+waiting and between trials; during a sweep or a verification a job that takes the GPUs
+stops the trials (workers killed, last published files kept).
+
+Both clocks are injected: monotonic seconds for intervals, local wall time for the
+maintenance window and for the timestamps in metrics and provenance.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import BusyError, NccltuneError
+from ..sdnotify import Notifier, watchdog_interval_s
+from . import actions, scheduler
+from .actions import Config, MetricsState, NcclInfo, Node, SweepLock, TrialAborted
+from .scheduler import Action, Decision
+from .watcher import (
+    ConfigRejected,
+    Event,
+    GpusBusy,
+    GpusIdle,
+    NcclChanged,
+    NodeReadable,
+    NodeUnreadable,
+    TopologyChanged,
+    Watcher,
+    gpu_users,
+)
+
+log = logging.getLogger(__name__)
+
+# How often, at most, trials ask whether a job has taken the GPUs.
+ABORT_CHECK_EVERY_S = 2.0
+
+NodeLoader = Callable[[Config, str | bool | None], Node]
+NcclProbe = Callable[[Config, str | None], NcclInfo]
+
+
+@dataclass
+class DaemonOptions:
+    config_path: Path | None
+    overrides: dict[str, object]
+    demo: str | bool | None = None
+    python: str | None = None
+    max_polls: int | None = None  # stop after this many polls (bring-up scripts and tests)
+    poll_interval_s: float | None = None
+
+
+def policy_of(cfg: Config, poll_interval_s: float | None = None) -> scheduler.Policy:
+    """The scheduling settings of a configuration; `poll_interval_s` (from the CLI) wins."""
+    d = cfg.daemon
+    return scheduler.Policy(poll_interval_s=poll_interval_s or d.poll_interval_s, quiet_period_s=d.quiet_period_s,
+                            verify_interval_s=d.verify_interval_s, sweep_on_start=d.sweep_on_start,
+                            window=d.window, window_text=d.maintenance_window)
+
+
+class Daemon:
+    """The node service. `run()` is the whole life; the other public methods are its steps.
+
+    node_loader and nccl_probe default to the real node and the worker's real NCCL; they are
+    injectable for callers that bring their own readings.
+    """
+
+    def __init__(self, opts: DaemonOptions, notifier: Notifier | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], _dt.datetime] = _dt.datetime.now, *,
+                 node_loader: NodeLoader = actions.read_node,
+                 nccl_probe: NcclProbe = actions.probe_worker_nccl) -> None:
+        self.opts = opts
+        self.notifier = notifier or Notifier()
+        self.clock = clock
+        self.wall_clock = wall_clock  # local time, naive, as datetime.now() gives it
+        self.cfg = actions.read_config(opts.config_path, opts.overrides)
+        self.metrics = MetricsState(demo=bool(opts.demo))
+        self.watcher = Watcher(
+            load_node=lambda: node_loader(self.cfg, opts.demo),
+            probe_nccl=lambda: nccl_probe(self.cfg, opts.python),
+            gpu_users=self.gpus_busy,
+            load_config=lambda: actions.read_config(opts.config_path, opts.overrides),
+        )
+        self.state = scheduler.State(last_verify_s=clock())
+        self.tuning_fp: str | None = None
+        self.status_text = "starting"
+        self.busy_processes = 0  # compute processes of others on the GPUs, as last seen
+        self.wake = threading.Event()
+        self.stop_requested = False
+        self.reload_requested = False
+        self.watchdog_s = watchdog_interval_s()
+        self._last_ping_s = 0.0
+        self._last_busy_check_s = 0.0
+        self._lock: SweepLock | None = None
+
+    # -- readings ---------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> scheduler.Policy:
+        return policy_of(self.cfg, self.opts.poll_interval_s)
+
+    def now(self) -> scheduler.Now:
+        return scheduler.Now(self.clock(), self.wall_clock().time())
+
+    def _epoch_s(self) -> float:
+        return self.wall_clock().timestamp()
+
+    def gpus_busy(self, node: Node) -> list[int]:
+        """Compute processes on the node's GPUs that are not this daemon's own trial ranks."""
+        return gpu_users(node, state_dir=Path(self.cfg.state_dir), snapshot=self.cfg.topology.snapshot)
+
+    def decide(self) -> Decision:
+        return scheduler.decide(self.state, self.policy, self.now())
+
+    # -- notify, watchdog, signals ----------------------------------------------------------------
+
+    def status(self, text: str) -> None:
+        if text != self.status_text:
+            self.notifier.status(text)
+        self.status_text = text
+
+    def _idle_status(self) -> str:
+        if self.state.sweep_pending:
+            return f"idle, sweep pending ({self.state.sweep_pending})"
+        return "idle"
+
+    def ping(self) -> None:
+        if self.watchdog_s and self.clock() - self._last_ping_s >= self.watchdog_s / 2:
+            self.notifier.watchdog()
+            self._last_ping_s = self.clock()
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+        self.wake.set()
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.reload_requested = True
+        self.wake.set()
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait, pinging the watchdog; a signal ends the wait early."""
+        end = self.clock() + seconds
+        while not self.stop_requested and not self.reload_requested:
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self.wake.wait(min(left, self.watchdog_s / 2 if self.watchdog_s else left))
+            self.wake.clear()
+            self.ping()
+
+    # -- the life ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.install_signals()
+        try:
+            self.start()
+            wait = scheduler.first_wait(self.state, self.policy)
+            polls = 0
+            while not self.stop_requested:
+                self._sleep(wait.wait_s)
+                if self.stop_requested:
+                    break
+                if self.reload_requested:
+                    self.reload()
+                self.poll()
+                wait = self.act()
+                self.write_metrics()
+                polls += 1
+                if self.opts.max_polls is not None and polls >= self.opts.max_polls:
+                    log.info("stopping after %d poll(s) as asked", polls)
+                    break
+        finally:
+            self.notifier.stopping("stopping")
+            self.status_text = "stopping"
+            self.write_metrics()
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        """Release the daemon lock (start() took it)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def start(self) -> None:
+        state_dir = Path(self.cfg.state_dir)
+        actions.prepare_state_dir(state_dir)
+        self._lock = actions.daemon_lock(state_dir)
+        actions.open_history(state_dir)
+        self.watcher.start()
+        node = self.watcher.node
+        self.metrics.nccl_version = self.watcher.nccl.version
+        self._update_node_metrics()
+        self._refresh_tuning_fingerprint()
+        actions.refresh_topology_file(self.cfg, node)
+        self.check_published()
+        self.status(self._idle_status())
+        self.notifier.ready(self.status_text)
+        log.info("nccltune %s daemon ready: %d GPU(s), fingerprint %s, NCCL %s%s", __version__,
+                 len(node.topo.gpus), node.fingerprint, self.watcher.nccl.version or "n/a",
+                 " (CPU demo)" if node.demo else "")
+
+    def reload(self) -> None:
+        self.reload_requested = False
+        self.notifier.reloading("reloading configuration")
+        event = self.watcher.reload_config()
+        if isinstance(event, ConfigRejected):
+            log.error("new configuration is invalid, keeping the old one: %s", event.why)
+            self.notifier.ready(self.status_text)
+            return
+        self.cfg = event.cfg
+        log.info("configuration reloaded")
+        if self.watcher.started:
+            self._refresh_tuning_fingerprint()
+            # New sweep settings make the published tuning stale, as they do at start-up.
+            try:
+                self.check_published()
+            except NccltuneError as exc:  # a failed safe republish: the config itself is fine
+                log.error("cannot republish a safe environment: %s", exc)
+            self.status(self._idle_status() if not self.state.degraded else self.status_text)
+        self.notifier.ready(self.status_text)
+
+    def check_published(self) -> None:
+        """Schedule a sweep unless a tuning for this topology and these settings is published."""
+        node = self.watcher.node
+        published = actions.read_published_state(self.cfg.publish_dir)
+        why: str | None = None
+        if published.unreadable is not None:
+            # The sweep replaces it (publishing tolerates a corrupt nccl.json); exit 78 here would
+            # keep systemd from restarting the service at all.
+            log.error("the published files cannot be read: %s", published.unreadable)
+            why = "the published files cannot be read"
+        elif not published.exists:
+            why = "nothing is published yet"
+        elif published.topology_fingerprint != node.fingerprint:
+            why = "the published tuning is for another topology"
+            self.state = scheduler.sweep_needed(self.state, why)
+            self.republish_safe("the published tuning was measured on another topology")
+        elif published.tuning_fingerprint != self.tuning_fp:
+            why = "NCCL, nccltune or the sweep settings changed since the published tuning"
+        elif published.state == "safe":
+            why = "only a safe environment is published"
+        if why is not None:
+            self.state = scheduler.sweep_needed(self.state, why)
+
+    def republish_safe(self, why: str) -> None:
+        generation = actions.republish_safe(self.cfg, self.watcher.node, self.watcher.nccl, why, self.wall_clock())
+        self.metrics.published_generation = generation
+        log.warning("republished a safe environment (generation %d): %s", generation, why)
+
+    # -- one poll ---------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        self.state = scheduler.polled(self.state)
+        for event in self.watcher.poll():
+            self._on_event(event)
+        if not self.state.degraded:
+            self.status(self._idle_status())
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, NodeUnreadable):
+            if not self.state.degraded:
+                log.error("degraded: %s; keeping the last published files", event.why)
+            self.state = scheduler.node_readable(self.state, False)
+            self.metrics.degraded = True
+            self.status(f"degraded: {event.why}")
+        elif isinstance(event, NodeReadable):
+            log.warning("node readable again; leaving degraded state")
+            self.state = scheduler.node_readable(self.state, True)
+            self.metrics.degraded = False
+        elif isinstance(event, (GpusBusy, GpusIdle)):
+            self.busy_processes = len(event.pids) if isinstance(event, GpusBusy) else 0
+            self.state = scheduler.gpus_seen(self.state, isinstance(event, GpusBusy), self.clock())
+        elif isinstance(event, TopologyChanged):
+            log.warning("topology changed (%s -> %s): %s", event.old_fingerprint, event.new_fingerprint,
+                        "; ".join(event.changes) or "details unknown")
+            self.metrics.topology_changes_total += 1
+            self._update_node_metrics()
+            self._refresh_tuning_fingerprint()
+            self.state = scheduler.sweep_needed(self.state, "topology changed")
+            try:
+                self.republish_safe("topology changed: " + "; ".join(event.changes[:3]))
+            except NccltuneError as exc:
+                # The sweep (still scheduled) publishes for the new topology; until then the
+                # old files stay, which the log and `nccltune doctor` flag as stale.
+                log.error("cannot republish a safe environment: %s", exc)
+        elif isinstance(event, NcclChanged):
+            self.metrics.nccl_version = event.new_version
+            log.warning("NCCL library %s changed (version %s -> %s)", event.library, event.old_version,
+                        event.new_version)
+            self._refresh_tuning_fingerprint()
+            self.state = scheduler.sweep_needed(self.state, "NCCL changed")
+
+    def act(self) -> Decision:
+        """Carry out the scheduler's decisions for this poll; returns the final one (a wait)."""
+        decision = self.decide()
+        if decision.sweep_pending is not None:
+            log.info("sweep pending (%s) but not now: %s", decision.sweep_pending, decision.reason)
+        while decision.action is not Action.WAIT:
+            if decision.action is Action.SWEEP:
+                self.sweep(decision.reason)
+            else:
+                self.verify()
+            decision = self.decide()
+        log.debug("next poll in %.3g s: %s", decision.wait_s, decision.reason)
+        return decision
+
+    # -- trials -----------------------------------------------------------------------------------
+
+    def abort_check(self) -> str | None:
+        """Asked between and during trials: a reason to stop them, or None."""
+        self.ping()
+        if self.stop_requested:
+            return "the service is stopping"
+        now_s = self.clock()
+        if now_s - self._last_busy_check_s < ABORT_CHECK_EVERY_S:
+            return None
+        self._last_busy_check_s = now_s
+        seen = self.watcher.check_busy()
+        if seen is None:
+            return None
+        self.state = scheduler.gpus_seen(self.state, isinstance(seen, GpusBusy), now_s)
+        if isinstance(seen, GpusBusy):
+            return f"a job started on the GPUs (pid {', '.join(map(str, seen.pids))})"
+        return None
+
+    def _progress(self, seq: int, total: int, phase: str, label: str, result: Any) -> None:
+        if result is None:
+            self.status(f"sweeping {seq}/{total}: {phase} {label}")
+        else:
+            log.info("trial %d/%d %s %s: %s%s", seq, total, phase, label, result.status,
+                     f" ({result.reason})" if result.reason else "")
+        self.ping()
+
+    def sweep(self, why: str) -> None:
+        log.info("sweeping: %s", why)
+        self.metrics.sweeps_total += 1
+        started_s = self.clock()
+        try:
+            outcome = actions.run_sweep(self.cfg, self.opts.demo, self.opts.python, self._progress,
+                                        self.abort_check)
+        except TrialAborted as exc:
+            log.warning("sweep stopped: %s; the published files are unchanged", exc)
+            self.metrics.last_sweep_success = False
+            self.state = scheduler.sweep_kept_pending(self.state)
+            self.status(self._idle_status())
+            return
+        except BusyError as exc:
+            log.warning("sweep not started: %s", exc)
+            self.metrics.sweeps_total -= 1  # counted as started above, but nothing ran
+            self.state = scheduler.sweep_kept_pending(self.state)
+            self.status(self._idle_status())
+            return
+        except NccltuneError as exc:
+            log.error("sweep failed: %s; the published files are unchanged", exc)
+            self.metrics.last_sweep_success = False
+            self.state = scheduler.sweep_failed(self.state)
+            self.status(self._idle_status())
+            return
+        except Exception:
+            # A bug or an OS error inside the sweep must not end the service: the published
+            # files are still good, and a restart would only re-run the same sweep into the error.
+            log.exception("sweep failed unexpectedly; the published files are unchanged")
+            self.metrics.last_sweep_success = False
+            self.state = scheduler.sweep_failed(self.state)
+            self.status(self._idle_status())
+            return
+        self.state = scheduler.sweep_done(self.state)
+        self.metrics.last_sweep_ts = self._epoch_s()
+        self.metrics.last_sweep_duration_s = self.clock() - started_s
+        self.metrics.last_sweep_success = True
+        self.metrics.published_generation = outcome.published_generation
+        self.metrics.nccl_version = outcome.nccl_version or self.metrics.nccl_version
+        self.metrics.busbw = dict(outcome.busbw_gbps)
+        log.info("sweep done in %.0f s: %s", outcome.wall_s, outcome.summary)
+        self._refresh_tuning_fingerprint()
+        self.status("idle")
+
+    def verify(self) -> None:
+        self.state = scheduler.verify_started(self.state, self.clock())
+        self.status("verifying")
+        try:
+            outcome = actions.run_verification(self.cfg, self.opts.demo, self.opts.python, self.watcher.node,
+                                               self.abort_check)
+        except (TrialAborted, BusyError) as exc:
+            log.info("verify skipped: %s", exc)
+            self.status(self._idle_status())
+            return
+        except NccltuneError as exc:
+            log.warning("verify could not run: %s", exc)
+            self.status(self._idle_status())
+            return
+        self.metrics.last_verify_ts = self._epoch_s()
+        self.metrics.last_verify_success = outcome.passed
+        self.metrics.verify_drift = dict(outcome.drift)
+        if outcome.passed:
+            log.info("verify passed (%s)", outcome.expectation)
+        else:
+            log.warning("verify: bus bandwidth drifted: %s; scheduling a re-sweep", outcome.reason)
+            self.state = scheduler.sweep_needed(self.state, "verify found drift")
+        self.status(self._idle_status())
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _refresh_tuning_fingerprint(self) -> None:
+        self.tuning_fp = actions.tuning_fingerprint_of(self.cfg, self.watcher.node, self.watcher.nccl)
+
+    def _update_node_metrics(self) -> None:
+        node = self.watcher.node
+        self.metrics.fingerprint = node.fingerprint
+        self.metrics.gpus = len(node.topo.gpus)
+        self.metrics.driver_version = node.topo.driver_version
+
+    def _metrics_state(self) -> str:
+        """The daemon's state as the metrics name it (metrics.DAEMON_STATES)."""
+        text = self.status_text
+        for state in ("starting", "sweeping", "verifying", "stopping", "degraded"):
+            if text.startswith(state):
+                return state
+        return "sweep_pending" if self.state.sweep_pending else "idle"
+
+    def write_metrics(self) -> None:
+        if not self.watcher.started:
+            return
+        try:
+            actions.export_metrics(self.cfg, self.watcher.node, self.metrics, state=self._metrics_state(),
+                                   busy_processes=self.busy_processes, heartbeat_ts=self._epoch_s())
+        except (OSError, NccltuneError) as exc:
+            log.warning("cannot write metrics to %s: %s", self.cfg.metrics_dir, exc)
