@@ -187,6 +187,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return cmd_topo_check(args)
     topo = load_topology(args.input, with_nics=not args.no_nics)
     paths = compute_paths(topo)
+    from .topology.nodeclass import node_class, with_class_line
+
+    cls = node_class(load_topology(args.input) if args.no_nics else topo)  # NICs count for the class
     if args.xml:
         from .topology.ncclxml import write_xml
 
@@ -194,11 +197,12 @@ def cmd_topo(args: argparse.Namespace) -> int:
         log.info("wrote %s", args.xml)
     if args.json:
         doc = topology_doc(topo, paths)
+        doc["node_class"] = cls.as_dict()
         if args.xml:
             doc["xml"] = str(args.xml)
         out(dumps(doc))
     else:
-        out(topology_text(topo, paths))
+        out(with_class_line(topology_text(topo, paths), topo, cls))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
