@@ -22,11 +22,15 @@ from ..errors import InputError
 from ..publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf, validate_env
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
-from ..topology.nodeclass import describe_difference
+from ..topology.nodeclass import describe_difference, differing_facts
 from .decide import PROFILE_KIND, TOPO_FILE, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node
 
 log = logging.getLogger(__name__)
+
+# Facts of the class that a new release changes on every node at once: a mismatch there makes a
+# profile stale rather than one for another kind of node.
+VERSION_FACTS = ("driver_version", "nccl_version")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,14 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
         kind = "a CPU demo profile" if doc["demo"] else "a GPU profile"
         raise InputError(where, f"{kind} cannot be applied to {'a demo' if node.demo else 'a GPU'} node",
                          hint="demo numbers are not NCCL numbers")
+    mine = node.node_class(nccl_version)
+    theirs = doc["node_class"]
+    hardware = [k for k in differing_facts(theirs["facts"], mine.facts) if k not in VERSION_FACTS]
+    if hardware:
+        why = describe_difference({k: theirs["facts"].get(k) for k in hardware},
+                                  {k: mine.facts.get(k) for k in hardware}, a_name="profile", b_name="this node")
+        raise InputError(where, f"profile is for node class {theirs['id']}, this node is {mine.id}: {why}",
+                         hint="apply the profile made for this node's class (`nccltune topo` shows it)")
     stale = []
     versions = doc["versions"]
     if versions["nccl"] != nccl_version:
@@ -76,15 +88,11 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
     made_by = doc["provenance"]["nccltune_version"]
     if _release(made_by) != _release(__version__):
         stale.append(f"nccltune {made_by} (profile) vs {__version__} (this node)")
-    if stale:
-        raise InputError(where, "stale profile: " + "; ".join(stale),
+    if stale or mine.id != theirs["id"]:
+        why = "; ".join(stale) or describe_difference(theirs["facts"], mine.facts, a_name="profile",
+                                                      b_name="this node")
+        raise InputError(where, f"stale profile: {why}",
                          hint="re-sweep one node of the class and re-run `nccltune fleet decide`")
-    mine = node.node_class(nccl_version)
-    theirs = doc["node_class"]
-    if mine.id != theirs["id"]:
-        why = describe_difference(theirs["facts"], mine.facts, a_name="profile", b_name="this node")
-        raise InputError(where, f"profile is for node class {theirs['id']}, this node is {mine.id}: {why}",
-                         hint="apply the profile made for this node's class (`nccltune topo` shows it)")
     validate_env(doc["env"], source=f"{where}: env")
     if TOPO_FILE in doc["env"]:
         raise InputError(where, f"env: {TOPO_FILE} is set per node; a profile says topology_file: true instead")
