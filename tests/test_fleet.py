@@ -172,6 +172,8 @@ def test_apply_publishes_the_profile_and_env_names_it(fleet: dict[str, Any], tmp
     assert got.returncode == 0, got.stderr
     env, prov = read_published(state) or ({}, {})
     assert prov["generation"] == before[1]["generation"] + 1
+    # The daemon's own fingerprint of this node's settings: it does not re-tune over the profile.
+    assert prov["tuning_fingerprint"] == before[1]["tuning_fingerprint"]
     expected = dict(prof["env"])
     if prof["topology_file"]:
         expected["NCCL_TOPO_FILE"] = str(state / "ncclTopology.xml")

@@ -134,12 +134,18 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
         atomic_write(cfg.topology_file, render_xml(node.topo.system))
         env[TOPO_FILE] = str(cfg.topology_file)
     note = _note(path, doc)
+    from ..pipeline import tuning_fingerprint
+
     prov = Provenance(
         nccltune_version=__version__,
         created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
         topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
         backend=str(doc["backend"]), demo=bool(doc["demo"]), profile=str(doc["evidence"]["rules"]["profile"]),
-        gains=profile_gains(doc), note=note, tuning_fingerprint=None, state="tuned")
+        gains=profile_gains(doc), note=note,
+        # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
+        # current, and re-tunes only when one of them changes (as after its own sweep).
+        tuning_fingerprint=tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo),
+        state="tuned")
     published = publish_profile(cfg, env, prov)
     log.info("applied %s: generation %d", note, published.generation)
     return ApplyResult(path, str(doc["node_class"]["id"]), env, published, note)
