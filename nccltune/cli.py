@@ -533,7 +533,7 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
     _common(app)
-    app.add_argument("profile", metavar="PROFILE")
+    app.add_argument("profile", metavar="PROFILE", help="a class profile, or a directory of them named <class id>.json")
     app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                      help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
     app.add_argument("--python", metavar="PY",

@@ -289,3 +289,20 @@ def test_schema_files_are_the_ones_the_code_reads() -> None:
             "type": "array", "items": load_schema("profile")["$defs"]["tuner_entry"]}}})
     with pytest.raises(ValueError, match="unsupported keyword"):
         validate(1, {"oneOf": []})
+
+
+def test_apply_picks_this_classes_profile_from_a_directory(fleet: dict[str, Any], tmp_path: Path) -> None:
+    prof = _json(fleet["profile"])
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    state = _node_copy(fleet, tmp_path)
+    run = ("apply", str(profiles), "--demo", str(fleet["nodes"][0]["snapshot"]), "--config",
+           str(fleet["root"] / "config.yaml"), "--state-dir", str(state))
+    before = _digests(state)
+    missing = nccltune(*run, cwd=tmp_path)
+    assert missing.returncode == 78 and f"no profile for this node's class {prof['node_class']['id']}" in missing.stderr
+    assert _digests(state) == before
+    shutil.copy(fleet["profile"], profiles / f"{prof['node_class']['id']}.json")
+    got = nccltune(*run, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert (read_published(state) or ({}, {}))[1]["note"].startswith(f"class profile {prof['node_class']['id']}.json")

@@ -114,17 +114,35 @@ def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance) -> Pu
     return published
 
 
+def profile_in(directory: Path, class_id: str) -> Path:
+    """`<directory>/<class id>.json`: where `fleet decide --out` results are kept per class.
+
+    Raises:
+        InputError: there is no profile for this class there (exit 78).
+    """
+    path = directory / f"{class_id}.json"
+    if not path.is_file():
+        there = sorted(p.stem for p in directory.glob("*.json"))
+        raise InputError(str(directory), f"no profile for this node's class {class_id} "
+                         f"(profiles there: {', '.join(there) or 'none'})",
+                         hint="decide one from this class's exports with `nccltune fleet decide`")
+    return path
+
+
 def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,
                   now: _dt.datetime | None = None) -> ApplyResult:
-    """Check `path` against this node and publish it.
+    """Check `path` against this node and publish it. A directory stands for the profile of this
+    node's class in it (see profile_in).
 
     Raises:
         InputError: the profile is malformed or not for this node (exit 78); nothing was written.
         PublishError, BusyError: as publish.publish.
     """
-    doc, _raw = read_json_document(path, "profile", PROFILE_KIND)
     node = load_fleet_node(cfg, demo)
     nccl_version = node_nccl_version(cfg, node, python)
+    if path.is_dir():
+        path = profile_in(path, node.node_class(nccl_version).id)
+    doc, _raw = read_json_document(path, "profile", PROFILE_KIND)
     check_profile(doc, str(path), node, nccl_version)
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
