@@ -548,7 +548,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     cfg = load_cfg(args, demo=bool(args.demo))
     node = load_fleet_node(cfg, args.demo)
     with _history(_with_state(args, cfg)) as store:
-        doc = build_export(store, node_identity(node.class_topo, node.demo), args.run)
+        doc = build_export(store, node_identity(node), args.run)
     text = dumps_export(doc)
     if args.out:
         atomic_write(Path(args.out), text)

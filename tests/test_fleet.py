@@ -306,3 +306,32 @@ def test_apply_picks_this_classes_profile_from_a_directory(fleet: dict[str, Any]
     got = nccltune(*run, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     assert (read_published(state) or ({}, {}))[1]["note"].startswith(f"class profile {prof['node_class']['id']}.json")
+
+
+def test_export_of_a_gpu_node_swept_without_nics(tmp_path: Path) -> None:
+    """The sweep fingerprints the tree it used (topology.with_nics: false leaves NICs out); the
+    class still counts the NICs, and NCCL versions of older runs keep them out of the export."""
+    from nccltune.fleet.export import build_export, node_identity
+    from nccltune.fleet.node import FleetNode
+    from nccltune.store import Measurement, Store
+    from nccltune.topology.fingerprint import topology_fingerprint
+
+    snap = load_snapshot(ROOT / "topologies" / "hgx-h100-8gpu.json")
+    bare, full = from_snapshot(snap, with_nics=False), from_snapshot(snap)
+    with Store(tmp_path / "history.db") as store:
+        for nccl in ("2.27.3", "2.28.9"):
+            run = store.start_run(kind="sweep", fingerprint=topology_fingerprint(bare), backend="nccl", demo=False,
+                                  profile="balanced", nccl_version=nccl, driver_version=full.driver_version,
+                                  torch_version="2.9.0", nccltune_version="0.2.0", hostname="gpu001",
+                                  topology={"gpus": 8}, config={"bench": {"nranks": None, "gpus": None}})
+            store.add_trial(run, seq=1, phase="baseline", label="defaults #1", env={}, status="ok", reason=None,
+                            wall_s=1.0, nccl=None, measurements=[Measurement(1 << 20, 10.0, 100.0, 175.0)])
+            store.finish_run(run, status="ok", chosen_env={}, published_generation=1)
+        doc = build_export(store, node_identity(FleetNode(bare, full, False)))
+    validate(doc, load_schema("export"))
+    assert doc["topology_fingerprint"] == topology_fingerprint(bare)
+    assert doc["node_class"]["id"] == node_class(full, nccl_version="2.28.9").id
+    assert len(doc["node_class"]["facts"]["nics"]) == 8
+    assert [r["nccl_version"] for r in doc["runs"]] == ["2.28.9"] and doc["runs"][0]["nranks"] == 8
+    assert doc["versions"] == {"nccltune": doc["versions"]["nccltune"], "nccl": "2.28.9",
+                               "driver": full.driver_version, "torch": "2.9.0"}

@@ -21,6 +21,7 @@ from ..store import RunRecord, Store, TrialRecord
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
 from ..topology.nodeclass import node_class
+from .node import FleetNode
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +31,22 @@ EXPORT_SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class NodeIdentity:
-    """What the export says about the node besides its runs."""
+    """What the export says about the node besides its runs: `topo` as the sweep fingerprints
+    it, `class_topo` with the NICs (which the class always includes)."""
 
     topo: Topology
+    class_topo: Topology
     hostname: str
     demo: bool
 
 
-def node_identity(topo: Topology, demo: bool) -> NodeIdentity:
+def node_identity(node: FleetNode) -> NodeIdentity:
     """A demo node is named by its snapshot's hostname (several demo nodes share one machine)."""
     host = socket.gethostname().split(".")[0]
-    if demo and topo.snapshot is not None and topo.snapshot.hostname:
-        host = topo.snapshot.hostname
-    return NodeIdentity(topo, host, demo)
+    snap = node.class_topo.snapshot
+    if node.demo and snap is not None and snap.hostname:
+        host = snap.hostname
+    return NodeIdentity(node.topo, node.class_topo, host, node.demo)
 
 
 def run_nccl_version(run: RunRecord, trials: list[TrialRecord]) -> str | None:
@@ -132,7 +136,7 @@ def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) ->
                         run.id, version, nccl_version)
             continue
         kept.append(_run_doc(run, trials, version))
-    cls = node_class(node.topo, nccl_version=nccl_version)
+    cls = node_class(node.class_topo, nccl_version=nccl_version)
     return {
         "kind": EXPORT_KIND,
         "schema_version": EXPORT_SCHEMA_VERSION,
