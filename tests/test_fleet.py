@@ -21,7 +21,7 @@ from nccltune.fleet.decide import Export, Rules, decide, load_exports
 from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
 from nccltune.publish import read_published
 from nccltune.topology.model import from_snapshot
-from nccltune.topology.nodeclass import node_class
+from nccltune.topology.nodeclass import class_id_of, node_class
 from nccltune.topology.snapshot import load_snapshot
 from tests.demo_state import BASE_CONFIG, SWEEP_S, clean_env
 from tests.fleet_fixtures import load, sibling, write
@@ -204,6 +204,7 @@ def test_profile_of_another_class_is_refused(fleet: dict[str, Any], tmp_path: Pa
 def test_stale_profile_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None:
     prof = _json(fleet["profile"])
     prof["versions"]["driver"] = prof["node_class"]["facts"]["driver_version"] = "570.86.15"
+    prof["node_class"]["id"] = class_id_of(prof["node_class"]["facts"])
     path = tmp_path / "stale.json"
     path.write_text(json.dumps(prof))
     got = _refused(fleet, tmp_path, path, str(fleet["nodes"][0]["snapshot"]))
@@ -215,6 +216,7 @@ def test_stale_profile_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None
     (lambda p: p.pop("tuner_table"), "$: missing required key 'tuner_table'"),
     (lambda p: p["tuner_table"].append({"collective": "allreduce"}), "$.tuner_table[0]: missing required key"),
     (lambda p: p.__setitem__("demo", False), "a GPU profile cannot be applied to a demo node"),
+    (lambda p: p["node_class"]["facts"].__setitem__("gpu_count", 8), "$.node_class.id: "),
 ])
 def test_malformed_or_unsafe_profile_is_refused(fleet: dict[str, Any], tmp_path: Path, change: Any,
                                                 message: str) -> None:

@@ -26,7 +26,7 @@ from .. import __version__
 from ..errors import InputError, UsageError
 from ..sweep.select import SizeStats, Verdict, fmt_size, judge, profile_weights, size_stats
 from ..sweep.strategy import CARRIED, TOPO_ONLY, label_of
-from ..topology.nodeclass import describe_difference
+from ..topology.nodeclass import class_id_of, describe_difference
 from .export import EXPORT_KIND
 from .schema import SchemaViolation, load_schema, validate
 
@@ -80,6 +80,11 @@ def read_json_document(path: Path, schema_name: str, kind: str) -> tuple[dict[st
     except SchemaViolation as exc:
         raise InputError(str(path), f"{exc.where}: {exc.detail}",
                          hint=f"the format is schemas/{schema_name}.schema.json") from exc
+    cls = doc["node_class"]
+    if class_id_of(cls["facts"]) != cls["id"]:
+        # An edited fact with the old id would pass for the class it no longer describes.
+        raise InputError(str(path), f"$.node_class.id: {cls['id']} is not the id of $.node_class.facts "
+                         f"({class_id_of(cls['facts'])})", hint="regenerate the document rather than editing it")
     return doc, raw
 
 
