@@ -533,7 +533,9 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
     _common(app)
-    app.add_argument("profile", metavar="PROFILE", help="a class profile, or a directory of them named <class id>.json")
+    # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
+    app.add_argument("profile_path", metavar="PROFILE",
+                     help="a class profile, or a directory of them named <class id>.json")
     app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                      help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
     app.add_argument("--python", metavar="PY",
@@ -582,7 +584,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from .fleet.apply import apply_profile
 
     cfg = load_cfg(args, demo=bool(args.demo))
-    got = apply_profile(cfg, Path(args.profile), demo=args.demo, python=args.python)
+    got = apply_profile(cfg, Path(args.profile_path), demo=args.demo, python=args.python)
     out(f"Applied {got.note}: generation {got.published.generation} in {cfg.publish_dir}")
     return EXIT_OK
 
