@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("--json", action="store_true")
 
     _add_sweep_parsers(sub)
+    _add_fleet_parsers(sub)
     return parser
 
 
@@ -187,6 +188,9 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return cmd_topo_check(args)
     topo = load_topology(args.input, with_nics=not args.no_nics)
     paths = compute_paths(topo)
+    from .topology.nodeclass import node_class, with_class_line
+
+    cls = node_class(load_topology(args.input) if args.no_nics else topo)  # NICs count for the class
     if args.xml:
         from .topology.ncclxml import write_xml
 
@@ -194,11 +198,12 @@ def cmd_topo(args: argparse.Namespace) -> int:
         log.info("wrote %s", args.xml)
     if args.json:
         doc = topology_doc(topo, paths)
+        doc["node_class"] = cls.as_dict()
         if args.xml:
             doc["xml"] = str(args.xml)
         out(dumps(doc))
     else:
-        out(topology_text(topo, paths))
+        out(with_class_line(topology_text(topo, paths), topo, cls))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
@@ -536,3 +541,83 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 _HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install})
+
+
+# -- one decision per class of node --------------------------------------------------------------------
+
+
+def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    exp = sub.add_parser("export", help="this node's sweep measurements as one JSON document (for fleet decide)")
+    _common(exp)
+    exp.add_argument("--run", type=int, metavar="ID", help="one run (default: every ok sweep of this topology)")
+    exp.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="a demo node: its state in ./nccltune-demo, its topology from the snapshot")
+    exp.add_argument("--out", metavar="FILE", help="write here (atomically) instead of standard output")
+
+    fl = sub.add_parser("fleet", help="decide for a class of nodes from their exports")
+    fsub = fl.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=_Parser, required=True)
+    dec = fsub.add_parser("decide", help="pool the exports of one node class into a class profile")
+    _common(dec)
+    dec.add_argument("exports", nargs="+", metavar="EXPORT")
+    dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
+    dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
+
+    app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
+    _common(app)
+    # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
+    app.add_argument("profile_path", metavar="PROFILE",
+                     help="a class profile, or a directory of them named <class id>.json")
+    app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
+    app.add_argument("--python", metavar="PY",
+                     help="interpreter whose NCCL the node's jobs load (default: bench.python)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .fleet.export import build_export, dumps_export, node_identity
+    from .fleet.node import load_fleet_node
+    from .publish import atomic_write
+
+    cfg = load_cfg(args, demo=bool(args.demo))
+    node = load_fleet_node(cfg, args.demo)
+    with _history(_with_state(args, cfg)) as store:
+        doc = build_export(store, node_identity(node), args.run)
+    text = dumps_export(doc)
+    if args.out:
+        atomic_write(Path(args.out), text)
+        print(f"nccltune: exported {len(doc['runs'])} run(s) of {doc['hostname']} to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _with_state(args: argparse.Namespace, cfg: Config) -> argparse.Namespace:
+    """`args` with the state directory the demo chose, for helpers that read it from args."""
+    return argparse.Namespace(**{**vars(args), "state_dir": cfg.state_dir})
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from .fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
+    from .publish import atomic_write
+
+    cfg = load_cfg(args)
+    exports = load_exports([Path(p) for p in args.exports])
+    rules = rules_from(args.profile, pool(exports).profiles, min_gain_pct=cfg.sweep.min_gain_pct,
+                       max_regression_pct=cfg.sweep.max_regression_pct, custom=cfg.sweep.profiles)
+    doc = decide(exports, rules)
+    atomic_write(Path(args.out), dumps_profile(doc))
+    out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
+    out(f"{len(exports)} node(s); profile written to {args.out}")
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from .fleet.apply import apply_profile
+
+    cfg = load_cfg(args, demo=bool(args.demo))
+    got = apply_profile(cfg, Path(args.profile_path), demo=args.demo, python=args.python)
+    out(f"Applied {got.note}: generation {got.published.generation} in {cfg.publish_dir}")
+    return EXIT_OK
+
+
+_HANDLERS.update({"export": cmd_export, "fleet": cmd_fleet, "apply": cmd_apply})

@@ -1,0 +1,1 @@
+"""One decision per kind of node: exports of node measurements, class profiles, applying them."""

@@ -1,0 +1,64 @@
+"""Snapshot rewrites shared by the fleet tests: the same node with other serials and bus numbers,
+and the same node with one thing changed (a lost NVLink, a GPU fewer, a NIC moved, a driver)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from nccltune.topology.source import bundled_topologies_dir
+
+_BUS_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+_ROOT_RE = re.compile(r"^pci([0-9a-f]{4}):([0-9a-f]{2})$")
+
+
+def load(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((bundled_topologies_dir() / f"{name}.json").read_text())
+    return doc
+
+
+def _bus(value: str, seed: int) -> str:
+    """Bus numbers mirrored (0x18 becomes 0xd8 + seed): the order of devices by bus id reverses,
+    as on a board whose firmware enumerates the other way round."""
+    m = _BUS_RE.match(value)
+    if m:
+        return f"{m[1]}:{(0xf0 - int(m[2], 16) + seed) % 256:02x}:{m[3]}.{m[4]}"
+    m = _ROOT_RE.match(value)
+    if m:
+        return f"pci{m[1]}:{(0xf0 - int(m[2], 16) + seed) % 256:02x}"
+    return value
+
+
+def sibling(doc: dict[str, Any], seed: int = 1) -> dict[str, Any]:
+    """The same machine as another unit of it: new UUIDs, GUIDs, MACs, serials, hostname, and
+    every PCI bus number renumbered (consistently, so the tree keeps its shape)."""
+    out = copy.deepcopy(doc)
+
+    def walk(node: Any, key: str | None = None) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v, k) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, key) for v in node]
+        if isinstance(node, str):
+            if key == "uuid":
+                return f"GPU-{seed:08x}-0000-4000-8000-{abs(hash(node)) % (1 << 48):012x}"
+            if key == "guid":
+                return f"{seed:04x}:{node[5:]}"
+            if key in ("mac", "address", "serial", "hostname"):
+                return f"{node}-unit{seed}"
+            if key in ("bus_id", "remote_bus_id", "path"):
+                return _bus(node, seed)
+        return node
+
+    out = walk(out)
+    out["hostname"] = f"gpu-node-{seed:03d}"
+    out["description"] = f"{doc.get('description')} (unit {seed})"
+    return out
+
+
+def write(doc: dict[str, Any], path: Path) -> Path:
+    path.write_text(json.dumps(doc, indent=1))
+    return path

@@ -1,0 +1,157 @@
+"""What a reviewer checks in the Kubernetes manifest and the container build file: the mounts
+match the config the daemon reads, the security context, cheap probes, resources, the profile
+mount, hostPID, no GPU request, and an image that runs `nccltune daemon`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nccltune.config import DEFAULT_STATE_DIR, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
+CONTAINERFILE = ROOT / "deploy" / "container" / "Containerfile"
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, dict[str, Any]]:
+    out = {}
+    for doc in yaml.safe_load_all(MANIFEST.read_text()):
+        if doc:
+            out[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return out
+
+
+@pytest.fixture(scope="module")
+def pod(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = docs["DaemonSet/nccltune"]["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.fixture(scope="module")
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (c,) = pod["containers"]
+    return dict(c)
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container["volumeMounts"]}
+
+
+def _volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(next(v for v in pod["volumes"] if v["name"] == name))
+
+
+def test_config_mount_holds_a_config_the_daemon_accepts(docs: dict[str, Any], pod: dict[str, Any],
+                                                        container: dict[str, Any], tmp_path: Path) -> None:
+    args = container["args"]
+    config_path = Path(args[args.index("--config") + 1])
+    mount = _mounts(container)[str(config_path.parent)]
+    assert mount["readOnly"] is True
+    cm = docs[f"ConfigMap/{_volume(pod, mount['name'])['configMap']['name']}"]
+    text = cm["data"][config_path.name]
+    (tmp_path / "config.yaml").write_text(text)
+    cfg = load_config(tmp_path / "config.yaml", required=True)  # the daemon's own loader: no unknown key
+    # The state dir the daemon uses is the hostPath, at the same path as on the host (the launchers
+    # and the Slurm prolog read /var/lib/nccltune/nccl.env there).
+    state = _mounts(container)[cfg.state_dir]
+    vol = _volume(pod, state["name"])
+    assert vol["hostPath"] == {"path": DEFAULT_STATE_DIR, "type": "DirectoryOrCreate"}
+    assert cfg.state_dir == DEFAULT_STATE_DIR and not state.get("readOnly", False)
+    assert cfg.metrics_dir is not None and str(cfg.metrics_dir).startswith(cfg.state_dir + "/")
+    # bench.python lives on a read-only host mount, not in the image.
+    bench = cfg.bench.python
+    assert bench is not None
+    host_env = next(m for p, m in _mounts(container).items() if bench.startswith(p + "/"))
+    assert host_env["readOnly"] is True and "hostPath" in _volume(pod, host_env["name"])
+
+
+def test_profile_comes_from_a_configmap(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    mount = _mounts(container)["/etc/nccltune/profile"]
+    assert mount["readOnly"] is True
+    vol = _volume(pod, mount["name"])
+    assert vol["configMap"]["name"] == "nccltune-profile"
+    assert vol["configMap"]["optional"] is True  # a class without a profile still runs
+
+
+def test_gpu_access_without_taking_the_gpus(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    assert pod["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"] and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]
+    for section in ("requests", "limits"):
+        assert not any(k.startswith("nvidia.com/") for k in container["resources"].get(section, {}))
+    assert pod["hostPID"] is True  # NVML's process list names host PIDs
+    assert pod["hostNetwork"] is True  # the node's NICs, for the topology and the class
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_security_context(container: dict[str, Any]) -> None:
+    sc = container["securityContext"]
+    assert sc["runAsUser"] == 0  # publishes root-owned files
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert set(sc["capabilities"].get("add", [])) <= {"IPC_LOCK"}
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    # With a read-only root, everything written has a volume: state, caches, /tmp.
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    writable = {p for p, m in _mounts(container).items() if not m.get("readOnly", False)}
+    assert {"/var/lib/nccltune", "/tmp", env["XDG_CACHE_HOME"]} <= writable
+    assert env["CUDA_CACHE_PATH"].startswith(env["XDG_CACHE_HOME"] + "/")
+
+
+def test_probes_are_cheap_and_read_the_heartbeat(container: dict[str, Any]) -> None:
+    for name in ("livenessProbe", "startupProbe"):
+        probe = container[name]
+        cmd = probe["exec"]["command"]
+        assert cmd[:2] == ["/bin/sh", "-c"]
+        script = cmd[2]
+        assert "/var/lib/nccltune/daemon.heartbeat" in script
+        # No Python, no NVML, no nccltune command: a file's age only.
+        assert not re.search(r"\b(python|nccltune |nvidia-smi)", script)
+        shlex.split(script)  # well-formed quoting
+        assert probe["timeoutSeconds"] <= 5 and probe["periodSeconds"] >= 30
+
+
+def test_resources_priority_and_updates(docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any]) -> None:
+    res = container["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
+    assert "cpu" not in res["limits"]  # throttling would skew small-message timings
+    prio = docs[f"PriorityClass/{pod['priorityClassName']}"]
+    assert prio["preemptionPolicy"] == "Never"
+    ds = docs["DaemonSet/nccltune"]["spec"]
+    assert ds["updateStrategy"]["type"] == "RollingUpdate"
+    assert ds["selector"]["matchLabels"].items() <= ds["template"]["metadata"]["labels"].items()
+    assert pod["terminationGracePeriodSeconds"] >= 90  # as the systemd unit's TimeoutStopSec
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = CONTAINERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_image_runs_the_daemon_as_root_without_torch(container: dict[str, Any]) -> None:
+    ins = _instructions()
+    entry = [rest for word, rest in ins if word == "ENTRYPOINT"]
+    assert len(entry) == 1
+    argv = json.loads(entry[0])  # exec form: signals reach nccltune, not a shell
+    assert Path(argv[0]).name == "nccltune" and argv[1:] == ["daemon"]
+    assert ("USER", "0") in ins
+    runs = " ".join(rest for word, rest in ins if word == "RUN")
+    assert "pip install" in runs and not re.search(r"\btorch\b", runs)
+    assert container["args"][0].startswith("--")  # arguments to the daemon, not a command

@@ -1,0 +1,339 @@
+"""Fleet decisions on the CPU: exports of two demo nodes of one class (recordings that differ only
+in serials and bus numbers) pooled into one class profile, applied on a node of the class, and
+refused on a node of another class, for a stale or malformed profile, and for exports of two
+classes. Two demo sweeps are made once for the module."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nccltune.fleet.decide import Export, Rules, decide, load_exports
+from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
+from nccltune.publish import read_published
+from nccltune.topology.model import from_snapshot
+from nccltune.topology.nodeclass import class_id_of, node_class
+from nccltune.topology.snapshot import load_snapshot
+from tests.demo_state import BASE_CONFIG, SWEEP_S, clean_env
+from tests.fleet_fixtures import load, sibling, write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def nccltune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nccltune", *args], capture_output=True, text=True,
+                          env=clean_env(), timeout=SWEEP_S, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two demo nodes of one class, each swept once into its own state dir, and their exports."""
+    root = tmp_path_factory.mktemp("fleet")
+    (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+    nodes = []
+    for seed in (1, 2):
+        snap = write(sibling(load("h200x2-nvswitch-vm"), seed=seed), root / f"node{seed}.json")
+        state = root / f"state{seed}"
+        got = nccltune("sweep", "--demo", str(snap), "--config", "config.yaml", "--state-dir", str(state), cwd=root)
+        assert got.returncode == 0, got.stderr
+        export = root / f"node{seed}.export.json"
+        got = nccltune("export", "--demo", str(snap), "--config", "config.yaml", "--state-dir", str(state),
+                       "--out", str(export), cwd=root)
+        assert got.returncode == 0, got.stderr
+        nodes.append({"snapshot": snap, "state": state, "export": export})
+    got = nccltune("fleet", "decide", str(nodes[0]["export"]), str(nodes[1]["export"]), "--out", "profile.json",
+                   "--config", "config.yaml", cwd=root)
+    assert got.returncode == 0, got.stderr
+    return {"root": root, "nodes": nodes, "profile": root / "profile.json", "decide_out": got.stdout}
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _digests(state: Path) -> dict[str, str]:
+    """nccl.sh, nccl.env, nccl.json and ncclTopology.xml (when there is one)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(state.glob("nccl*"))}
+
+
+# -- export --------------------------------------------------------------------------------------
+
+
+def test_export_matches_its_schema_and_the_store(fleet: dict[str, Any]) -> None:
+    node = fleet["nodes"][0]
+    doc = _json(node["export"])
+    validate(doc, load_schema("export"))
+    assert doc["kind"] == "nccltune-export" and doc["schema_version"] == 1 and doc["demo"] is True
+    assert doc["hostname"] == "gpu-node-001"  # the demo node is named by its snapshot
+    topo = from_snapshot(load_snapshot(node["snapshot"]))
+    assert doc["node_class"]["id"] == node_class(topo).id
+    (run,) = doc["runs"]
+    assert run["kind"] == "sweep" and run["status"] == "ok" and run["nranks"] == 2
+    phases = [t["phase"] for t in run["trials"]]
+    assert phases.count("baseline") == 3 and "final" in phases
+    first = run["trials"][0]
+    assert first["env"] == {} and first["measurements"]
+    assert {"size_bytes", "busbw_gbps", "algbw_gbps", "time_us", "correct"} <= set(first["measurements"][0])
+    assert doc["versions"]["driver"] == "580.159.04"
+
+
+def test_export_is_deterministic_and_selects_runs(fleet: dict[str, Any]) -> None:
+    node = fleet["nodes"][0]
+    base = ("export", "--demo", str(node["snapshot"]), "--config", "config.yaml", "--state-dir", str(node["state"]))
+    again = nccltune(*base, cwd=fleet["root"])
+    assert again.returncode == 0 and again.stdout == node["export"].read_text()
+    one = nccltune(*base, "--run", "1", cwd=fleet["root"])
+    assert one.returncode == 0 and json.loads(one.stdout)["runs"][0]["id"] == 1
+    missing = nccltune(*base, "--run", "99", cwd=fleet["root"])
+    assert missing.returncode == 78 and "no run 99" in missing.stderr
+    # Another node's snapshot over this node's history: no sweep of that topology.
+    other = nccltune("export", "--demo", str(fleet["nodes"][1]["snapshot"]), "--config", "config.yaml",
+                     "--state-dir", str(node["state"]), cwd=fleet["root"])
+    assert other.returncode == 1 and "no ok sweep of topology" in other.stderr
+
+
+# -- decide --------------------------------------------------------------------------------------
+
+
+def test_profile_pools_both_nodes(fleet: dict[str, Any]) -> None:
+    prof = _json(fleet["profile"])
+    validate(prof, load_schema("profile"))
+    exports = [_json(n["export"]) for n in fleet["nodes"]]
+    assert prof["node_class"] == exports[0]["node_class"] == exports[1]["node_class"]
+    assert [n["hostname"] for n in prof["evidence"]["nodes"]] == ["gpu-node-001", "gpu-node-002"]
+    ok_baselines = sum(1 for e in exports for r in e["runs"] for t in r["trials"]
+                       if t["phase"] == "baseline" and t["status"] == "ok")
+    assert ok_baselines == 6
+    assert {s["samples"] for s in prof["evidence"]["baseline"]} == {ok_baselines}
+    assert prof["tuner_table"] == []
+    assert prof["job_shape"]["ranks_per_node"] == 2 and prof["job_shape"]["max_nnodes"] is None
+    assert prof["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # the policy goes with any choice
+    assert "NCCL_TOPO_FILE" not in prof["env"]
+    assert f"Class {prof['node_class']['id']}" in fleet["decide_out"]
+    for cand in prof["evidence"]["candidates"]:
+        if cand["nodes"] < 2:
+            assert not cand["eligible"] and "of 2 node(s)" in cand["reason"]
+
+
+def test_exports_of_two_classes_are_refused_with_the_fact(fleet: dict[str, Any], tmp_path: Path) -> None:
+    lost = load("h200x2-nvswitch-vm")
+    lost["nvml"]["gpus"][0]["nvlinks"][3]["active"] = False
+    other = _json(fleet["nodes"][1]["export"])
+    other["node_class"] = node_class(from_snapshot(load_snapshot(write(lost, tmp_path / "lost.json")))).as_dict()
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    got = nccltune("fleet", "decide", str(fleet["nodes"][0]["export"]), str(tmp_path / "other.json"),
+                   "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert got.returncode == 78
+    assert "other.json" in got.stderr and "nvlink" in got.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_malformed_exports_are_refused_with_file_and_element(fleet: dict[str, Any], tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"kind": "nccltune-export",\n  "runs": [}\n')
+    got = nccltune("fleet", "decide", str(broken), "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert got.returncode == 78 and f"{broken}:2:" in got.stderr
+    bad = _json(fleet["nodes"][0]["export"])
+    bad["runs"][0]["trials"][1]["measurements"][2]["busbw_gbps"] = "fast"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    got = nccltune("fleet", "decide", str(tmp_path / "bad.json"), "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert got.returncode == 78
+    assert "bad.json: $.runs[0].trials[1].measurements[2].busbw_gbps: expected number" in got.stderr
+    twice = nccltune("fleet", "decide", str(fleet["nodes"][0]["export"]), str(fleet["nodes"][0]["export"]),
+                     "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert twice.returncode == 78 and "the same node" in twice.stderr
+
+
+# -- apply ---------------------------------------------------------------------------------------
+
+
+def _node_copy(fleet: dict[str, Any], tmp_path: Path, i: int = 0) -> Path:
+    state = tmp_path / "state"
+    shutil.copytree(fleet["nodes"][i]["state"], state)
+    return state
+
+
+def test_apply_publishes_the_profile_and_env_names_it(fleet: dict[str, Any], tmp_path: Path) -> None:
+    state = _node_copy(fleet, tmp_path, 1)
+    before = read_published(state)
+    assert before is not None
+    prof = _json(fleet["profile"])
+    got = nccltune("apply", str(fleet["profile"]), "--demo", str(fleet["nodes"][1]["snapshot"]),
+                   "--config", str(fleet["root"] / "config.yaml"), "--state-dir", str(state), cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    env, prov = read_published(state) or ({}, {})
+    assert prov["generation"] == before[1]["generation"] + 1
+    # The daemon's own fingerprint of this node's settings: it does not re-tune over the profile.
+    assert prov["tuning_fingerprint"] == before[1]["tuning_fingerprint"]
+    expected = dict(prof["env"])
+    if prof["topology_file"]:
+        expected["NCCL_TOPO_FILE"] = str(state / "ncclTopology.xml")
+        assert (state / "ncclTopology.xml").read_text().startswith("<system")
+    assert env == expected
+    shown = nccltune("env", "--state-dir", str(state), cwd=tmp_path)
+    assert shown.returncode == 0
+    assert f"class profile profile.json (class {prof['node_class']['id']}" in shown.stdout
+    for name, value in expected.items():
+        assert f"export {name}='{value}'" in shown.stdout
+
+
+def _refused(fleet: dict[str, Any], tmp_path: Path, profile: Path, snapshot: str) -> subprocess.CompletedProcess[str]:
+    state = _node_copy(fleet, tmp_path)
+    before = _digests(state)
+    got = nccltune("apply", str(profile), "--demo", snapshot, "--config", str(fleet["root"] / "config.yaml"),
+                   "--state-dir", str(state), cwd=tmp_path)
+    assert got.returncode == 78, got.stderr
+    assert _digests(state) == before  # what was published (and the topology XML) stays byte for byte
+    return got
+
+
+def test_profile_of_another_class_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None:
+    got = _refused(fleet, tmp_path, fleet["profile"], "hgx-h100-8gpu")
+    assert "profile is for node class" in got.stderr and "gpu_count: 2 (profile) vs 8 (this node)" in got.stderr
+
+
+def test_stale_profile_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None:
+    prof = _json(fleet["profile"])
+    prof["versions"]["driver"] = prof["node_class"]["facts"]["driver_version"] = "570.86.15"
+    prof["node_class"]["id"] = class_id_of(prof["node_class"]["facts"])
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(prof))
+    got = _refused(fleet, tmp_path, path, str(fleet["nodes"][0]["snapshot"]))
+    assert "stale profile: driver 570.86.15 (profile) vs 580.159.04 (this node)" in got.stderr
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: p["env"].__setitem__("NCCL_ALGO", "Ring;rm -rf /"), "forbidden character ';'"),
+    (lambda p: p.pop("tuner_table"), "$: missing required key 'tuner_table'"),
+    (lambda p: p["tuner_table"].append({"collective": "allreduce"}), "$.tuner_table[0]: missing required key"),
+    (lambda p: p.__setitem__("demo", False), "a GPU profile cannot be applied to a demo node"),
+    (lambda p: p["node_class"]["facts"].__setitem__("gpu_count", 8), "$.node_class.id: "),
+])
+def test_malformed_or_unsafe_profile_is_refused(fleet: dict[str, Any], tmp_path: Path, change: Any,
+                                                message: str) -> None:
+    prof = copy.deepcopy(_json(fleet["profile"]))
+    change(prof)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prof))
+    got = _refused(fleet, tmp_path, path, str(fleet["nodes"][0]["snapshot"]))
+    assert message in got.stderr and "bad.json" in got.stderr
+
+
+# -- the choice rules on pooled samples, without a sweep ---------------------------------------------
+
+
+def _synthetic_export(host: str, base: list[float], cand: list[float], tmp_path: Path,
+                      cand_env: dict[str, str]) -> Export:
+    sizes = [1 << 20, 1 << 24]
+
+    def trial(seq: int, phase: str, env: dict[str, str], busbw: float) -> dict[str, Any]:
+        return {"seq": seq, "phase": phase, "label": "x", "env": env, "status": "ok", "reason": None, "wall_s": 1.0,
+                "measurements": [{"size_bytes": s, "time_us": 1.0, "algbw_gbps": busbw, "busbw_gbps": busbw,
+                                  "algo": None, "proto": None, "correct": True} for s in sizes]}
+
+    trials = [trial(i + 1, "baseline", {}, b) for i, b in enumerate(base)]
+    trials += [trial(10 + i, "final", cand_env, c) for i, c in enumerate(cand)]
+    facts = node_class(from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json")))
+    doc = {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
+           "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
+           "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
+           "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
+                     "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
+                     "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
+                     "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
+    validate(doc, load_schema("export"))
+    path = tmp_path / f"{host}.json"
+    path.write_text(json.dumps(doc))
+    return load_exports([path])[0]
+
+
+def test_pooled_samples_go_through_the_sweeps_rules(tmp_path: Path) -> None:
+    ring = {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    a = _synthetic_export("a", [100, 101, 99], [110, 111], tmp_path, ring)
+    b = _synthetic_export("b", [98, 100, 102], [109, 112], tmp_path, ring)
+    rules = Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0)
+    prof = decide([a, b], rules)
+    validate(prof, load_schema("profile"))
+    assert prof["env"] == ring and prof["chosen"] == "NCCL_ALGO=Ring"
+    (cand,) = prof["evidence"]["candidates"]
+    assert cand["eligible"] and cand["nodes"] == 2 and cand["gain_pct"] > 8
+    assert {s["samples"] for s in cand["per_size"]} == {4}
+    # The same candidate slower by 5% beyond the noise at every size: the max-regression rule vetoes it.
+    slow = _synthetic_export("c", [100, 100, 100], [95, 95], tmp_path, ring)
+    slow2 = _synthetic_export("d", [100, 100, 100], [95, 95], tmp_path, ring)
+    prof = decide([slow, slow2], rules)
+    assert prof["chosen"] == "NCCL defaults"
+    assert "slower than the defaults" in prof["evidence"]["candidates"][0]["reason"]
+    assert prof["env"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
+# -- the schema files ----------------------------------------------------------------------------------
+
+
+def test_schema_files_are_the_ones_the_code_reads() -> None:
+    for name in ("export", "profile"):
+        shipped = (ROOT / "schemas" / f"{name}.schema.json").read_bytes()
+        assert shipped == (SCHEMA_DIR / f"{name}.schema.json").read_bytes()
+        assert json.loads(shipped)["$schema"].startswith("https://json-schema.org/")
+    with pytest.raises(SchemaViolation, match=r"\$\.tuner_table\[0\]\.nnodes: 0 is below the minimum 1"):
+        doc = {"collective": "allreduce", "min_bytes": 0, "max_bytes": 1, "nnodes": 0, "nranks": 8,
+               "ranks_per_node": 8, "algo": "ring", "proto": "simple", "channels": None}
+        validate({"tuner_table": [doc]}, {"type": "object", "properties": {"tuner_table": {
+            "type": "array", "items": load_schema("profile")["$defs"]["tuner_entry"]}}})
+    with pytest.raises(ValueError, match="unsupported keyword"):
+        validate(1, {"oneOf": []})
+
+
+def test_apply_picks_this_classes_profile_from_a_directory(fleet: dict[str, Any], tmp_path: Path) -> None:
+    prof = _json(fleet["profile"])
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    state = _node_copy(fleet, tmp_path)
+    run = ("apply", str(profiles), "--demo", str(fleet["nodes"][0]["snapshot"]), "--config",
+           str(fleet["root"] / "config.yaml"), "--state-dir", str(state))
+    before = _digests(state)
+    missing = nccltune(*run, cwd=tmp_path)
+    assert missing.returncode == 78 and f"no profile for this node's class {prof['node_class']['id']}" in missing.stderr
+    assert _digests(state) == before
+    shutil.copy(fleet["profile"], profiles / f"{prof['node_class']['id']}.json")
+    got = nccltune(*run, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert (read_published(state) or ({}, {}))[1]["note"].startswith(f"class profile {prof['node_class']['id']}.json")
+
+
+def test_export_of_a_gpu_node_swept_without_nics(tmp_path: Path) -> None:
+    """The sweep fingerprints the tree it used (topology.with_nics: false leaves NICs out); the
+    class still counts the NICs, and NCCL versions of older runs keep them out of the export."""
+    from nccltune.fleet.export import build_export, node_identity
+    from nccltune.fleet.node import FleetNode
+    from nccltune.store import Measurement, Store
+    from nccltune.topology.fingerprint import topology_fingerprint
+
+    snap = load_snapshot(ROOT / "topologies" / "hgx-h100-8gpu.json")
+    bare, full = from_snapshot(snap, with_nics=False), from_snapshot(snap)
+    with Store(tmp_path / "history.db") as store:
+        for nccl in ("2.27.3", "2.28.9"):
+            run = store.start_run(kind="sweep", fingerprint=topology_fingerprint(bare), backend="nccl", demo=False,
+                                  profile="balanced", nccl_version=nccl, driver_version=full.driver_version,
+                                  torch_version="2.9.0", nccltune_version="0.2.0", hostname="gpu001",
+                                  topology={"gpus": 8}, config={"bench": {"nranks": None, "gpus": None}})
+            store.add_trial(run, seq=1, phase="baseline", label="defaults #1", env={}, status="ok", reason=None,
+                            wall_s=1.0, nccl=None, measurements=[Measurement(1 << 20, 10.0, 100.0, 175.0)])
+            store.finish_run(run, status="ok", chosen_env={}, published_generation=1)
+        doc = build_export(store, node_identity(FleetNode(bare, full, False)))
+    validate(doc, load_schema("export"))
+    assert doc["topology_fingerprint"] == topology_fingerprint(bare)
+    assert doc["node_class"]["id"] == node_class(full, nccl_version="2.28.9").id
+    assert len(doc["node_class"]["facts"]["nics"]) == 8
+    assert [r["nccl_version"] for r in doc["runs"]] == ["2.28.9"] and doc["runs"][0]["nranks"] == 8
+    assert doc["versions"] == {"nccltune": doc["versions"]["nccltune"], "nccl": "2.28.9",
+                               "driver": full.driver_version, "torch": "2.9.0"}
