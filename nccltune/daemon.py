@@ -42,6 +42,7 @@ from .store import Store
 from .topology.fingerprint import topology_facts
 from .topology.ncclxml import render_xml
 from .trials.runner import TrialAborted, find_worker_python
+from .trust import ensure_dir
 from .verify import run_verify
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class Daemon:
 
     def start(self) -> None:
         state = Path(self.cfg.state_dir)
-        state.mkdir(parents=True, exist_ok=True)
+        ensure_dir(state, "state directory")
         self._daemon_lock = SweepLock(state / "daemon.lock")
         try:
             self._daemon_lock.acquire()

@@ -36,6 +36,7 @@ from .topology.paths import PathMatrix, compute_paths
 from .topology.snapshot import load_snapshot, record_snapshot
 from .topology.source import resolve_snapshot
 from .trials.runner import Runner, TrialAborted, TrialResult, find_worker_python
+from .trust import ensure_dir
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class SweepPipeline:
         plan = make_plan(self.cfg, node, self.env, self.unpin)
         state = Path(self.cfg.state_dir)
         try:
-            state.mkdir(parents=True, exist_ok=True)
+            ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
         weights = profile_weights(self.profile, plan.sizes, self.cfg.sweep.profiles)
@@ -272,7 +273,7 @@ class SweepPipeline:
             topology={"source": node.topo.source, "gpus": len(node.topo.gpus)}, config=config_to_dict(cfg))
         try:
             work = Path(cfg.state_dir) / "runs" / f"{run_id:05d}"
-            work.mkdir(parents=True, exist_ok=True)
+            ensure_dir(work, "run directory")
             xml_text = render_xml(node.topo.system)
             trial_xml = work / "ncclTopology.xml"
             atomic_write(trial_xml, xml_text)

@@ -24,6 +24,7 @@ from .publish import read_published
 from .store import Backend, Measurement, Store, TrialStatus
 from .sweep.select import fmt_size
 from .trials.runner import Runner, find_worker_python
+from .trust import ensure_dir
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
@@ -124,7 +125,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
 
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)
-    state.mkdir(parents=True, exist_ok=True)
+    ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
         nccl_tests = resolve_engine(cfg, node)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import NccltuneError, UnavailableError
 from ..nccl.debuglog import parse_nccl_log, summarize
+from ..trust import ensure_dir
 from . import nccltests
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class Runner:
         events; `max_blocks`: timed blocks per size, the median reported (see worker.block_count)."""
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(trial_dir, "trial directory")
         env = self.trial_env(candidate)
         if self.nccl_debug and self.backend == "nccl":
             env["NCCL_DEBUG"] = "INFO"
