@@ -342,23 +342,26 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print what is published, byte for byte as launchers read it (validated first)."""
-    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_published
+    """Print what is published, byte for byte as launchers read it, after checking the whole set:
+    trusted owner and mode, every line one nccltune writes, one generation throughout."""
+    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
 
     cfg = load_cfg(args)
-    if read_published(cfg.publish_dir) is None:
+    got = read_set(cfg.publish_dir)
+    if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
     name = {"sh": SH_NAME, "env": ENV_NAME, "json": JSON_NAME}[args.format]
-    try:
-        text = (cfg.publish_dir / name).read_text()
-    except OSError as exc:
-        raise CheckFailed(f"{cfg.publish_dir / name}: {exc.strerror}", hint="re-run `nccltune sweep`") from exc
-    sys.stdout.write(text)
+    sys.stdout.write(got.texts[name])
     return EXIT_OK
 
 
+# What shells return for a command that is missing (127) or cannot be run (126).
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_RUN = 126
+
+
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .publish import read_published
+    from .publish import read_set
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -366,14 +369,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
     cfg = load_cfg(args)
-    got = read_published(cfg.publish_dir)
+    got = read_set(cfg.publish_dir)
     env = dict(os.environ)
     if got is None:
         print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
               file=sys.stderr)
     else:
-        published, _prov = got
-        for name, value in published.items():
+        for name, value in got.env.items():
             if name in env and env[name] != value:
                 print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
                       file=sys.stderr)
@@ -382,7 +384,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
-        raise UsageError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
+        print(f"nccltune: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN
     return EXIT_OK  # pragma: no cover - exec does not return
 
 

@@ -354,7 +354,8 @@ class SweepPipeline:
                     node.demo))
             if "NCCL_TOPO_FILE" in chosen_env:
                 atomic_write(cfg.topology_file, xml_text)
-            published = publish(cfg.publish_dir, publish_env, prov)
+            published = publish(cfg.publish_dir, publish_env, prov,
+                                topology_xml=xml_text if "NCCL_TOPO_FILE" in publish_env else None)
             if cfg.nccl_conf is not None:
                 update_nccl_conf(cfg.nccl_conf, publish_env, prov)
             chosen_label = chosen.label if chosen else "NCCL defaults"

@@ -434,12 +434,16 @@ def _current_generation(out_dir: Path) -> int | None:
     return int(number)
 
 
+# Link temps are named apart from file temps: only publishers (under the lock) make them.
+_LINK_TEMP_PREFIX = ".link."
+
+
 def _switch_link(link: Path, target: str) -> None:
     """Point ``link`` at ``target`` atomically: a symlink under a temp name, renamed over ``link``."""
     if os.path.islink(link) and os.readlink(link) == target:
         return
     for _ in range(16):
-        tmp = link.with_name(f".{link.name}{TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
+        tmp = link.with_name(f"{_LINK_TEMP_PREFIX}{link.name}{TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
         try:
             os.symlink(target, tmp)
         except FileExistsError:
@@ -476,18 +480,32 @@ def _write_generation(directory: Path, files: list[tuple[str, bytes]]) -> None:
     fsync_dir(directory)
 
 
-def _prune(gen_dir: Path, keep: int, current: int) -> None:
-    """Remove generations older than the newest ``keep`` (never ``current``), and leftover
-    half-built ``.tmp-`` directories of dead publishers. Failures are logged, not raised."""
-    numbers = [n for n in _generation_numbers(gen_dir) if n <= current]
-    doomed = [str(n) for n in numbers[:-keep]] if keep > 0 else []
-    doomed += [e for e in os.listdir(gen_dir) if TEMP_INFIX in e]
-    for name in doomed:
-        path = gen_dir / name
-        try:
+def _remove_entry(path: Path) -> None:
+    """Remove a file, link or directory tree without following a link; log a failure."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path)
-        except OSError as exc:
-            log.warning("cannot remove old generation %s: %s", path, exc)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove %s: %s", path, exc)
+
+
+def _prune(out_dir: Path, keep: int, current: int) -> None:
+    """Remove generations older than the newest ``keep`` (never ``current``) and what dead
+    publishers left: half-built generation directories, counter temps, link temps.
+
+    Runs under the publish lock, so every temp of a publisher is a dead one's, whatever its age.
+    """
+    gen_dir = out_dir / GENERATIONS_DIR
+    numbers = [n for n in _generation_numbers(gen_dir) if n <= current]
+    doomed = [gen_dir / str(n) for n in numbers[:-keep]] if keep > 0 else []
+    doomed += [gen_dir / e for e in os.listdir(gen_dir) if TEMP_INFIX in e]
+    doomed += [out_dir / e for e in os.listdir(out_dir) if e.startswith(_LINK_TEMP_PREFIX) and TEMP_INFIX in e]
+    for path in doomed:
+        _remove_entry(path)
 
 
 def _prepare_out_dir(out_dir: Path) -> None:
@@ -555,7 +573,7 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
         for name in PUBLISHED_NAMES:
             _switch_link(out_dir / name, f"{CURRENT_NAME}/{name}")
         fsync_dir(out_dir)
-        _prune(gen_dir, KEEP_GENERATIONS, generation)
+        _prune(out_dir, KEEP_GENERATIONS, generation)
 
     log.info("published generation %d (%d variables) into %s", generation, len(clean), out_dir)
     return PublishedFiles(sh_path=out_dir / SH_NAME, env_path=out_dir / ENV_NAME, json_path=out_dir / JSON_NAME,
