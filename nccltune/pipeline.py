@@ -35,7 +35,7 @@ from .topology.ncclxml import render_xml
 from .topology.paths import PathMatrix, compute_paths
 from .topology.snapshot import load_snapshot, record_snapshot
 from .topology.source import resolve_snapshot
-from .trials.runner import Runner, TrialAborted, TrialResult, find_worker_python
+from .trials.runner import RANK_RECORD, Runner, TrialAborted, TrialResult, find_worker_python, reap_leftover_ranks
 from .trust import ensure_dir
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ class SweepPipeline:
         self.worker_python = find_worker_python(self.python) if not self.nccl_tests else python
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
+            reap_leftover_ranks(state / RANK_RECORD)
             return self._run_locked(store, node, plan, weights, python, started)
 
     def _run_locked(self, store: Store, node: Node, plan: Plan, weights: dict[int, float], python: str,
@@ -286,7 +287,8 @@ class SweepPipeline:
             base_env.pop("NCCL_TOPO_FILE", None)
             runner = Runner(python=python, backend=node.backend, nranks=node.nranks, base_env=base_env,
                             work_dir=work, timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
-                            abort_check=self.abort_check, nccl_tests=self.nccl_tests)
+                            abort_check=self.abort_check, nccl_tests=self.nccl_tests,
+                            rank_record=Path(cfg.state_dir) / RANK_RECORD)
             warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
             # The policy values ride along with every candidate: a finished trial shows torch takes them.
             common = {"NCCL_TOPO_FILE": str(trial_xml), **plan.policy}

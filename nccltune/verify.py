@@ -23,7 +23,7 @@ from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node, resol
 from .publish import read_published
 from .store import Backend, Measurement, Store, TrialStatus
 from .sweep.select import fmt_size
-from .trials.runner import Runner, find_worker_python
+from .trials.runner import RANK_RECORD, Runner, find_worker_python, reap_leftover_ranks
 from .trust import ensure_dir
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
@@ -127,6 +127,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     base_env = dict(os.environ)
     ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
+        reap_leftover_ranks(state / RANK_RECORD)
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
         nccl_tests = resolve_engine(cfg, node)
         worker_python = (python or cfg.bench.python or sys.executable) if nccl_tests else \
@@ -134,7 +135,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         runner = Runner(python=worker_python, backend=node.backend, nccl_tests=nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
-                        abort_check=abort_check)
+                        abort_check=abort_check, rank_record=state / RANK_RECORD)
         warmup, iters = (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
         backend: Backend = "gloo" if node.backend == "gloo" else "nccl"
         run_id = store.start_run(
