@@ -36,11 +36,12 @@ class SweepLock:
         try:
             trust.ensure_dir(self.path.parent, "state directory")
         except OSError as exc:
-            raise FileError(self.path.parent, exc, action="cannot create the state directory") from exc
+            raise FileError(self.path, exc, action=f"cannot open the sweep lock (cannot create {self.path.parent})"
+                            ) from exc
         try:
             fd = trust.open_file(self.path, os.O_RDWR | os.O_CREAT, "lock file", 0o644)
         except OSError as exc:
-            raise FileError(self.path, exc, action="cannot open the lock") from exc
+            raise FileError(self.path, exc, action="cannot open the sweep lock") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
