@@ -23,7 +23,7 @@ from .config import Config, config_to_dict
 from .errors import BusyError, InputError, UnavailableError, UsageError
 from .hw.types import Snapshot
 from .lock import SweepLock
-from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
+from .publish import Provenance, PublishedFiles, atomic_write, preflight, publish, update_nccl_conf
 from .store import Backend, Measurement, Phase, RunStatus, Store, TrialStatus
 from .sweep.plan import Plan, build_plan
 from .sweep.select import BUILTIN_PROFILES, fmt_size, profile_weights
@@ -152,6 +152,8 @@ def check_config_variables(cfg: Config) -> None:
 def make_plan(cfg: Config, node: Node, env: Mapping[str, str], unpin: list[str]) -> Plan:
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
+    preflight(cfg.publish_dir, {**policy, **cfg.sweep.pin},
+              {n: f"{cfg.path or 'config'}:{cfg.lines.get(f'sweep.pin.{n}')}" for n in cfg.sweep.pin})
     return build_plan(
         node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=[*cfg.sweep.unpin, *unpin],
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
@@ -357,7 +359,8 @@ class SweepPipeline:
             if "NCCL_TOPO_FILE" in chosen_env:
                 atomic_write(cfg.topology_file, xml_text)
             published = publish(cfg.publish_dir, publish_env, prov,
-                                topology_xml=xml_text if "NCCL_TOPO_FILE" in publish_env else None)
+                                topology_xml=xml_text if publish_env.get("NCCL_TOPO_FILE") == str(cfg.topology_file)
+                                else None)
             if cfg.nccl_conf is not None:
                 update_nccl_conf(cfg.nccl_conf, publish_env, prov)
             chosen_label = chosen.label if chosen else "NCCL defaults"

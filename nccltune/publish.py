@@ -551,6 +551,8 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
         if topology_xml is not None:
             clean = validate_env({**clean, "NCCL_TOPO_FILE": str(final / TOPOLOGY_NAME)})
             files.append((TOPOLOGY_NAME, topology_xml.encode("utf-8")))
+        else:
+            check_path_variables(clean)
         files += [
             (SH_NAME, render_sh(clean, prov, generation=generation).encode("utf-8")),
             (ENV_NAME, render_env(clean, prov, generation=generation).encode("utf-8")),
@@ -927,3 +929,73 @@ def remove_nccl_conf_block(path: Path) -> bool:
     _write_conf(target, b"".join(lines[:begin] + lines[end + 1 :]), st)
     log.info("removed the nccltune block from %s", path)
     return True
+
+
+# -- before the first trial ------------------------------------------------------------------
+
+# Variables that make NCCL load code or open a file by path. nccltune publishes none of them
+# except NCCL_TOPO_FILE, and that one only as the topology file it wrote into the generation
+# itself (publish(..., topology_xml=...)) or as a file root could trust (see module docstring).
+PATH_VARIABLES = frozenset({
+    "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_RAS_PLUGIN",
+    "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_CONF_FILE", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
+    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE",
+})
+
+
+def check_path_variables(env: Mapping[str, str], where: Mapping[str, str] | None = None,
+                         *, default_where: str = "environment", existing: bool = False) -> None:
+    """Refuse a variable that would make every job load a library or open a file someone chose:
+    any of PATH_VARIABLES but NCCL_TOPO_FILE, and NCCL_TOPO_FILE unless it is an absolute path
+    (with ``existing``, as a config pin is checked: of an existing regular file that passes the
+    trust rule; what nccltune publishes itself is its own file, written just before).
+
+    Raises:
+        InputError: naming the variable and where it was set (exit 78).
+    """
+    for name in sorted(env):
+        if name not in PATH_VARIABLES:
+            continue
+        source = (where or {}).get(name, default_where)
+        if name != "NCCL_TOPO_FILE":
+            raise InputError(source, f"{name}: nccltune does not publish variables that load code or name "
+                             "files", hint="set it in the job's own environment if it is really wanted")
+        value = env[name]
+        if not os.path.isabs(value):
+            raise InputError(source, f"{name}: {value!r} is not an absolute path")
+        if not existing:
+            continue
+        try:
+            trust.check_file(value, "topology file")
+            trust.check_dir(os.path.dirname(value), "topology file's directory")
+        except OSError as exc:
+            raise InputError(source, f"{name}: {value}: {exc.strerror}") from exc
+        except InputError as exc:
+            raise InputError(source, f"{name}: {exc.message}") from exc
+
+
+def preflight(out_dir: Path, env_values: Mapping[str, str], where: Mapping[str, str]) -> None:
+    """Check before the first trial everything that would stop the publish after the last one:
+    each value that will be published as it is (config pins, policy), and the publish directory.
+
+    ``where`` maps a variable to where it was set ("config.yaml:12"), for the message.
+
+    Raises:
+        InputError: an unpublishable name or value, a variable that names code or files, or a
+            publish directory that is not a directory, not trusted or not writable (exit 78).
+    """
+    for name in sorted(env_values):
+        validate_env({name: env_values[name]}, source=where.get(name, "config"))
+    check_path_variables(env_values, where, default_where="config", existing=True)
+    out_dir = Path(out_dir)
+    probe = out_dir
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(str(probe), "the publish directory (or a directory above it) is not a directory",
+                         hint="set publish.dir to a directory")
+    if probe == out_dir:
+        trust.check_dir(out_dir, "publish directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(str(probe), "the publish directory is not writable by this user (or read-only)",
+                         hint="choose another publish.dir or --state-dir, or fix its permissions")

@@ -40,7 +40,8 @@ ENV = {
     "NCCL_BUFFSIZE": "4194304",
     "NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml",
     "NCCL_SOCKET_IFNAME": "=eth0",
-    "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p",
+    # %h.%p as NCCL_DEBUG_FILE would use it; NCCL_DEBUG_FILE itself is never published.
+    "NCCL_COMM_ID_NOTE": "nccl.%h.%p",
     "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1",
     "NCCL_X": "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:,=+^@%-",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -675,3 +676,16 @@ def test_failure_at_the_switch_keeps_the_old_set_and_never_reuses_its_number(
     assert read_published(tmp_path)[0] == ENV  # type: ignore[index]
     assert snapshot_dir(tmp_path / "generations" / "1") == before
     assert publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov()).generation == 3
+
+
+@pytest.mark.parametrize("name", ["NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG_FILE", "NCCL_CONF_FILE",
+                                  "NCCL_GRAPH_FILE", "NCCL_TOPO_DUMP_FILE"])
+def test_variables_that_load_code_or_name_files_are_never_published(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputError, match=f"{name}: nccltune does not publish variables that load code"):
+        publish(tmp_path / "state", {"NCCL_ALGO": "Ring", name: "/tmp/x.so"}, make_prov())
+    assert not (tmp_path / "state" / "current").exists()
+
+
+def test_a_relative_topology_file_is_never_published(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"NCCL_TOPO_FILE: 'topo\.xml' is not an absolute path"):
+        publish(tmp_path, {"NCCL_TOPO_FILE": "topo.xml"}, make_prov())

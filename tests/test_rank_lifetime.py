@@ -27,11 +27,11 @@ from pathlib import Path
 from nccltune.trials.runner import Runner
 work = Path(sys.argv[1])
 env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL")}
-env[%(fault)r] = "hang@1"
+env[sys.argv[2]] = "hang@1"
 runner = Runner(python=sys.executable, backend="gloo", nranks=2, base_env=env, work_dir=work / "work",
                 timeout_s=3600, rank_record=work / "ranks.running")
 runner.run({}, [4096], warmup=1, iters=2, label="hang")
-""" % {"fault": FAULT_VAR}
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -60,7 +60,7 @@ def _recorded(record: Path) -> list[int]:
 
 def test_a_kill_9_of_the_parent_during_a_hung_trial_ends_its_ranks(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path)], env=env)
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path), FAULT_VAR], env=env)
     record = tmp_path / "ranks.running"
     try:
         assert _wait_for(lambda: len(_recorded(record)) == 2), "the ranks never started"
