@@ -852,9 +852,28 @@ def _write_conf(target: Path, data: bytes, st: os.stat_result | None) -> None:
 
 
 def _conf_target(path: Path) -> Path:
-    # /etc/nccl.conf is often a symlink managed by configuration management: edit the file it points
-    # to and keep the link, rather than replacing the link with a regular file.
-    return Path(os.path.realpath(path))
+    """The file to edit for ``path``, after the trust rule.
+
+    /etc/nccl.conf is often a symlink managed by configuration management: edit the file it points
+    to and keep the link, rather than replacing the link with a regular file. But root appends its
+    block only where nobody else could have pointed it: the real file (when it exists) and its
+    directory must pass the trust rule, or nothing is written.
+
+    Raises:
+        InputError: the target or its directory is owned or writable by another user (exit 78).
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        trust.check_dir(target.parent, "NCCL conf file's directory")
+        if os.path.lexists(target):
+            trust.check_file(target, "NCCL conf file")
+    except FileNotFoundError:
+        pass  # reading or writing it names what is missing
+    except InputError as exc:
+        if target != Path(path):
+            raise InputError(str(path), f"is a link to {exc.message}") from exc
+        raise
+    return target
 
 
 def update_nccl_conf(path: Path, env: Mapping[str, str], prov: Provenance) -> None:

@@ -75,3 +75,17 @@ def test_a_read_only_publish_dir_is_refused_before_the_sweep(tmp_path: Path, rea
     assert got.returncode == EXIT_CONFIG, got.stderr
     assert str(read_only_dir) in got.stderr and "not writable" in got.stderr
     assert_nothing_measured(tmp_path)
+
+
+def test_plan_prints_a_hostile_environment_value_escaped(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
+    env.update(PYTHONPATH=str(REPO), NCCL_SOCKET_IFNAME="eth0\nMeasured: forged\x1b[2J")
+    got = subprocess.run([sys.executable, "-m", "nccltune", "sweep", "--demo", "--plan", "--config", str(cfg),
+                          "--state-dir", str(tmp_path / "state")],
+                         capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert got.returncode == 0, got.stderr
+    assert "\x1b" not in got.stdout
+    assert "\nMeasured: forged" not in got.stdout
+    assert "NCCL_SOCKET_IFNAME=eth0\\nMeasured: forged\\x1b[2J" in got.stdout

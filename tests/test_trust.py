@@ -148,3 +148,36 @@ def test_problem_wording() -> None:
     assert trust.writable_word(0o666) == "world-writable"
     assert trust.writable_word(0o664) == "group-writable"
     assert trust.writable_word(0o644) is None
+
+
+# -- the NCCL conf file -----------------------------------------------------------------------
+
+
+@as_root
+def test_conf_link_to_a_file_another_user_owns_is_not_written(open_dir: Path) -> None:
+    from nccltune.publish import update_nccl_conf
+
+    theirs = open_dir / "theirs.conf"
+    theirs.write_text("NCCL_DEBUG=WARN\n")
+    os.chown(theirs, NOBODY, NOBODY)
+    link = open_dir / "nccl.conf"
+    link.symlink_to(theirs)
+    expected = f"is a link to {theirs}: refusing the NCCL conf file: it is owned by uid {NOBODY}"
+    with pytest.raises(InputError, match=expected):
+        update_nccl_conf(link, {"NCCL_ALGO": "Ring"}, prov())
+    assert theirs.read_text() == "NCCL_DEBUG=WARN\n"
+
+
+@as_root
+def test_conf_link_planted_by_another_user_into_their_directory_is_not_written(open_dir: Path) -> None:
+    from nccltune.publish import update_nccl_conf
+
+    drop = open_dir / "drop"
+    drop.mkdir()
+    drop.chmod(0o777)
+    link = open_dir / "nccl.conf"
+    assert as_nobody("sh", "-c", f"printf 'NCCL_DEBUG=WARN\\n' > {drop}/x.conf").returncode == 0
+    link.symlink_to(drop / "x.conf")
+    with pytest.raises(InputError, match="world-writable"):
+        update_nccl_conf(link, {"NCCL_ALGO": "Ring"}, prov())
+    assert (drop / "x.conf").read_text() == "NCCL_DEBUG=WARN\n"
