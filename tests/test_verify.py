@@ -47,7 +47,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def state(seeded: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "state"
-    shutil.copytree(seeded, copy)
+    shutil.copytree(seeded, copy, symlinks=True)
     return copy
 
 
