@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import trust
 from ..atomicfile import atomic_write
-from ..errors import NccltuneError, UnavailableError
+from ..errors import InputError, NccltuneError, UnavailableError
 from ..hw.proc import start_time_ticks
 from ..nccl.debuglog import parse_nccl_log, summarize
 from ..trust import ensure_dir
@@ -155,8 +155,16 @@ def find_worker_python(configured: str | None) -> str:
         UnavailableError: no interpreter with torch was found (exit 69).
     """
     if configured:
-        if shutil.which(configured) is None and not Path(configured).exists():
+        found = shutil.which(configured)
+        if found is None and not Path(configured).exists():
             raise UnavailableError(f"bench.python {configured!r} does not exist")
+        target = Path(found or configured)
+        # A directory or a file without the run bit would fail in every rank's exec: say so once.
+        if target.is_dir():
+            raise InputError("bench.python (--python)", f"{configured} is a directory, not an interpreter")
+        if not os.access(target, os.X_OK):
+            raise InputError("bench.python (--python)", f"{configured} is not executable (no run bit)",
+                             hint=f"chmod +x {configured}, or name the interpreter your jobs use")
         return configured
     import importlib.util
 
