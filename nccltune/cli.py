@@ -23,6 +23,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A command ended by a signal exits 128 + its number, as shells report it.
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a sweep: unwinds like Ctrl-C (ranks killed, run recorded as interrupted),
+    but is named for what it is in the history and exits 143."""
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
@@ -37,8 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.",
-        epilog="exit codes: 0 ok, 1 check failed, 2 usage, 69 no GPU/NVML/torch, 75 busy (lock held or GPUs "
-               "in use), 78 bad config or input. Without GPUs: `nccltune sweep --demo`.")
+        epilog="exit codes: 0 ok, 1 check failed or I/O error (disk full), 2 usage, 69 no GPU/NVML/torch, "
+               "75 busy (lock held or GPUs in use), 78 bad config or input, 126/127 (exec) command not "
+               "runnable/not found, 130 SIGINT, 143 SIGTERM. Without GPUs: `nccltune sweep --demo`.")
     parser.add_argument("--version", action="version", version=f"nccltune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -93,7 +117,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     hist = sub.add_parser("history", help="past sweeps and verifications")
     _common(hist)
-    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
     hist.add_argument("--json", action="store_true")
 
@@ -154,9 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NccltuneError as exc:
         print(f"nccltune: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("nccltune: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_SIGTERM
     except KeyboardInterrupt:
         print("nccltune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except BrokenPipeError:
         return EXIT_OK
 
@@ -314,6 +341,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline, estimate_seconds
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
+    _check_unpin(args.unpin)
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
     pipe = SweepPipeline(cfg, demo=args.demo, profile=args.profile, exhaustive=args.exhaustive, force=args.force,
@@ -337,8 +365,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_unpin(names: list[str]) -> None:
+    """--unpin takes the name of a variable the sweep knows; anything else is a usage error (2)."""
+    from .render import shown
+    from .sweep.space import CATALOGUE, unknown_variable_hint
+
+    for name in names:
+        if name not in CATALOGUE:
+            raise UsageError(f"--unpin {shown(name)!s}: not a variable nccltune sweeps",
+                             hint=unknown_variable_hint(name))
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -396,7 +435,24 @@ def _history(args: argparse.Namespace) -> Store:
     path = load_cfg(args).state_path("history.db")
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
-    return Store(path)
+    store = Store(path)
+    _mark_dead_runs(store, path.with_name("sweep.lock"))
+    return store
+
+
+def _mark_dead_runs(store: Store, lock_path: Path) -> None:
+    """A run still 'running' while nobody holds the sweep lock was killed (kill -9, power loss):
+    record it as interrupted now rather than at the next sweep. Taking the lock proves no sweep or
+    verify is live; a user who may not take it (or write the history) just sees the record as is."""
+    from .lock import SweepLock, is_held
+
+    if is_held(lock_path):
+        return
+    try:
+        with SweepLock(lock_path):
+            store.mark_interrupted()
+    except (NccltuneError, OSError) as exc:
+        log.debug("cannot check for interrupted runs: %s", exc)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -424,6 +480,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         if run is None or run.summary is None or "rows" not in (run.summary or {}):
             raise CheckFailed("no finished sweep to report on")
         trials = store.trials(run.id)
+    if run.kind == "verify":
+        if args.plot:
+            raise UsageError(f"run {run.id} is a verification: --plot needs a sweep run")
+        out(dumps(report_doc(run, trials, plot=None)) if args.json else _verify_report_text(run))
+        return EXIT_OK
     if args.plot:
         from .plot import plot_run
 
@@ -435,6 +496,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.plot:
             out(f"Plot written to {args.plot}")
     return EXIT_OK
+
+
+def _verify_report_text(run: object) -> str:
+    """A verification's table: measured against expected bus bandwidth per size."""
+    from .render import fmt_bw
+
+    summary = getattr(run, "summary", None) or {}
+    lines = [f"Verification {getattr(run, 'id', '?')} of {getattr(run, 'started_at', '?')} "
+             f"({getattr(run, 'status', '?')}): {summary.get('reason', '')}"]
+    for row in summary.get("rows", []):
+        drift = row.get("drift_pct")
+        lines.append(f"  {row.get('size_bytes')} B: measured {fmt_bw(row.get('measured_gbps'))}, expected "
+                     f"{fmt_bw(row.get('expected_gbps'))}" + (f", drift {drift:+.1f}%" if drift is not None else ""))
+    return "\n".join(lines)
 
 
 _HANDLERS.update({

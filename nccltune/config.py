@@ -918,6 +918,13 @@ class _Builder:
             ("pin", set(s.pin), "exclude", set(s.exclude)),
             ("exclude", set(s.exclude), "variables", set(s.variables)),
         )
+        from .sweep.space import CATALOGUE, unknown_variable_hint
+
+        for name in s.exclude:
+            if name not in CATALOGUE:
+                # A typo here would sweep the variable the user meant to leave alone.
+                self.fail_at(f"sweep.exclude.{name}", f"sweep.exclude: {name} is not a variable nccltune sweeps, "
+                             "so excluding it changes nothing", unknown_variable_hint(name))
         for first, first_names, second, second_names in conflicts:
             for name in sorted(first_names & second_names):
                 where = f"sweep.{second}.{name}"
