@@ -342,6 +342,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
     _check_unpin(args.unpin)
+    if args.python:
+        from .trials.runner import check_python
+
+        check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
     pipe = SweepPipeline(cfg, demo=args.demo, profile=args.profile, exhaustive=args.exhaustive, force=args.force,

@@ -119,7 +119,8 @@ def open_file(path: Path | str, flags: int, what: str, mode: int = 0o644) -> int
         OSError: any other failure of open (the caller words it).
     """
     try:
-        fd = os.open(path, flags | NOFOLLOW | CLOEXEC, mode)
+        # O_NONBLOCK: opening a FIFO planted at the name must not wait for a writer.
+        fd = os.open(path, flags | NOFOLLOW | CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise InputError(str(path), f"refusing the {what}: it is a symlink",

@@ -148,6 +148,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_python(configured: str) -> None:
+    """Refuse a worker interpreter that cannot be one, before anything is measured or written.
+
+    Raises:
+        UnavailableError: it does not exist (exit 69).
+        InputError: a directory, or a file without the run bit (exit 78).
+    """
+    found = shutil.which(configured)
+    if found is None and not Path(configured).exists():
+        raise UnavailableError(f"bench.python {configured!r} does not exist")
+    target = Path(found or configured)
+    # A directory or a file without the run bit would fail in every rank's exec: say so once.
+    if target.is_dir():
+        raise InputError("bench.python (--python)", f"{configured} is a directory, not an interpreter")
+    if not os.access(target, os.X_OK):
+        raise InputError("bench.python (--python)", f"{configured} is not executable (no run bit)",
+                         hint=f"chmod +x {configured}, or name the interpreter your jobs use")
+
+
 def find_worker_python(configured: str | None) -> str:
     """The interpreter that runs the worker: configured, this one if it has torch, or python3.
 
@@ -155,16 +174,7 @@ def find_worker_python(configured: str | None) -> str:
         UnavailableError: no interpreter with torch was found (exit 69).
     """
     if configured:
-        found = shutil.which(configured)
-        if found is None and not Path(configured).exists():
-            raise UnavailableError(f"bench.python {configured!r} does not exist")
-        target = Path(found or configured)
-        # A directory or a file without the run bit would fail in every rank's exec: say so once.
-        if target.is_dir():
-            raise InputError("bench.python (--python)", f"{configured} is a directory, not an interpreter")
-        if not os.access(target, os.X_OK):
-            raise InputError("bench.python (--python)", f"{configured} is not executable (no run bit)",
-                             hint=f"chmod +x {configured}, or name the interpreter your jobs use")
+        check_python(configured)
         return configured
     import importlib.util
 
@@ -286,6 +296,9 @@ class Runner:
                 proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                         start_new_session=True, cwd=trial_dir,
                                         preexec_fn=_die_with_parent(os.getpid()))
+            except OSError as exc:
+                # Not an interpreter after all (exec format error, no permission): the setting is wrong.
+                raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
             finally:
                 os.close(err)
         finally:
