@@ -1010,11 +1010,12 @@ def preflight(out_dir: Path, env_values: Mapping[str, str], where: Mapping[str, 
     probe = out_dir
     while not os.path.lexists(probe) and probe != probe.parent:
         probe = probe.parent
+    what = "it" if probe == out_dir else str(probe)
     if not probe.is_dir():
-        raise InputError(str(probe), "the publish directory (or a directory above it) is not a directory",
-                         hint="set publish.dir to a directory")
+        raise InputError(str(out_dir), f"cannot be the publish directory: {what} is not a directory",
+                         hint="set publish.dir (or --state-dir) to a directory")
     if probe == out_dir:
         trust.check_dir(out_dir, "publish directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise InputError(str(probe), "the publish directory is not writable by this user (or read-only)",
-                         hint="choose another publish.dir or --state-dir, or fix its permissions")
+        raise InputError(str(out_dir), f"cannot be the publish directory: {what} is not writable by this user "
+                         "(or read-only)", hint="choose another publish.dir or --state-dir, or fix its permissions")
