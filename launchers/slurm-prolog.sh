@@ -15,7 +15,9 @@
 #   (NCCL|TORCH_NCCL|NCCLTUNE)_NAME=value   with value in [A-Za-z0-9_./:,=+^@%-]
 # are passed on, and the file is never sourced or evaluated: a line such as
 # NCCL_X=$(cmd) is skipped, not run. The file must be a regular file owned by root and writable
-# by nobody else, in a directory only root can change; otherwise nothing is exported.
+# by nobody else, in a directory only root can change; otherwise nothing is exported. nccltune
+# publishes nccl.env as a link into its current generation; the link is resolved once and the
+# generation's own file is read (see nccltune_resolve).
 # Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
 
 nccltune_prog=nccltune-task-prolog
@@ -40,8 +42,8 @@ nccltune_mode_ok() {
         ?????????[tT]*) [ "$1" = directory ] && return 0 ;;
     esac
     case $2 in
-        ?????w*) nccltune_warn "the $1 is group-writable ($2)"; return 1 ;;
         ????????w*) nccltune_warn "the $1 is world-writable ($2)"; return 1 ;;
+        ?????w*) nccltune_warn "the $1 is group-writable ($2)"; return 1 ;;
     esac
     return 0
 }
@@ -58,6 +60,37 @@ $nccltune_meta
 EOF_META
 }
 
+# nccltune_resolve FILE: sets nccltune_real to the file to read. A published set (FILE a link to
+# current/NAME, DIR/current a link to generations/N) is resolved once, here: the file read is
+# DIR/generations/N/NAME, every directory on the way must pass the trust check, and the file must
+# say "# generation: N", so a mixed set is refused. Any other FILE is checked as it is.
+nccltune_resolve() {
+    nccltune_real=$1
+    [ -L "$1" ] || return 0
+    nccltune_name=$(basename -- "$1")
+    nccltune_pub=$(dirname -- "$1")
+    nccltune_ls "$1" "cannot stat it" || return 1
+    [ "${nccltune_meta##* -> }" = "current/$nccltune_name" ] || return 0
+    nccltune_ls "$nccltune_pub/current" "cannot stat $nccltune_pub/current" || return 1
+    nccltune_gen=${nccltune_meta##* -> generations/}
+    case $nccltune_meta in
+        *" -> generations/"*) ;;
+        *) nccltune_warn "$nccltune_pub/current is not a link to generations/N"; return 1 ;;
+    esac
+    case $nccltune_gen in
+        ''|*[!0-9]*) nccltune_warn "$nccltune_pub/current is not a link to generations/N"; return 1 ;;
+    esac
+    for nccltune_d in "$nccltune_pub" "$nccltune_pub/generations"; do
+        nccltune_ls "$nccltune_d/." "cannot stat the directory $nccltune_d" || return 1
+        nccltune_mode_ok directory "$nccltune_mode" "$nccltune_uid" || return 1
+    done
+    nccltune_real=$nccltune_pub/generations/$nccltune_gen/$nccltune_name
+    if ! LC_ALL=C grep -q -x -e "# generation: $nccltune_gen" -- "$nccltune_real" 2>/dev/null; then
+        nccltune_warn "$nccltune_real is not of generation $nccltune_gen, which current names (a mixed set)"
+        return 1
+    fi
+}
+
 # nccltune_trusted FILE: 0 when FILE is a regular root-owned file that only root may change.
 nccltune_trusted() {
     nccltune_ls "$1" "cannot stat it" || return 1
@@ -72,15 +105,15 @@ nccltune_trusted() {
 }
 
 if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
-    if ! nccltune_trusted "$nccltune_env_file"; then
+    if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then
         :
-    elif [ ! -r "$nccltune_env_file" ]; then
+    elif [ ! -r "$nccltune_real" ]; then
         nccltune_warn "it is not readable by uid $(id -u)"
     else
         # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
-        LC_ALL=C grep -E -e "$nccltune_valid" -- "$nccltune_env_file" | LC_ALL=C sed 's/^/export /'
+        LC_ALL=C grep -E -e "$nccltune_valid" -- "$nccltune_real" | LC_ALL=C sed 's/^/export /'
         nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' \
-            -- "$nccltune_env_file")
+            -- "$nccltune_real")
         if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
             printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
                 "$nccltune_prog" "$nccltune_env_file" "$nccltune_skipped" >&2

@@ -23,6 +23,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A command ended by a signal exits 128 + its number, as shells report it.
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a sweep: unwinds like Ctrl-C (ranks killed, run recorded as interrupted),
+    but is named for what it is in the history and exits 143."""
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
@@ -37,8 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.",
-        epilog="exit codes: 0 ok, 1 check failed, 2 usage, 69 no GPU/NVML/torch, 75 busy (lock held or GPUs "
-               "in use), 78 bad config or input. Without GPUs: `nccltune sweep --demo`.")
+        epilog="exit codes: 0 ok, 1 check failed or I/O error (disk full), 2 usage, 69 no GPU/NVML/torch, "
+               "75 busy (lock held or GPUs in use), 78 bad config or input, 126/127 (exec) command not "
+               "runnable/not found, 130 SIGINT, 143 SIGTERM. Without GPUs: `nccltune sweep --demo`.")
     parser.add_argument("--version", action="version", version=f"nccltune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -94,7 +118,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     hist = sub.add_parser("history", help="past sweeps and verifications")
     _common(hist)
-    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
     hist.add_argument("--json", action="store_true")
 
@@ -155,9 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NccltuneError as exc:
         print(f"nccltune: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("nccltune: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_SIGTERM
     except KeyboardInterrupt:
         print("nccltune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except BrokenPipeError:
         return EXIT_OK
 
@@ -330,6 +357,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
+    _check_unpin(args.unpin)
+    if args.python:
+        from .trials.runner import check_python
+
+        check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
@@ -372,28 +404,42 @@ def _write_metrics(cfg: Config, fingerprint: str) -> None:
         log.warning("cannot write metrics to %s: %s", directory, exc)
 
 
+def _check_unpin(names: list[str]) -> None:
+    """--unpin takes the name of a variable the sweep knows; anything else is a usage error (2)."""
+    from .render import shown
+    from .sweep.space import CATALOGUE, unknown_variable_hint
+
+    for name in names:
+        if name not in CATALOGUE:
+            raise UsageError(f"--unpin {shown(name)!s}: not a variable nccltune sweeps",
+                             hint=unknown_variable_hint(name))
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print what is published, byte for byte as launchers read it (validated first)."""
-    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_published
+    """Print what is published, byte for byte as launchers read it, after checking the whole set:
+    trusted owner and mode, every line one nccltune writes, one generation throughout."""
+    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
 
     cfg = load_cfg(args)
-    if read_published(cfg.publish_dir) is None:
+    got = read_set(cfg.publish_dir)
+    if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
     name = {"sh": SH_NAME, "env": ENV_NAME, "json": JSON_NAME}[args.format]
-    try:
-        text = (cfg.publish_dir / name).read_text()
-    except OSError as exc:
-        raise CheckFailed(f"{cfg.publish_dir / name}: {exc.strerror}", hint="re-run `nccltune sweep`") from exc
-    sys.stdout.write(text)
+    sys.stdout.write(got.texts[name])
     return EXIT_OK
 
 
+# What shells return for a command that is missing (127) or cannot be run (126).
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_RUN = 126
+
+
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .publish import read_published
+    from .publish import read_set
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -401,14 +447,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
     cfg = load_cfg(args)
-    got = read_published(cfg.publish_dir)
+    got = read_set(cfg.publish_dir)
     env = dict(os.environ)
     if got is None:
         print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
               file=sys.stderr)
     else:
-        published, _prov = got
-        for name, value in published.items():
+        for name, value in got.env.items():
             if name in env and env[name] != value:
                 print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
                       file=sys.stderr)
@@ -417,7 +462,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
-        raise UsageError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
+        print(f"nccltune: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN
     return EXIT_OK  # pragma: no cover - exec does not return
 
 
@@ -428,7 +474,24 @@ def _history(args: argparse.Namespace) -> Store:
     path = load_cfg(args).state_path("history.db")
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
-    return Store(path)
+    store = Store(path)
+    _mark_dead_runs(store, path.with_name("sweep.lock"))
+    return store
+
+
+def _mark_dead_runs(store: Store, lock_path: Path) -> None:
+    """A run still 'running' while nobody holds the sweep lock was killed (kill -9, power loss):
+    record it as interrupted now rather than at the next sweep. Taking the lock proves no sweep or
+    verify is live; a user who may not take it (or write the history) just sees the record as is."""
+    from .lock import SweepLock, is_held
+
+    if is_held(lock_path):
+        return
+    try:
+        with SweepLock(lock_path):
+            store.mark_interrupted()
+    except (NccltuneError, OSError) as exc:
+        log.debug("cannot check for interrupted runs: %s", exc)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -456,6 +519,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         if run is None or not run.rows:
             raise CheckFailed("no finished sweep to report on")
         trials = store.trials(run.id)
+    if run.kind == "verify":
+        if args.plot:
+            raise UsageError(f"run {run.id} is a verification: --plot needs a sweep run")
+        out(dumps(report_doc(run, trials, plot=None)) if args.json else _verify_report_text(run))
+        return EXIT_OK
     if args.plot:
         from .plot import plot_run
 
@@ -467,6 +535,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.plot:
             out(f"Plot written to {args.plot}")
     return EXIT_OK
+
+
+def _verify_report_text(run: object) -> str:
+    """A verification's table: measured against expected bus bandwidth per size."""
+    from .render import fmt_bw
+
+    summary = getattr(run, "summary", None) or {}
+    lines = [f"Verification {getattr(run, 'id', '?')} of {getattr(run, 'started_at', '?')} "
+             f"({getattr(run, 'status', '?')}): {summary.get('reason', '')}"]
+    for row in summary.get("rows", []):
+        drift = row.get("drift_pct")
+        lines.append(f"  {row.get('size_bytes')} B: measured {fmt_bw(row.get('measured_gbps'))}, expected "
+                     f"{fmt_bw(row.get('expected_gbps'))}" + (f", drift {drift:+.1f}%" if drift is not None else ""))
+    return "\n".join(lines)
 
 
 _HANDLERS.update({

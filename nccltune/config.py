@@ -34,6 +34,7 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
 from .errors import InputError
+from .inputfile import read_input_file
 from .names import VARIABLE_NAME_RE, format_size
 
 __all__ = [
@@ -422,11 +423,34 @@ _Node: TypeAlias = "_Scalar | _Seq | _Map"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+# Bounds on a config document: a real one is a few KiB with a few hundred nodes, nested a few
+# levels. Beyond them it is a mistake or an attack (a 472-byte alias bomb expands to billions
+# of nodes), refused before it costs time or memory.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+MAX_CONFIG_DEPTH = 64
+
+
 def _from_yaml(
-    node: yaml.Node, dotted: str, path: str, constructor: SafeConstructor, active: set[int]
+    node: yaml.Node, dotted: str, path: str, constructor: SafeConstructor, active: set[int],
+    budget: list[int] | None = None,
 ) -> _Node:
+    """Convert a composed YAML node; ``budget`` holds the nodes still allowed, aliases expanded.
+
+    Raises:
+        InputError: a self-referring alias, more than MAX_CONFIG_NODES nodes once aliases are
+            expanded, or deeper than MAX_CONFIG_DEPTH (exit 78).
+    """
+    if budget is None:
+        budget = [MAX_CONFIG_NODES]
     line = node.start_mark.line + 1
     where = dotted or "the top level"
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise InputError(path, f"{where}: more than {MAX_CONFIG_NODES} values once YAML aliases are expanded",
+                         line=line, hint="an alias bomb, or a document that is no nccltune config")
+    if len(active) >= MAX_CONFIG_DEPTH:
+        raise InputError(path, f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels", line=line)
     if id(node) in active:
         # `&a [*a]` composes to a node that contains itself.
         raise InputError(path, f"{where}: a YAML alias refers to itself", line=line)
@@ -441,7 +465,7 @@ def _from_yaml(
     try:
         if isinstance(node, yaml.SequenceNode):
             items = [
-                _from_yaml(item, f"{dotted}[{i}]", path, constructor, active)
+                _from_yaml(item, f"{dotted}[{i}]", path, constructor, active, budget)
                 for i, item in enumerate(node.value)
             ]
             return _Seq(line, items)
@@ -469,7 +493,7 @@ def _from_yaml(
                     hint="YAML would keep only the last one; remove the other",
                 )
             first_line[key] = key_line
-            entries.append(_Entry(key, key_line, _from_yaml(value_node, child, path, constructor, active)))
+            entries.append(_Entry(key, key_line, _from_yaml(value_node, child, path, constructor, active, budget)))
         return _Map(line, entries)
     finally:
         active.discard(id(node))
@@ -886,6 +910,13 @@ class _Builder:
             ("pin", set(s.pin), "exclude", set(s.exclude)),
             ("exclude", set(s.exclude), "variables", set(s.variables)),
         )
+        from .sweep.space import CATALOGUE, unknown_variable_hint
+
+        for name in s.exclude:
+            if name not in CATALOGUE:
+                # A typo here would sweep the variable the user meant to leave alone.
+                self.fail_at(f"sweep.exclude.{name}", f"sweep.exclude: {name} is not a variable nccltune sweeps, "
+                             "so excluding it changes nothing", unknown_variable_hint(name))
         for first, first_names, second, second_names in conflicts:
             for name in sorted(first_names & second_names):
                 where = f"sweep.{second}.{name}"
@@ -921,8 +952,12 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     Raises:
         InputError: YAML syntax error (with its line), or any fault in the settings (exit 78).
     """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise InputError(path, f"larger than {MAX_CONFIG_BYTES} bytes; not an nccltune config")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError as exc:
+        raise InputError(path, "nested too deeply to read") from exc
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
@@ -953,7 +988,7 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     p = Path(path)
     name = str(p)
     try:
-        raw = p.read_bytes()
+        raw = read_input_file(p, MAX_CONFIG_BYTES, "config file")
     except (FileNotFoundError, NotADirectoryError) as exc:
         if required:
             raise InputError(
@@ -963,8 +998,6 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
             ) from exc
         logger.debug("no config file at %s; using the defaults", name)
         return Config()
-    except IsADirectoryError as exc:
-        raise InputError(name, "is a directory, not a config file") from exc
     except OSError as exc:
         raise InputError(name, f"cannot read: {exc.strerror}") from exc
     try:

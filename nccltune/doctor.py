@@ -18,6 +18,7 @@ from .sweep.space import CATALOGUE, level_of
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
 from .topology.paths import PathMatrix
+from .trust import trusted_uids, writable_word
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).
@@ -174,26 +175,37 @@ def diagnose(
 
 
 def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dict[str, object]] | None:
-    try:
-        got = read_published(publish_dir)
-    except Exception as exc:
-        f.append(Finding("error", "published-corrupt", f"cannot read what is published in {publish_dir}: {exc}",
-                         "run nccltune sweep"))
-        return None
-    if got is None:
-        return None
-    for name in ("nccl.sh", "nccl.env"):
+    """Read the published set as launchers do; owner/mode problems, a mixed set and a corrupt file
+    are findings. The files are judged through the well-known names (links into ``current``)."""
+    untrusted = False
+    for name in ("nccl.sh", "nccl.env", "nccl.json"):
         path = publish_dir / name
         try:
             st = path.stat()
         except OSError:
             continue
-        if st.st_uid != 0 and os.geteuid() == 0:
+        if st.st_uid not in trusted_uids() or (st.st_uid != 0 and os.geteuid() == 0):
+            untrusted = True
             f.append(Finding("error", "published-owner", f"{path} is owned by uid {st.st_uid}, not root: whoever "
                              "owns it can change what every job sources", f"chown root:root {path}"))
-        if st.st_mode & 0o022:
-            f.append(Finding("error", "published-writable", f"{path} is writable by group or others "
-                             f"(mode {st.st_mode & 0o777:o})", f"chmod 644 {path}"))
+        word = writable_word(st.st_mode)
+        if word is not None:
+            untrusted = True
+            f.append(Finding("error", "published-writable", f"{path} is {word} "
+                             f"(mode {st.st_mode & 0o777:o}): others can change what every job sources",
+                             f"chmod 644 {path}"))
+    if untrusted:
+        return None  # nccltune env/exec and the launchers refuse it; its content is not to be judged
+    try:
+        got = read_published(publish_dir)
+    except Exception as exc:
+        if "mixed" in str(exc):
+            f.append(Finding("error", "published-mixed", f"the files published in {publish_dir} are not one "
+                             f"set: {exc}", "run nccltune sweep"))
+        else:
+            f.append(Finding("error", "published-corrupt", f"cannot read what is published in {publish_dir}: {exc}",
+                             "run nccltune sweep"))
+        return None
     return got
 
 

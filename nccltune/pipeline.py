@@ -34,8 +34,9 @@ from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
 from .topology.ncclxml import render_xml
-from .trials.runner import Runner, TrialAborted
+from .trials.runner import RANK_RECORD, Runner, TrialAborted, reap_leftover_ranks
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
+from .trust import ensure_dir
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,13 @@ class SweepPipeline:
         plan = make_plan(self.cfg, node, self.env)
         state = Path(self.cfg.state_dir)
         try:
-            state.mkdir(parents=True, exist_ok=True)
+            ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
         engine = resolve_engine(self.cfg, node)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
+            reap_leftover_ranks(state / RANK_RECORD)
             sweep = _Sweep(self, store, node, plan, engine)
             return sweep.run(started)
 
@@ -154,13 +156,13 @@ class _Sweep:
         """The run's directory, its own topology file and the runner that measures the trials."""
         try:
             work = self.trial_xml.parent
-            work.mkdir(parents=True, exist_ok=True)
+            ensure_dir(work, "run directory")
             self.xml_text = render_xml(self.node.topo.system)
             atomic_write(self.trial_xml, self.xml_text)
             runner = Runner(python=self.engine.python, backend=self.node.backend, nranks=self.node.nranks,
                             base_env=self._base_env(), work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
-                            nccl_tests=self.engine.nccl_tests)
+                            nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD)
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,
@@ -213,7 +215,8 @@ class _Sweep:
                 None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo))
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
-        published = publish(self.cfg.publish_dir, choice.env, prov)
+        published = publish(self.cfg.publish_dir, choice.env, prov,
+                            topology_xml=self.xml_text if choice.uses_topology_file else None)
         if self.cfg.nccl_conf is not None:
             update_nccl_conf(self.cfg.nccl_conf, choice.env, prov)
         return published
@@ -235,5 +238,7 @@ class _Sweep:
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:
-    """The published ncclTopology.xml (what NCCL_TOPO_FILE in the published environment names)."""
+    """A copy of the topology file at its stable path (publish.topology_file), for an
+    /etc/nccl.conf block or a site script that names one path. The published environment names
+    the generation's own copy, which publish() writes with the rest of the set."""
     atomic_write(cfg.topology_file, xml_text)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from .config import Config
 from .errors import InputError
 from .node import Node, iterations, size_ladder
+from .publish import preflight
 from .sweep.plan import Plan, build_plan
 from .sweep.select import BUILTIN_PROFILES, profile_weights
 from .sweep.space import CATALOGUE, unknown_variable_hint
@@ -50,6 +51,9 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str]) -> Plan:
     the config, less the ones sweep.unpin frees."""
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
+    # What could not be published is found now, before the first trial (and by --plan).
+    preflight(cfg.publish_dir, {**policy, **cfg.sweep.pin},
+              {n: f"{cfg.path or 'config'}:{cfg.lines.get(f'sweep.pin.{n}')}" for n in cfg.sweep.pin})
     return build_plan(
         node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=list(cfg.sweep.unpin),
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,

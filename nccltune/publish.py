@@ -1,33 +1,58 @@
 """Publisher: the only module that writes the files job launchers read.
 
-Outputs, all in one state directory (DESIGN.md section 3):
+Outputs (DESIGN.md section 3), one *set* per publish, in the publish directory::
 
-- ``nccl.sh``: ``export NAME='value'`` lines, for ``. /var/lib/nccltune/nccl.sh`` in job scripts;
-- ``nccl.env``: ``NAME=value`` lines, for systemd ``EnvironmentFile=`` and ``docker --env-file``;
-- ``nccl.json``: the same environment with its provenance, for ``nccltune env`` and tooling;
-- optionally a managed block in an NCCL conf file (``/etc/nccl.conf``), which NCCL reads itself.
+    <publish_dir>/generations/<N>/nccl.sh          export NAME='value' lines (``. nccl.sh``)
+    <publish_dir>/generations/<N>/nccl.env         NAME=value lines (systemd EnvironmentFile=, docker --env-file)
+    <publish_dir>/generations/<N>/nccl.json        the same environment with its provenance
+    <publish_dir>/generations/<N>/ncclTopology.xml when a topology is published with the set
+    <publish_dir>/generations/last                 the last generation number handed out
+    <publish_dir>/current -> generations/<N>       the one switch
+    <publish_dir>/nccl.sh -> current/nccl.sh       (and nccl.env, nccl.json): the paths users know
 
-Two rules keep a launcher from ever sourcing something wrong:
+plus, optionally, a managed block in an NCCL conf file (``/etc/nccl.conf``), which NCCL reads itself.
+
+The set is replaced as one unit. Under the publish lock (an flock on the publish directory
+itself, so two publishers never interleave) a publish takes the next generation number and
+records it in ``generations/last`` first (so a number is never handed out twice, even after a
+crash), writes the whole set into a hidden ``generations/.<N>.tmp-*`` directory (each file
+fsync'ed), renames it to ``generations/<N>``, and then switches ``current`` with one rename of a
+symlink. A reader that resolves ``current`` once (``read_set``, ``nccltune env``/``exec``, the
+doctor, the launchers) sees generation N or N+1, never a mix; a kill at any point leaves the old
+set published and at most a hidden directory that the next publish removes. Every file carries its
+generation (``# generation: N``, ``provenance.generation``) and readers refuse a set whose files
+disagree. The newest ``KEEP_GENERATIONS`` generations stay on disk, so the NCCL_TOPO_FILE of a job
+started on an older one stays valid while it runs.
+
+Rules that keep a launcher from ever sourcing something wrong:
 
 1. Values are restricted to a small safe character set, so the very same bytes mean the same
    thing unquoted in every consumer: a POSIX shell, systemd (which interprets quotes, backslashes
    and ``$``), docker (which does not strip quotes) and NCCL's conf parser (which takes the rest of
    the line verbatim). Anything outside the set is refused before a byte is written.
-2. Every file is replaced atomically (temp file in the same directory, fsync, rename, fsync of the
-   directory), so a reader sees the old file or the new one, never a torn one, and a failed or
-   interrupted publish leaves the last published files as they were.
+2. Variables that make NCCL load code or open files (``PATH_VARIABLES``: NCCL_NET_PLUGIN,
+   NCCL_TUNER_PLUGIN, NCCL_PROFILER_PLUGIN, NCCL_TOPO_FILE, NCCL_GRAPH_FILE, NCCL_CONF_FILE,
+   NCCL_DEBUG_FILE, NCCL_TOPO_DUMP_FILE, NCCL_GRAPH_DUMP_FILE ...) are published only as what
+   nccltune wrote itself: NCCL_TOPO_FILE as the generation's own topology file. Any other value of
+   them, from a sweep candidate, a pin or the environment, is refused (exit 78) before the first
+   trial: a tuning file must never make every job on the node load a library or write a file
+   that someone chose by editing a config.
+3. Every file and directory is created through O_NOFOLLOW/O_EXCL opens in directories that pass
+   the trust rule (``nccltune.trust``): owned by root or the user running nccltune, writable by
+   nobody else.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import fnmatch
 import json
 import logging
 import math
 import os
+import re
 import secrets
+import shutil
 import stat
 import time
 import unicodedata
@@ -35,10 +60,25 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from .errors import EXIT_CHECK_FAILED, BusyError, InputError, NccltuneError
+from . import trust
+from .atomicfile import STALE_TEMP_AGE_S as STALE_TEMP_AGE_S  # re-exported for older callers
+from .atomicfile import (
+    TEMP_INFIX,
+    FileError,
+    clean_stale_temps,
+    fail_without_temp,
+    fsync_dir,
+    replace_file,
+)
+from .atomicfile import atomic_write as atomic_write  # re-exported for older callers
+from .errors import BusyError, InputError
 from .names import DEMO_LABEL, PUBLISHED_NAME_RE
+from .trust import CLOEXEC, NOFOLLOW
+
+# Kept under their old names for code that imports them from here.
+PublishError = FileError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +101,15 @@ SCHEMA_VERSION = 1
 SH_NAME = "nccl.sh"
 ENV_NAME = "nccl.env"
 JSON_NAME = "nccl.json"
+TOPOLOGY_NAME = "ncclTopology.xml"
+PUBLISHED_NAMES = (SH_NAME, ENV_NAME, JSON_NAME)
+CURRENT_NAME = "current"
+GENERATIONS_DIR = "generations"
+COUNTER_NAME = "last"
+# Generations kept on disk (the current one included): enough for jobs started on an older one.
+KEEP_GENERATIONS = 4
+# What nccltune writes is a few KiB; a published file beyond this is not one of ours.
+MAX_PUBLISHED_BYTES = 1 << 20
 
 CONF_BEGIN = "# BEGIN nccltune managed block (do not edit)"
 CONF_END = "# END nccltune managed block"
@@ -71,48 +120,8 @@ _CONF_END_PREFIX = b"# END nccltune"
 
 DEMO_LINE = f"# {DEMO_LABEL} and must not be used on a GPU node."
 
-# A temp file is named ".<target>.tmp-<pid>-<random>" so that a crashed writer's leftover is
-# recognisable, never matches what a launcher reads, and can be cleaned up by the next publish.
-_TEMP_INFIX = ".tmp-"
-_STALE_TEMP_GLOB = ".nccl*" + _TEMP_INFIX + "*"
-# A live writer holds its temp file for milliseconds; an hour-old one belongs to a dead writer.
-STALE_TEMP_AGE_S = 3600.0
-_TEMP_NAME_ATTEMPTS = 16
 _LOCK_TIMEOUT_S = 10.0
 _LOCK_POLL_S = 0.05
-
-
-class PublishError(NccltuneError):
-    """Writing (or reading back) a published file failed at the OS level: disk full, permission
-    denied, read-only filesystem.
-
-    Exit code 1 ("check failed"): the contract (DESIGN.md section 3) has no separate code for I/O
-    failure, it is not bad input (78) and not a missing GPU (69); 1 is the documented generic
-    failure. The message names the path and the OS error; ``errno`` keeps the number for callers
-    that want to react to, say, ENOSPC.
-    """
-
-    exit_code = EXIT_CHECK_FAILED
-
-    def __init__(
-        self, path: Path | str, exc: OSError, *, action: str = "cannot write", extra: str | None = None
-    ) -> None:
-        code = exc.errno
-        reason = exc.strerror or str(exc)
-        name = errno.errorcode.get(code, "") if code is not None else ""
-        detail = f"{reason} ({name})" if name else reason
-        if extra:
-            detail = f"{detail}; {extra}"
-        hints = {
-            errno.EACCES: "run as a user allowed to write there, or choose another path (--state-dir)",
-            errno.EPERM: "run as a user allowed to write there, or choose another path (--state-dir)",
-            errno.EROFS: "the filesystem is mounted read-only; choose another path (--state-dir)",
-            errno.ENOSPC: "free space on that filesystem and re-run",
-            errno.EDQUOT: "the disk quota is exhausted; free space and re-run",
-        }
-        super().__init__(f"{path}: {action}: {detail}", hint=hints.get(code) if code is not None else None)
-        self.path = str(path)
-        self.errno = code
 
 
 @dataclass(frozen=True)
@@ -142,12 +151,14 @@ class Provenance:
 
 @dataclass(frozen=True)
 class PublishedFiles:
-    """What one publish wrote: the three paths and the generation recorded in nccl.json."""
+    """What one publish wrote: the three well-known paths (links into ``current``), the generation,
+    and the generation's own topology file when one was published."""
 
     sh_path: Path
     env_path: Path
     json_path: Path
     generation: int
+    topology_path: Path | None = None
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -337,167 +348,9 @@ def render_json(env: Mapping[str, str], prov: Provenance, *, generation: int | N
     return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-# -- atomic files ----------------------------------------------------------------------------
-
-
-def _temp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}{_TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not remove temporary file %s: %s", path, exc)
-
-
-def _fail_without_temp(tmp: Path, path: Path, exc: BaseException) -> NoReturn:
-    """Remove the temp file, then re-raise: an OSError as PublishError naming the target, anything
-    else (KeyboardInterrupt mid-write) as it is. The target itself is never touched."""
-    _unlink_quietly(tmp)
-    if isinstance(exc, OSError):
-        raise PublishError(path, exc) from exc
-    raise exc
-
-
-def _write_temp(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> Path:
-    """Write ``data`` to a new temp file next to ``path``, durably, with ``mode``; return its path.
-
-    On any failure the temp file is removed and ``path`` is not touched.
-
-    Raises:
-        PublishError: the OS refused (ENOSPC, EACCES, EROFS, ...).
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-    for _ in range(_TEMP_NAME_ATTEMPTS):
-        tmp = _temp_path(path)
-        try:
-            # 0o600 until the content is complete: nobody should read a half-written file.
-            fd = os.open(tmp, flags, 0o600)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise PublishError(path, exc, action="cannot create a temporary file next to it") from exc
-        break
-    else:
-        raise PublishError(path, FileExistsError(errno.EEXIST, "no free temporary file name"))
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if owner is not None:
-                _chown_if_possible(fd, owner)
-            # fchmod ignores the umask, so the mode is exactly `mode`; done before fsync so that the
-            # mode is durable together with the data.
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException as exc:
-        _fail_without_temp(tmp, path, exc)
-    return tmp
-
-
-def _chown_if_possible(fd: int, owner: tuple[int, int]) -> None:
-    """Keep a replaced file's owner and group; only root may give a file away, others keep theirs."""
-    st = os.fstat(fd)
-    if (st.st_uid, st.st_gid) == owner:
-        return
-    try:
-        os.fchown(fd, *owner)
-    except PermissionError:
-        log.debug("cannot keep owner %d:%d; the replaced file belongs to the writer", *owner)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the renames in ``directory`` durable.
-
-    Raises:
-        PublishError: the directory cannot be synced (the new files are in place but may not
-            survive a crash).
-    """
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError as exc:
-        raise PublishError(directory, exc, action="cannot open directory to sync it") from exc
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some filesystems cannot fsync a directory at all; that is no failure of ours.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise PublishError(directory, exc, action="cannot sync directory") from exc
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically: readers see the old file or the new one.
-
-    Temp file ``.<name>.tmp-<pid>-<random>`` in the same directory; write, fchmod to ``mode``,
-    fsync, rename over ``path``, fsync the directory. A replaced symlink is replaced, not followed.
-
-    Raises:
-        PublishError: the OS refused; the temp file is removed and ``path`` is untouched (unless
-            only the final directory sync failed, which the message says).
-    """
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    _atomic_write(path, payload, mode)
-
-
-def _atomic_write(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
-    tmp = _write_temp(path, data, mode, owner)
-    try:
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _fail_without_temp(tmp, path, exc)
-    _fsync_dir(path.parent)
-
-
-def clean_stale_temps(
-    directory: Path, pattern: str = _STALE_TEMP_GLOB, *, now: float | None = None
-) -> list[Path]:
-    """Remove temp files left by dead writers: names matching ``pattern``, older than an hour.
-
-    Younger ones may belong to a writer that is still running, so they stay. Returns what was
-    removed; failures to remove are logged, never raised (cleanup must not block a publish).
-    """
-    now = time.time() if now is None else now
-    removed: list[Path] = []
-    try:
-        entries = list(os.scandir(directory))
-    except OSError as exc:
-        log.warning("cannot list %s for stale temporary files: %s", directory, exc)
-        return removed
-    for entry in entries:
-        if not fnmatch.fnmatchcase(entry.name, pattern):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < STALE_TEMP_AGE_S:
-            continue
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("cannot remove stale temporary file %s: %s", entry.path, exc)
-            continue
-        log.info("removed stale temporary file %s left by an interrupted writer", entry.path)
-        removed.append(Path(entry.path))
-    return removed
-
-
 @contextmanager
 def _directory_lock(directory: Path) -> Iterator[None]:
-    """Serialise publishers into one directory, so that two of them never interleave their renames
-    (which would leave nccl.sh from one and nccl.env from the other).
+    """Serialise publishers into one directory (see the module docstring: the publish lock).
 
     The lock is an flock on the directory itself, so no lock file is added to the state dir.
 
@@ -506,7 +359,7 @@ def _directory_lock(directory: Path) -> Iterator[None]:
         PublishError: the directory cannot be opened.
     """
     try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | CLOEXEC)
     except OSError as exc:
         raise PublishError(directory, exc, action="cannot open directory") from exc
     try:
@@ -528,104 +381,251 @@ def _directory_lock(directory: Path) -> Iterator[None]:
 # -- publish and read back -------------------------------------------------------------------
 
 
-def _previous_generation(json_path: Path) -> int:
-    """The generation recorded in the current nccl.json; 0 when there is none or it is unreadable
-    (a corrupt file is what the publish is about to replace, so it must not block it)."""
+def _legacy_generation(json_path: Path) -> int:
+    """The generation recorded in a pre-generation-directory nccl.json (a regular file); 0 when
+    there is none or it is unreadable (a corrupt file is what the publish replaces)."""
     try:
+        if json_path.is_symlink() or not json_path.is_file():
+            return 0
         doc = json.loads(json_path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        return 0
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         log.warning("%s: unreadable (%s); the generation count restarts at 1", json_path, exc)
         return 0
     prov = doc.get("provenance") if isinstance(doc, dict) else None
     generation = prov.get("generation") if isinstance(prov, dict) else None
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-        log.warning("%s: no valid generation recorded; the generation count restarts at 1", json_path)
         return 0
     return generation
 
 
-def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance) -> PublishedFiles:
-    """Validate, render and atomically publish nccl.sh, nccl.env and nccl.json into ``out_dir``.
-
-    All three are written to temp files first and renamed only when all three are ready, so a
-    failure while preparing (bad value, full disk, permission) leaves every old file as it was.
-    nccl.json is renamed last: its generation marks a complete set. Stale temp files of crashed
-    writers (older than an hour) are removed.
-
-    Raises:
-        InputError: a name or value is not publishable (exit 78); nothing was written.
-        PublishError: the OS refused a write (exit 1).
-        BusyError: another publisher kept the directory locked (exit 75).
-    """
-    out_dir = Path(out_dir)
-    clean = validate_env(env)
-    _check_provenance(prov)
+def _generation_numbers(gen_dir: Path) -> list[int]:
+    """Numbers of the complete generation directories, ascending."""
     try:
-        out_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        names = os.listdir(gen_dir)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise PublishError(gen_dir, exc, action="cannot list") from exc
+    return sorted(int(n) for n in names if n.isdigit() and not n.startswith("0"))
+
+
+def _read_counter(path: Path) -> int:
+    try:
+        fd = trust.open_file(path, os.O_RDONLY, "generation counter")
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise PublishError(path, exc, action="cannot read") from exc
+    try:
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() else 0
+
+
+def _current_generation(out_dir: Path) -> int | None:
+    """The generation ``current`` points at, or None when there is no valid link."""
+    try:
+        target = os.readlink(out_dir / CURRENT_NAME)
+    except OSError:
+        return None
+    head, _, number = target.rpartition("/")
+    if head != GENERATIONS_DIR or not number.isdigit():
+        return None
+    return int(number)
+
+
+# Link temps are named apart from file temps: only publishers (under the lock) make them.
+_LINK_TEMP_PREFIX = ".link."
+
+
+def _switch_link(link: Path, target: str) -> None:
+    """Point ``link`` at ``target`` atomically: a symlink under a temp name, renamed over ``link``."""
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    for _ in range(16):
+        tmp = link.with_name(f"{_LINK_TEMP_PREFIX}{link.name}{TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.symlink(target, tmp)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise PublishError(link, exc, action="cannot create link") from exc
+        break
+    else:
+        raise PublishError(link, FileExistsError(errno.EEXIST, "no free temporary link name"))
+    try:
+        os.replace(tmp, link)
+    except BaseException as exc:
+        fail_without_temp(tmp, link, exc)
+
+
+def _write_generation(directory: Path, files: list[tuple[str, bytes]]) -> None:
+    """Fill a fresh generation directory; every file fsync'ed, then the directory."""
+    for name, data in files:
+        path = directory / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o600)
+        except OSError as exc:
+            raise PublishError(path, exc) from exc
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o644)
+            os.fsync(fd)
+        except OSError as exc:
+            raise PublishError(path, exc) from exc
+        finally:
+            os.close(fd)
+    fsync_dir(directory)
+
+
+def _remove_entry(path: Path) -> None:
+    """Remove a file, link or directory tree without following a link; log a failure."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove %s: %s", path, exc)
+
+
+def _prune(out_dir: Path, keep: int, current: int) -> None:
+    """Remove generations older than the newest ``keep`` (never ``current``) and what dead
+    publishers left: half-built generation directories, counter temps, link temps.
+
+    Runs under the publish lock, so every temp of a publisher is a dead one's, whatever its age.
+    """
+    gen_dir = out_dir / GENERATIONS_DIR
+    numbers = [n for n in _generation_numbers(gen_dir) if n <= current]
+    doomed = [gen_dir / str(n) for n in numbers[:-keep]] if keep > 0 else []
+    doomed += [gen_dir / e for e in os.listdir(gen_dir) if TEMP_INFIX in e]
+    doomed += [out_dir / e for e in os.listdir(out_dir) if e.startswith(_LINK_TEMP_PREFIX) and TEMP_INFIX in e]
+    for path in doomed:
+        _remove_entry(path)
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    """Create (0755) and check the publish directory and its generations/ directory."""
+    try:
+        trust.ensure_dir(out_dir, "publish directory")
+        trust.ensure_dir(out_dir / GENERATIONS_DIR, "generations directory")
     except OSError as exc:
         raise PublishError(out_dir, exc, action="cannot create directory") from exc
 
-    sh_path, env_path, json_path = out_dir / SH_NAME, out_dir / ENV_NAME, out_dir / JSON_NAME
-    with _directory_lock(out_dir):
-        clean_stale_temps(out_dir)
-        generation = _previous_generation(json_path) + 1
-        # Order matters: nccl.json goes last (see docstring).
-        rendered = [
-            (sh_path, render_sh(clean, prov, generation=generation)),
-            (env_path, render_env(clean, prov, generation=generation)),
-            (json_path, render_json(clean, prov, generation=generation)),
-        ]
-        temps: list[tuple[Path, Path]] = []
-        try:
-            for target, text in rendered:
-                temps.append((_write_temp(target, text.encode("utf-8"), 0o644), target))
-        except BaseException:
-            for tmp, _ in temps:
-                _unlink_quietly(tmp)
-            raise
 
-        replaced: list[Path] = []
-        for index, (tmp, target) in enumerate(temps):
-            try:
-                os.replace(tmp, target)
-            except OSError as exc:
-                for left_tmp, _ in temps[index:]:
-                    _unlink_quietly(left_tmp)
-                already = ", ".join(p.name for p in replaced) or "none"
-                raise PublishError(
-                    target, exc, extra=f"already replaced: {already}; re-run to make the set consistent"
-                ) from exc
-            replaced.append(target)
-        _fsync_dir(out_dir)
+def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
+            topology_xml: str | None = None) -> PublishedFiles:
+    """Validate, render and publish one generation (nccl.sh, nccl.env, nccl.json and, when
+    ``topology_xml`` is given, ncclTopology.xml) into ``out_dir`` as one unit.
 
-    log.info("published generation %d (%d variables) into %s", generation, len(clean), out_dir)
-    return PublishedFiles(sh_path=sh_path, env_path=env_path, json_path=json_path, generation=generation)
-
-
-def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
-    """Read back nccl.json: (env, provenance), or None when nothing is published.
+    With ``topology_xml``, NCCL_TOPO_FILE in the published environment is the generation's own
+    copy, so a job keeps the file it started with while later generations are published.
+    See the module docstring for the layout, the lock and what a crash leaves.
 
     Raises:
-        InputError: nccl.json is corrupt, of an unknown schema, or holds an unpublishable
-            variable (exit 78).
-        PublishError: nccl.json exists but cannot be read (exit 1).
+        InputError: a name or value is not publishable, or the directory may not be trusted
+            (exit 78); nothing was written.
+        PublishError: the OS refused a write (exit 1); the published set is the previous one.
+        BusyError: another publisher kept the directory locked (exit 75).
     """
-    path = Path(out_dir) / JSON_NAME
-    where = str(path)
+    out_dir = Path(out_dir)
+    env = dict(env)
+    clean = validate_env(env)
+    _check_provenance(prov)
+    _prepare_out_dir(out_dir)
+    gen_dir = out_dir / GENERATIONS_DIR
+    with _directory_lock(out_dir):
+        clean_stale_temps(out_dir)
+        counter = gen_dir / COUNTER_NAME
+        numbers = _generation_numbers(gen_dir)
+        generation = max([_read_counter(counter), _legacy_generation(out_dir / JSON_NAME), *numbers, 0]) + 1
+        # The number is taken before anything else is written: a crash from here on never lets
+        # a later publish reuse it.
+        replace_file(counter, f"{generation}\n".encode(), 0o644)
+        final = gen_dir / str(generation)
+        files: list[tuple[str, bytes]] = []
+        if topology_xml is not None:
+            clean = validate_env({**clean, "NCCL_TOPO_FILE": str(final / TOPOLOGY_NAME)})
+            files.append((TOPOLOGY_NAME, topology_xml.encode("utf-8")))
+        else:
+            check_path_variables(clean)
+        files += [
+            (SH_NAME, render_sh(clean, prov, generation=generation).encode("utf-8")),
+            (ENV_NAME, render_env(clean, prov, generation=generation).encode("utf-8")),
+            (JSON_NAME, render_json(clean, prov, generation=generation).encode("utf-8")),
+        ]
+        building = gen_dir / f".{generation}{TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(building, 0o700)
+            _write_generation(building, files)
+            os.chmod(building, 0o755)
+            os.rename(building, final)
+            fsync_dir(gen_dir)
+        except BaseException as exc:
+            shutil.rmtree(building, ignore_errors=True)
+            if isinstance(exc, OSError) and not isinstance(exc, PublishError):
+                raise PublishError(final, exc) from exc
+            raise
+        # The one switch: readers resolve `current` once and see generation N or N+1, whole.
+        _switch_link(out_dir / CURRENT_NAME, f"{GENERATIONS_DIR}/{generation}")
+        for name in PUBLISHED_NAMES:
+            _switch_link(out_dir / name, f"{CURRENT_NAME}/{name}")
+        fsync_dir(out_dir)
+        _prune(out_dir, KEEP_GENERATIONS, generation)
+
+    log.info("published generation %d (%d variables) into %s", generation, len(clean), out_dir)
+    return PublishedFiles(sh_path=out_dir / SH_NAME, env_path=out_dir / ENV_NAME, json_path=out_dir / JSON_NAME,
+                          generation=generation,
+                          topology_path=final / TOPOLOGY_NAME if topology_xml is not None else None)
+
+
+@dataclass(frozen=True)
+class PublishedSet:
+    """One generation as read back and checked: every file of it, of the same generation."""
+
+    directory: Path
+    generation: int
+    env: dict[str, str]
+    provenance: dict[str, Any]
+    texts: dict[str, str]
+
+
+def _read_trusted(path: Path, what: str) -> bytes:
+    """Read a published file: no symlink, regular, trusted owner and mode, at most 1 MiB.
+
+    Raises:
+        InputError: refused by the trust rule or too large (exit 78).
+        PublishError: it cannot be read (exit 1).
+    """
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
+        fd = trust.open_file(path, os.O_RDONLY, what)
     except OSError as exc:
         raise PublishError(path, exc, action="cannot read") from exc
+    try:
+        data = os.read(fd, MAX_PUBLISHED_BYTES + 1)
+    except OSError as exc:
+        raise PublishError(path, exc, action="cannot read") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PUBLISHED_BYTES:
+        raise InputError(str(path), f"larger than {MAX_PUBLISHED_BYTES} bytes; not a file nccltune wrote")
+    return data
+
+
+def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InputError(where, f"not UTF-8 (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise InputError(where, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
+    except RecursionError as exc:
+        raise InputError(where, "JSON nested too deeply") from exc
     if not isinstance(doc, dict):
         raise InputError(where, "expected a JSON object")
     version = doc.get("schema_version")
@@ -642,6 +642,122 @@ def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | Non
     if not isinstance(prov, dict):
         raise InputError(where, "'provenance' must be an object")
     return validate_env(env, source=where), prov
+
+
+_SH_LINE = re.compile(r"export ([A-Z0-9_]+)='([^']*)'")
+_ENV_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
+
+
+def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int | None]:
+    """Check a published nccl.sh (``kind`` "sh") or nccl.env ("env") line by line, as nccltune
+    writes them: comments without control characters, and one assignment per line with a
+    publishable name and value. Returns (variables, generation from the header).
+
+    Raises:
+        InputError: any other line, naming the file and line (exit 78): an appended command
+            must never come out of ``nccltune env``.
+    """
+    pattern = _SH_LINE if kind == "sh" else _ENV_LINE
+    found: dict[str, str] = {}
+    generation: int | None = None
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if line == "" and lineno == text.count("\n") + 1:
+            break
+        if line.startswith("#"):
+            if any(unicodedata.category(ch).startswith("C") for ch in line):
+                raise InputError(where, "a comment holds a control character", line=lineno)
+            if line.startswith("# generation: ") and line[14:].isdigit():
+                generation = int(line[14:])
+            continue
+        match = pattern.fullmatch(line)
+        if match is None:
+            raise InputError(where, "not a line nccltune writes (only comments and assignments)", line=lineno,
+                             hint="the file was changed after it was published; re-run nccltune sweep")
+        name, value = match.groups()
+        validate_env({name: value}, source=f"{where}:{lineno}")
+        found[name] = value
+    return found, generation
+
+
+def read_set(out_dir: Path) -> PublishedSet | None:
+    """Read the published set as one unit: resolve ``current`` once, read every file from that
+    generation directory, and check each one (trust rule, content, generation). None when
+    nothing is published.
+
+    A directory in the older layout (regular nccl.* files, no ``current``) is read the same way
+    from ``out_dir`` itself.
+
+    Raises:
+        InputError: a file may not be trusted, is malformed, or belongs to another generation
+            than the rest of the set (a mixed set), naming the file (exit 78).
+        PublishError: a file cannot be read (exit 1).
+    """
+    out_dir = Path(out_dir)
+    current = out_dir / CURRENT_NAME
+    if os.path.lexists(current):
+        number = _current_generation(out_dir)
+        if number is None:
+            raise InputError(str(current), f"not a link to {GENERATIONS_DIR}/<number>",
+                             hint="re-run nccltune sweep")
+        directory = out_dir / GENERATIONS_DIR / str(number)
+        for path, what in ((out_dir, "publish directory"), (out_dir / GENERATIONS_DIR, "generations directory"),
+                           (directory, "generation directory")):
+            try:
+                trust.check_dir(path, what)
+            except FileNotFoundError as exc:
+                raise InputError(str(current), f"points at the missing {directory}",
+                                 hint="re-run nccltune sweep") from exc
+    else:
+        number = None
+        directory = out_dir
+        if not os.path.lexists(out_dir / JSON_NAME):
+            return None
+        try:
+            trust.check_dir(out_dir, "publish directory")
+        except FileNotFoundError:
+            return None
+    json_path = directory / JSON_NAME
+    try:
+        raw = _read_trusted(json_path, "published file")
+    except PublishError as exc:
+        if number is None and exc.errno == errno.ENOENT:
+            return None
+        raise
+    env, prov = _parse_json_doc(raw, str(json_path))
+    generation = prov.get("generation")
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        generation = None
+    if number is not None and generation != number:
+        raise InputError(str(json_path), f"records generation {generation!r} but lies in generation {number}: "
+                         "a mixed set", hint="re-run nccltune sweep")
+    texts = {JSON_NAME: raw.decode("utf-8")}
+    for name, kind in ((SH_NAME, "sh"), (ENV_NAME, "env")):
+        path = directory / name
+        try:
+            text = _read_trusted(path, "published file").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(str(path), f"not UTF-8 (byte {exc.start})") from exc
+        found, file_generation = parse_lines(text, str(path), kind)
+        if file_generation != generation:
+            raise InputError(str(path), f"is of generation {file_generation} but {json_path.name} of generation "
+                             f"{generation}: a mixed set", hint="re-run nccltune sweep")
+        if found != env:
+            raise InputError(str(path), f"does not hold the variables of {json_path.name}: a mixed or edited set",
+                             hint="re-run nccltune sweep")
+        texts[name] = text
+    return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts)
+
+
+def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """Read back nccl.json of the published set: (env, provenance), or None when nothing is published.
+
+    Raises:
+        InputError: nccl.json is corrupt, of an unknown schema, or holds an unpublishable
+            variable, or the set is mixed or untrusted (exit 78).
+        PublishError: nccl.json exists but cannot be read (exit 1).
+    """
+    got = read_set(out_dir)
+    return None if got is None else (got.env, got.provenance)
 
 
 # -- NCCL conf file --------------------------------------------------------------------------
@@ -732,14 +848,33 @@ def _read_conf(path: Path) -> tuple[bytes, os.stat_result | None]:
 def _write_conf(target: Path, data: bytes, st: os.stat_result | None) -> None:
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     owner = (st.st_uid, st.st_gid) if st is not None else None
-    _atomic_write(target, data, mode, owner)
-    clean_stale_temps(target.parent, f".{target.name}{_TEMP_INFIX}*")
+    replace_file(target, data, mode, owner)
+    clean_stale_temps(target.parent, f".{target.name}{TEMP_INFIX}*")
 
 
 def _conf_target(path: Path) -> Path:
-    # /etc/nccl.conf is often a symlink managed by configuration management: edit the file it points
-    # to and keep the link, rather than replacing the link with a regular file.
-    return Path(os.path.realpath(path))
+    """The file to edit for ``path``, after the trust rule.
+
+    /etc/nccl.conf is often a symlink managed by configuration management: edit the file it points
+    to and keep the link, rather than replacing the link with a regular file. But root appends its
+    block only where nobody else could have pointed it: the real file (when it exists) and its
+    directory must pass the trust rule, or nothing is written.
+
+    Raises:
+        InputError: the target or its directory is owned or writable by another user (exit 78).
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        trust.check_dir(target.parent, "NCCL conf file's directory")
+        if os.path.lexists(target):
+            trust.check_file(target, "NCCL conf file")
+    except FileNotFoundError:
+        pass  # reading or writing it names what is missing
+    except InputError as exc:
+        if target != Path(path):
+            raise InputError(str(path), f"is a link to {exc.message}") from exc
+        raise
+    return target
 
 
 def update_nccl_conf(path: Path, env: Mapping[str, str], prov: Provenance) -> None:
@@ -814,3 +949,74 @@ def remove_nccl_conf_block(path: Path) -> bool:
     _write_conf(target, b"".join(lines[:begin] + lines[end + 1 :]), st)
     log.info("removed the nccltune block from %s", path)
     return True
+
+
+# -- before the first trial ------------------------------------------------------------------
+
+# Variables that make NCCL load code or open a file by path. nccltune publishes none of them
+# except NCCL_TOPO_FILE, and that one only as the topology file it wrote into the generation
+# itself (publish(..., topology_xml=...)) or as a file root could trust (see module docstring).
+PATH_VARIABLES = frozenset({
+    "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_RAS_PLUGIN",
+    "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_CONF_FILE", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
+    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE",
+})
+
+
+def check_path_variables(env: Mapping[str, str], where: Mapping[str, str] | None = None,
+                         *, default_where: str = "environment", existing: bool = False) -> None:
+    """Refuse a variable that would make every job load a library or open a file someone chose:
+    any of PATH_VARIABLES but NCCL_TOPO_FILE, and NCCL_TOPO_FILE unless it is an absolute path
+    (with ``existing``, as a config pin is checked: of an existing regular file that passes the
+    trust rule; what nccltune publishes itself is its own file, written just before).
+
+    Raises:
+        InputError: naming the variable and where it was set (exit 78).
+    """
+    for name in sorted(env):
+        if name not in PATH_VARIABLES:
+            continue
+        source = (where or {}).get(name, default_where)
+        if name != "NCCL_TOPO_FILE":
+            raise InputError(source, f"{name}: nccltune does not publish variables that load code or name "
+                             "files", hint="set it in the job's own environment if it is really wanted")
+        value = env[name]
+        if not os.path.isabs(value):
+            raise InputError(source, f"{name}: {value!r} is not an absolute path")
+        if not existing:
+            continue
+        try:
+            trust.check_file(value, "topology file")
+            trust.check_dir(os.path.dirname(value), "topology file's directory")
+        except OSError as exc:
+            raise InputError(source, f"{name}: {value}: {exc.strerror}") from exc
+        except InputError as exc:
+            raise InputError(source, f"{name}: {exc.message}") from exc
+
+
+def preflight(out_dir: Path, env_values: Mapping[str, str], where: Mapping[str, str]) -> None:
+    """Check before the first trial everything that would stop the publish after the last one:
+    each value that will be published as it is (config pins, policy), and the publish directory.
+
+    ``where`` maps a variable to where it was set ("config.yaml:12"), for the message.
+
+    Raises:
+        InputError: an unpublishable name or value, a variable that names code or files, or a
+            publish directory that is not a directory, not trusted or not writable (exit 78).
+    """
+    for name in sorted(env_values):
+        validate_env({name: env_values[name]}, source=where.get(name, "config"))
+    check_path_variables(env_values, where, default_where="config", existing=True)
+    out_dir = Path(out_dir)
+    probe = out_dir
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    what = "it" if probe == out_dir else str(probe)
+    if not probe.is_dir():
+        raise InputError(str(out_dir), f"cannot be the publish directory: {what} is not a directory",
+                         hint="set publish.dir (or --state-dir) to a directory")
+    if probe == out_dir:
+        trust.check_dir(out_dir, "publish directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(str(out_dir), f"cannot be the publish directory: {what} is not writable by this user "
+                         "(or read-only)", hint="choose another publish.dir or --state-dir, or fix its permissions")

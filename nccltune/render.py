@@ -185,6 +185,12 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str) 
     }
 
 
+def shown(value: str) -> str:
+    """A value from the environment or a config as one terminal-safe line: a newline or an escape
+    sequence is printed escaped (\\n, \\x1b), never acted on by the terminal."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value)
+
+
 def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str) -> str:
     lines = []
     if node.demo:
@@ -203,8 +209,8 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
         lines.append("")
         lines.append("Pinned (never swept, never removed; --unpin NAME to sweep one anyway):")
         for name, p in plan.pinned.items():
-            warn = f"  WARNING: {p.warning}" if p.warning else ""
-            lines.append(f"  {name}={p.value} (from the {p.source}){warn}")
+            warn = f"  WARNING: {shown(p.warning)}" if p.warning else ""
+            lines.append(f"  {name}={shown(p.value)} (from the {p.source}){warn}")
     if plan.policy:
         lines.append("")
         lines.append("Published by policy, not swept:")
@@ -214,8 +220,8 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
         lines.append("")
         lines.append("Pruned:")
         for pruned in plan.pruned:
-            what = pruned.name if pruned.value == "*" else f"{pruned.name}={pruned.value}"
-            lines.append(f"  {what}: {pruned.reason}")
+            what = pruned.name if pruned.value == "*" else f"{pruned.name}={shown(pruned.value)}"
+            lines.append(f"  {what}: {shown(pruned.reason)}")
     if plan.notes:
         lines.append("")
         lines.extend(f"Note: {n}" for n in plan.notes)

@@ -13,6 +13,8 @@ JSON columns are written with sorted keys, so that equal values are equal string
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -28,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from . import trust
+from .atomicfile import FileError
 from .errors import BusyError, InputError
 from .records import BACKENDS, TRIAL_STATUSES, Backend, Measurement, ReportRow, TrialStatus
 
@@ -48,11 +52,15 @@ _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
+_SQLITE_IOERR = 10
+_SQLITE_FULL = 13
 # Python 3.10 lacks `sqlite_errorcode` on exceptions; there the message is all there is.
 _CODE_BY_MESSAGE = {
     "database is locked": _SQLITE_BUSY,
     "database disk image is malformed": _SQLITE_CORRUPT,
     "file is not a database": _SQLITE_NOTADB,
+    "database or disk is full": _SQLITE_FULL,
+    "disk I/O error": _SQLITE_IOERR,
 }
 # Files SQLite keeps beside the database. They go aside with a corrupt file: SQLite replays a
 # leftover WAL or hot journal into whatever database next opens under the same name.
@@ -341,6 +349,42 @@ class Store:
     # -- opening ------------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
+        existed = os.path.lexists(self.path)
+        self._check_trust(existed)
+        try:
+            return self._open_checked()
+        except sqlite3.Error as exc:
+            code = _error_code(exc)
+            if not existed:
+                self._remove_new_file()
+            if code in (_SQLITE_FULL, _SQLITE_IOERR):
+                # Disk full or an I/O error is no bad config: exit 1 with the OS's words.
+                os_error = OSError(errno.ENOSPC if code == _SQLITE_FULL else errno.EIO,
+                                   "No space left on device" if code == _SQLITE_FULL else str(exc))
+                raise FileError(self.path, os_error, action="cannot write the history database") from exc
+            raise
+        except BaseException:
+            if not existed:
+                self._remove_new_file()
+            raise
+
+    def _check_trust(self, existed: bool) -> None:
+        """The database lives in the state directory root shares with nobody: refuse a symlinked,
+        foreign-owned or group/world-writable file there (sqlite would follow a link)."""
+        try:
+            trust.check_dir(self.path.parent, "state directory")
+            if existed:
+                trust.check_file(self.path, "history database")
+        except FileNotFoundError:
+            return  # sqlite's own error names what is missing
+
+    def _remove_new_file(self) -> None:
+        """A database this open created but could not finish must not stay behind empty."""
+        for suffix in ("", *_COMPANION_SUFFIXES):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path.with_name(self.path.name + suffix))
+
+    def _open_checked(self) -> sqlite3.Connection:
         try:
             try:
                 return self._connect()
@@ -353,6 +397,8 @@ class Store:
         except sqlite3.Error as exc:
             if _error_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED):
                 raise self._locked() from exc
+            if _error_code(exc) in (_SQLITE_FULL, _SQLITE_IOERR):
+                raise
             raise InputError(
                 str(self.path),
                 f"cannot open the history database: {exc}",

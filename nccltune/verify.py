@@ -21,8 +21,9 @@ from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
 from .publish import read_published
 from .store import Store
-from .trials.runner import Runner
+from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
+from .trust import ensure_dir
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
@@ -113,14 +114,15 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         source = f"published in {cfg.publish_dir}"
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)
-    state.mkdir(parents=True, exist_ok=True)
+    ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
+        reap_leftover_ranks(state / RANK_RECORD)
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
         engine = resolve_engine(cfg, node)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
-                        abort_check=abort_check)
+                        abort_check=abort_check, rank_record=state / RANK_RECORD)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node)

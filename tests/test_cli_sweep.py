@@ -267,7 +267,7 @@ def test_report_shows_the_last_sweep(demo: DemoSweep) -> None:
 
 def test_a_second_sweep_in_text_form_publishes_a_new_generation(demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(demo.state, state)
+    shutil.copytree(demo.state, state, symlinks=True)
     rc, out, err = cli("sweep", "--demo", *demo.args(state))
     assert rc == 0, err
     lines = out.strip().splitlines()
@@ -371,7 +371,7 @@ def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
         demo: DemoSweep, tmp_path: Path, pid_recording_python: tuple[Path, Path]) -> None:
     wrapper, record = pid_recording_python
     state = tmp_path / "state"
-    shutil.copytree(demo.state, state)
+    shutil.copytree(demo.state, state, symlinks=True)
     published = {p.name: p.read_bytes() for p in state.iterdir()
                  if p.name in ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")}
     assert {"nccl.sh", "nccl.env", "nccl.json"} <= set(published)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -642,3 +643,54 @@ def test_parse_config_names_its_source() -> None:
     with pytest.raises(InputError) as info:
         parse_config("bench:\n  iters: 0\n", "inline.yaml")
     assert str(info.value).startswith("inline.yaml:2: bench.iters")
+
+
+# -- bounded loading ------------------------------------------------------------------------------
+
+
+def _bomb(levels: int = 9) -> str:
+    lines = [f"l0: &l0 [{', '.join(['x'] * 9)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb())
+    assert path.stat().st_size < 600
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    got = subprocess.run([sys.executable, "-m", "nccltune", "sweep", "--plan", "--demo", "--config", str(path),
+                          "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60,
+                         env=env, check=False)
+    assert got.returncode == 78
+    assert f"{path}:" in got.stderr and "YAML aliases are expanded" in got.stderr
+    assert "Traceback" not in got.stderr
+
+
+def test_deeply_nested_yaml_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("sweep: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(InputError, match=str(path)):
+        load_config(path, required=True)
+    path.write_text("sweep:\n  pin: " + "{a: " * 100 + "x" + "}" * 100 + "\n")
+    with pytest.raises(InputError, match="nested deeper than 64 levels"):
+        load_config(path, required=True)
+
+
+def test_a_huge_config_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    path.write_text("# " + "x" * (2 << 20) + "\n")
+    with pytest.raises(InputError, match="larger than 1048576 bytes"):
+        load_config(path, required=True)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_special_file_as_config_is_refused_without_hanging(tmp_path: Path, special: str) -> None:
+    path = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(InputError, match="not a regular file"):
+        load_config(path, required=True)

@@ -222,7 +222,7 @@ class Env:
     def state_from(self, seeded: Path | None) -> Path:
         state = self.root / "state"
         if seeded is not None:
-            shutil.copytree(seeded, state)
+            shutil.copytree(seeded, state, symlinks=True)
         return state
 
     def snapshot(self) -> Path:
@@ -449,6 +449,24 @@ def test_sighup_keeps_the_old_config_when_the_new_one_is_invalid(env: Env, seede
     d.wait_log(r"sweeping: NCCL, nccltune or the sweep settings changed", 30)
     assert d.terminate() == 0
     assert_no_ranks_left(d)
+
+
+ALIAS_BOMB = "".join(
+    [f"l0: &l0 [{', '.join(['x'] * 9)}]\n"]
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9)]
+)
+
+
+def test_sighup_with_an_alias_bomb_is_refused_and_sigterm_still_stops(env: Env, seeded: Path) -> None:
+    state = env.state_from(seeded)
+    d = env.start(state)
+    ready = d.wait_ready()
+    assert len(ALIAS_BOMB) < 600
+    d.config.write_text(ALIAS_BOMB)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"ERROR .*new configuration is invalid, keeping the old one: .*daemon\.yaml:\d+: .*YAML aliases", 30)
+    d.wait_ready(30, after=ready + 1)
+    assert d.terminate() == 0
 
 
 # -- one daemon, one sweep at a time ---------------------------------------------------------------

@@ -69,7 +69,7 @@ class Harness:
         state = self.tmp_path / "state"
         nccl_version = None
         if seeded is not None:
-            shutil.copytree(seeded, state)
+            shutil.copytree(seeded, state, symlinks=True)
             nccl_version = seeded_nccl_version(state)
         cfg = self.tmp_path / "config.yaml"
         if not cfg.exists():

@@ -99,10 +99,20 @@ def test_exec_without_a_command_is_a_usage_error(args: list[str], seeded: Path) 
     assert "give a command after --" in err
 
 
-def test_exec_of_a_missing_command_is_a_usage_error(seeded: Path) -> None:
+def test_exec_of_a_missing_command_exits_127_like_a_shell(seeded: Path) -> None:
     got = nccltune_exec(seeded, "/nonexistent/command")
-    assert got.returncode == 2
+    assert got.returncode == 127
     assert "cannot run /nonexistent/command" in got.stderr
+    assert "Traceback" not in got.stderr
+
+
+def test_exec_of_a_file_without_the_run_bit_exits_126(seeded: Path, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    got = nccltune_exec(seeded, str(script))
+    assert got.returncode == 126
+    assert f"cannot run {script}" in got.stderr and got.stdout == ""
 
 
 def test_exec_with_nothing_published_runs_with_the_current_environment(tmp_path: Path) -> None:

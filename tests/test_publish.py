@@ -40,7 +40,8 @@ ENV = {
     "NCCL_BUFFSIZE": "4194304",
     "NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml",
     "NCCL_SOCKET_IFNAME": "=eth0",
-    "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p",
+    # %h.%p as NCCL_DEBUG_FILE would use it; NCCL_DEBUG_FILE itself is never published.
+    "NCCL_COMM_ID_NOTE": "nccl.%h.%p",
     "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1",
     "NCCL_X": "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:,=+^@%-",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -97,12 +98,23 @@ def make_prov(**overrides: object) -> Provenance:
     return Provenance(**fields)  # type: ignore[arg-type]
 
 
-def snapshot_dir(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+def snapshot_dir(directory: Path, *, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every entry below ``directory``: file bytes, or b"-> target" for a symlink (the published set
+    lives in generation directories, the well-known names are links)."""
+    found: dict[str, bytes] = {}
+    for path in sorted(directory.rglob("*")):
+        rel = str(path.relative_to(directory))
+        if rel in skip:
+            continue
+        if path.is_symlink():
+            found[rel] = b"-> " + os.readlink(path).encode()
+        elif path.is_file():
+            found[rel] = path.read_bytes()
+    return found
 
 
 def temps_in(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if ".tmp-" in p.name)
 
 
 def shells() -> list[str]:
@@ -320,9 +332,12 @@ def test_publish_writes_three_files_0644_and_increments_generation(tmp_path: Pat
     out = tmp_path / "state"
     first = publish(out, ENV, make_prov())
     assert first.generation == 1
-    assert sorted(p.name for p in out.iterdir()) == ["nccl.env", "nccl.json", "nccl.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["current", "generations", "nccl.env", "nccl.json", "nccl.sh"]
+    assert os.readlink(out / "current") == "generations/1"
     for path in (first.sh_path, first.env_path, first.json_path):
+        assert os.readlink(path) == f"current/{path.name}"
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE((out / "generations" / "1").stat().st_mode) == 0o755
     assert publish(out, ENV, make_prov()).generation == 2
     third = publish(out, {"NCCL_ALGO": "Ring"}, make_prov())
     assert third.generation == 3
@@ -364,22 +379,21 @@ def test_failure_while_preparing_leaves_every_old_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     publish(tmp_path, ENV, make_prov())
-    before = snapshot_dir(tmp_path)
+    before = snapshot_dir(tmp_path, skip=("generations/last",))
     real_fsync = os.fsync
-    calls = {"n": 0}
 
-    def fsync_third_fails(fd: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:  # the nccl.json temp: sh and env temps are complete by then
+    def fsync_json_fails(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("nccl.json"):  # sh and env are complete by then
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync_third_fails)
+    monkeypatch.setattr(os, "fsync", fsync_json_fails)
     with pytest.raises(PublishError) as info:
         publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
     assert "nccl.json" in str(info.value)
     assert "ENOSPC" in str(info.value)
-    assert snapshot_dir(tmp_path) == before
+    # The generation counter moved on (numbers are never reused); the published set did not.
+    assert snapshot_dir(tmp_path, skip=("generations/last",)) == before
     assert temps_in(tmp_path) == []
 
 
@@ -488,7 +502,7 @@ def test_read_only_directory_gives_publish_error(tmp_path: Path) -> None:
             pytest.skip("directory permissions are not enforced for this user (root)")
         with pytest.raises(PublishError) as info:
             publish(out, {"NCCL_ALGO": "Tree"}, make_prov())
-        assert str(out / "nccl.sh") in str(info.value)
+        assert str(out) in str(info.value)
         assert "Permission denied" in str(info.value)
     finally:
         out.chmod(0o755)
@@ -641,19 +655,37 @@ def test_conf_symlink_is_followed_and_kept(tmp_path: Path) -> None:
     assert "NCCL_ALGO=Ring" in real.read_text().splitlines()
 
 
-def test_failure_between_renames_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_at_the_switch_keeps_the_old_set_and_never_reuses_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     publish(tmp_path, ENV, make_prov())
+    before = snapshot_dir(tmp_path / "generations" / "1")
     real_replace = os.replace
 
-    def replace_env_fails(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        if str(dst).endswith("nccl.env"):
+    def switch_fails(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if str(dst).endswith("/current"):
             raise OSError(errno.EIO, "Input/output error")
         real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", replace_env_fails)
-    with pytest.raises(PublishError, match=r"nccl.env: cannot write: .*already replaced: nccl.sh"):
+    monkeypatch.setattr(os, "replace", switch_fails)
+    with pytest.raises(PublishError, match=r"current: cannot write: .*EIO"):
         publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
     assert temps_in(tmp_path) == []
     monkeypatch.undo()
-    # nccl.json still names the previous generation, so the next publish completes the set.
-    assert publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov()).generation == 2
+    assert read_published(tmp_path) is not None
+    assert read_published(tmp_path)[0] == ENV  # type: ignore[index]
+    assert snapshot_dir(tmp_path / "generations" / "1") == before
+    assert publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov()).generation == 3
+
+
+@pytest.mark.parametrize("name", ["NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG_FILE", "NCCL_CONF_FILE",
+                                  "NCCL_GRAPH_FILE", "NCCL_TOPO_DUMP_FILE"])
+def test_variables_that_load_code_or_name_files_are_never_published(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputError, match=f"{name}: nccltune does not publish variables that load code"):
+        publish(tmp_path / "state", {"NCCL_ALGO": "Ring", name: "/tmp/x.so"}, make_prov())
+    assert not (tmp_path / "state" / "current").exists()
+
+
+def test_a_relative_topology_file_is_never_published(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"NCCL_TOPO_FILE: 'topo\.xml' is not an absolute path"):
+        publish(tmp_path, {"NCCL_TOPO_FILE": "topo.xml"}, make_prov())

@@ -141,6 +141,8 @@ def test_wrapper_sources_trusted_file(shell: list[str], fake_torchrun: Path, env
     [
         (0o664, 0o755, "the file is group-writable"),
         (0o646, 0o755, "the file is world-writable"),
+        (0o666, 0o755, "the file is world-writable"),
+        (0o644, 0o777, "the directory is world-writable"),
         (0o644, 0o775, "the directory is group-writable"),
         (0o644, 0o757, "the directory is world-writable"),
     ],
@@ -188,6 +190,50 @@ def test_wrapper_refuses_symlink(fake_torchrun: Path, env_dir: Path) -> None:
     proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "nccl.sh")
     assert proc.stdout == ARGS
     assert "not a regular file" in proc.stderr
+
+
+def _published_set(state: Path, env: dict[str, str]) -> None:
+    from nccltune.publish import Provenance, publish
+
+    publish(state, env, Provenance("0", "now", "f", None, "nccl", False, None))
+
+
+@requires_root
+@SHELLS
+def test_wrapper_sources_a_published_set_through_its_links(
+    shell: list[str], fake_torchrun: Path, env_dir: Path
+) -> None:
+    _published_set(env_dir, {"NCCL_ALGO": "Ring"})
+    _published_set(env_dir, {"NCCL_ALGO": "Tree"})
+    proc = run_wrapper(shell, fake_torchrun, env_dir / "nccl.sh")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == ARGS + "NCCL_ALGO=Tree\n"
+    prolog = run_prolog(shell, env_dir / "nccl.env")
+    assert (prolog.stdout, prolog.stderr) == ("export NCCL_ALGO=Tree\n", "")
+
+
+@requires_root
+@SHELLS
+def test_launchers_refuse_a_mixed_set(shell: list[str], fake_torchrun: Path, env_dir: Path) -> None:
+    _published_set(env_dir, {"NCCL_ALGO": "Ring"})
+    _published_set(env_dir, {"NCCL_ALGO": "Tree"})
+    for name in ("nccl.sh", "nccl.env"):
+        shutil.copy(env_dir / "generations" / "1" / name, env_dir / "generations" / "2" / name)
+    proc = run_wrapper(shell, fake_torchrun, env_dir / "nccl.sh")
+    assert proc.stdout == ARGS
+    assert "not of generation 2" in proc.stderr and "mixed set" in proc.stderr
+    prolog = run_prolog(shell, env_dir / "nccl.env")
+    assert prolog.stdout == "" and "mixed set" in prolog.stderr
+
+
+@requires_root
+@pytest.mark.parametrize("where", ["generations", "generations/1"])
+def test_launchers_check_every_directory_of_the_set(fake_torchrun: Path, env_dir: Path, where: str) -> None:
+    _published_set(env_dir, {"NCCL_ALGO": "Ring"})
+    (env_dir / where).chmod(0o777)
+    proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "nccl.sh")
+    assert proc.stdout == ARGS and "world-writable" in proc.stderr
+    assert run_prolog(["/bin/sh"], env_dir / "nccl.env").stdout == ""
 
 
 @requires_root

@@ -43,7 +43,7 @@ WIDE_THRESHOLD = "90"
 @pytest.fixture
 def state(seeded: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "state"
-    shutil.copytree(seeded, copy)
+    shutil.copytree(seeded, copy, symlinks=True)
     return copy
 
 

@@ -28,6 +28,7 @@ from ..publish import Provenance, atomic_write, publish, read_published
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
+from ..trust import ensure_dir
 from ..verify import run_verify
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,9 @@ def read_config(path: Path | None, overrides: dict[str, object]) -> Config:
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Create the state directory (history, locks, published files by default) if it is missing."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """Create the state directory (history, locks, published files by default) if it is missing,
+    0755, and refuse one another user could write (trust.ensure_dir)."""
+    ensure_dir(state_dir, "state directory")
 
 
 def daemon_lock(state_dir: Path) -> SweepLock:
@@ -189,16 +191,17 @@ def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at
 
     Returns the published generation.
     """
-    atomic_write(cfg.topology_file, render_xml(node.topo.system))
-    env = {"NCCL_TOPO_FILE": str(cfg.topology_file), POLICY_VAR: str(cfg.sweep.async_error_handling),
-           **cfg.sweep.pin}
+    xml_text = render_xml(node.topo.system)
+    atomic_write(cfg.topology_file, xml_text)  # the stable-path copy (see pipeline.write_topology_file)
+    env = {POLICY_VAR: str(cfg.sweep.async_error_handling), **cfg.sweep.pin}
     prov = Provenance(
         nccltune_version=__version__,
         created_at=created_at.astimezone(_dt.timezone.utc).isoformat(timespec="seconds"),
         topology_fingerprint=node.fingerprint, nccl_version=nccl.version,
         backend=node.backend, demo=node.demo, profile=None,
         note=f"safe environment: {why}; tuning pending", tuning_fingerprint=None, state="safe")
-    return publish(cfg.publish_dir, env, prov).generation
+    # The topology file goes into the generation with the rest: NCCL_TOPO_FILE names that copy.
+    return publish(cfg.publish_dir, env, prov, topology_xml=xml_text).generation
 
 
 # -- measuring ------------------------------------------------------------------------------------

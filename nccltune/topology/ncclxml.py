@@ -10,18 +10,23 @@ the only user of lxml.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from lxml import etree
 
 from ..errors import InputError
+from ..inputfile import read_input_file
 from .model import Topology, XNode, from_xml_tree
 
 MAX_ELEMENTS = 256  # NCCL_TOPO_XML_MAX_NODES
 MAX_ATTRS = 16
 MAX_VALUE_LEN = 253  # 254 fails: "value ... too long (max 255)"
 MAX_CHILDREN = 640
+# 256 elements of 16 short attributes stay far below this; a larger file is no NCCL topology.
+MAX_XML_BYTES = 4 << 20
 # Elements NCCL's parser handles, by parent; anything else is skipped with its subtree.
 HANDLED = {
     "system": {"cpu"},
@@ -224,18 +229,29 @@ def load_xml(path: str | Path) -> Topology:
     """Read an NCCL topology file into the model. Raises InputError (exit 78)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = read_input_file(p, MAX_XML_BYTES, "topology XML")
     except OSError as exc:
         raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(str(p), "not a text file") from exc
+        raise InputError(str(p), "not a text file (not UTF-8)", line=raw[: exc.start].count(b"\n") + 1) from exc
     return from_xml_tree(parse_xml(text, str(p)), source=f"xml:{p}")
 
 
 def looks_like_xml(path: str | Path) -> bool:
+    """Whether a regular file starts like XML. Anything else (a FIFO, a device) is not looked
+    into here, so that the loader refuses it instead of a read hanging."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(256).lstrip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 256).lstrip()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return head.startswith(b"<")

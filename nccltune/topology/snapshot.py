@@ -11,9 +11,14 @@ from ..errors import InputError
 from ..hw.nvml import read_nvml
 from ..hw.sysfs import read_sysfs
 from ..hw.types import SNAPSHOT_SCHEMA_VERSION, Snapshot, SnapshotFormatError, from_dict, to_dict
+from ..inputfile import read_input_file
 from ..names import short_hostname
 
 SNAPSHOT_KIND = "nccltune-snapshot"
+# NCCL_TOPO_MAX_NODES: the most nodes of one kind (GPUs among them) NCCL's topology holds.
+MAX_GPUS = 256
+# A recorded node is tens of KiB; far beyond that is no snapshot.
+MAX_SNAPSHOT_BYTES = 64 << 20
 
 
 def record_snapshot(sysfs_root: str | os.PathLike[str] = "/", description: str | None = None) -> Snapshot:
@@ -49,6 +54,8 @@ def parse_snapshot(text: str, path: str = "<snapshot>") -> Snapshot:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
+    except RecursionError as exc:
+        raise InputError(path, "JSON nested too deeply to be a snapshot") from exc
     if not isinstance(doc, dict):
         raise InputError(path, "a snapshot is a JSON object")
     kind = doc.pop("kind", None)
@@ -61,18 +68,51 @@ def parse_snapshot(text: str, path: str = "<snapshot>") -> Snapshot:
             f"unknown snapshot schema_version {version!r}; this nccltune reads version {SNAPSHOT_SCHEMA_VERSION}",
         )
     try:
-        return from_dict(Snapshot, doc)
+        snap = from_dict(Snapshot, doc)
     except SnapshotFormatError as exc:
         raise InputError(path, f"bad snapshot field {exc.where}: {str(exc).split(': ', 1)[1]}") from exc
+    except RecursionError as exc:
+        raise InputError(path, "JSON nested too deeply to be a snapshot") from exc
+    validate_snapshot(snap, path)
+    return snap
+
+
+def validate_snapshot(snap: Snapshot, path: str) -> None:
+    """What no real node can show, refused for every use of a snapshot alike (`topo --input`,
+    `topo diff`, `sweep --plan` and the sweep itself all load through parse_snapshot).
+
+    Raises:
+        InputError: more GPUs than NCCL's topology holds, or two GPUs with the same bus id or
+            index (the XML would get two identical <pci>), naming the JSON path (exit 78).
+    """
+    gpus = snap.nvml.gpus
+    if len(gpus) > MAX_GPUS:
+        raise InputError(path, f"nvml.gpus: {len(gpus)} GPUs; NCCL's topology of one node holds at most {MAX_GPUS}")
+    seen_bus: dict[str, int] = {}
+    seen_index: dict[int, int] = {}
+    for i, gpu in enumerate(gpus):
+        bus = gpu.bus_id.lower()
+        if bus in seen_bus:
+            raise InputError(path, f"nvml.gpus[{i}].bus_id: {gpu.bus_id} is also the bus id of "
+                             f"nvml.gpus[{seen_bus[bus]}]")
+        if gpu.index in seen_index:
+            raise InputError(path, f"nvml.gpus[{i}].index: {gpu.index} is also the index of "
+                             f"nvml.gpus[{seen_index[gpu.index]}]")
+        seen_bus[bus] = i
+        seen_index[gpu.index] = i
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Load a snapshot file. Raises InputError (exit 78) on any fault, naming the file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = read_input_file(p, MAX_SNAPSHOT_BYTES, "snapshot")
     except OSError as exc:
         raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(str(p), "not UTF-8 text (not a snapshot)", line=raw[: exc.start].count(b"\n") + 1) from exc
     return parse_snapshot(text, str(p))
 
 

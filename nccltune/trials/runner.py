@@ -10,6 +10,7 @@ processes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -24,9 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import NccltuneError, UnavailableError
+from .. import trust
+from ..atomicfile import atomic_write
+from ..errors import InputError, NccltuneError, UnavailableError
+from ..hw.proc import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
+from ..trust import ensure_dir
 from . import nccltests
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,61 @@ _EXIT_SETUP = 4
 # What NCCL logs during a trial: enough to tell versions, transports, topology file use and
 # the algorithm/protocol per size, into a file so that stdout stays clean JSON lines.
 NCCL_DEBUG_SUBSYS = "INIT,ENV,GRAPH,TUNING,NET,P2P,SHM"
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The rank record's name in the state directory (see reap_leftover_ranks).
+RANK_RECORD = "ranks.running"
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn that asks the kernel to SIGKILL the child when its parent dies, and exits at
+    once if the parent is already gone (it died between fork and prctl)."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return arm
+
+
+def reap_leftover_ranks(record: Path) -> list[int]:
+    """End the ranks an earlier sweep left running, as its rank record lists them; return their pids.
+
+    A pid counts only if its start time still matches the record, so a reused pid is never hit.
+    Call it holding the sweep lock: then no live sweep owns those ranks. The record is emptied.
+
+    Raises:
+        InputError: the record may not be trusted (a symlink, another owner), exit 78.
+    """
+    try:
+        fd = trust.open_file(record, os.O_RDONLY, "rank record")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.warning("cannot read the rank record %s: %s", record, exc)
+        return []
+    try:
+        text = os.read(fd, 1 << 16).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+    killed: list[int] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            continue
+        pid, started = int(parts[0]), int(parts[1])
+        if pid <= 1 or start_time_ticks(pid) != started:
+            continue
+        log.warning("ending rank process %d left running by an earlier sweep", pid)
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    atomic_write(record, "")
+    return killed
 
 
 class TrialAborted(NccltuneError):
@@ -70,6 +130,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_python(configured: str) -> None:
+    """Refuse a worker interpreter that cannot be one, before anything is measured or written.
+
+    Raises:
+        UnavailableError: it does not exist (exit 69).
+        InputError: a directory, or a file without the run bit (exit 78).
+    """
+    found = shutil.which(configured)
+    if found is None and not Path(configured).exists():
+        raise UnavailableError(f"bench.python {configured!r} does not exist")
+    target = Path(found or configured)
+    # A directory or a file without the run bit would fail in every rank's exec: say so once.
+    if target.is_dir():
+        raise InputError("bench.python (--python)", f"{configured} is a directory, not an interpreter")
+    if not os.access(target, os.X_OK):
+        raise InputError("bench.python (--python)", f"{configured} is not executable (no run bit)",
+                         hint=f"chmod +x {configured}, or name the interpreter your jobs use")
+
+
 def find_worker_python(configured: str | None) -> str:
     """The interpreter that runs the worker: configured, this one if it has torch, or python3.
 
@@ -77,8 +156,7 @@ def find_worker_python(configured: str | None) -> str:
         UnavailableError: no interpreter with torch was found (exit 69).
     """
     if configured:
-        if shutil.which(configured) is None and not Path(configured).exists():
-            raise UnavailableError(f"bench.python {configured!r} does not exist")
+        check_python(configured)
         return configured
     import importlib.util
 
@@ -112,8 +190,10 @@ class Runner:
         nccl_debug: bool = True,
         abort_check: Callable[[], str | None] | None = None,
         nccl_tests: str | None = None,
+        rank_record: Path | None = None,
     ) -> None:
-        """`nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker."""
+        """`nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
+        `rank_record`: file listing the running ranks (see reap_leftover_ranks)."""
         self.python = python
         self.backend = backend
         self.nranks = nranks
@@ -124,6 +204,7 @@ class Runner:
         self.nccl_debug = nccl_debug
         self.abort_check = abort_check
         self.nccl_tests = nccl_tests
+        self.rank_record = rank_record
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
 
@@ -147,7 +228,7 @@ class Runner:
         `collectives`: what the worker measures (collectives.NAMES), each over all sizes."""
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(trial_dir, "trial directory")
         env = self.trial_env(candidate)
         if self.nccl_debug and self.backend == "nccl":
             env["NCCL_DEBUG"] = "INFO"
@@ -185,11 +266,42 @@ class Runner:
         return self._collect(trial_dir, status, reason, wall)
 
     def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str]) -> None:
-        """Start one process in its own session (so its whole group can be killed), output to files."""
+        """Start one process in its own session (so its whole group can be killed), output to files.
+
+        The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL): a kill -9 of the sweep or the
+        daemon must not leave ranks holding the GPUs. It is also written to the rank record, so
+        that the next sweep ends it should the death signal not reach it (see reap_leftover_ranks).
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
         # The child holds its own copies of these descriptors; ours close right away.
-        with open(trial_dir / f"{name}.out", "wb") as out, open(trial_dir / f"{name}.err", "wb") as err:
-            self._procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, cwd=trial_dir))
+        out = os.open(trial_dir / f"{name}.out", flags, 0o644)
+        try:
+            err = os.open(trial_dir / f"{name}.err", flags, 0o644)
+            try:
+                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=trial_dir,
+                                        preexec_fn=_die_with_parent(os.getpid()))
+            except OSError as exc:
+                # Not an interpreter after all (exec format error, no permission): the setting is wrong.
+                raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
+            finally:
+                os.close(err)
+        finally:
+            os.close(out)
+        self._procs.append(proc)
+        self._record_ranks()
+
+    def _record_ranks(self) -> None:
+        """Rewrite the rank record: one "pid start_time" line per live rank of this runner."""
+        if self.rank_record is None:
+            return
+        lines = []
+        for p in self._procs:
+            if p.poll() is None:
+                started = start_time_ticks(p.pid)
+                if started is not None:
+                    lines.append(f"{p.pid} {started}\n")
+        atomic_write(self.rank_record, "".join(lines))
 
     def _run_nccl_tests(self, trial_dir: Path, env: dict[str, str], sizes: Sequence[int], warmup: int,
                         iters: int, started: float) -> TrialResult:
@@ -247,7 +359,7 @@ class Runner:
             time.sleep(0.05)
 
     def kill(self) -> None:
-        """Kill every rank's process group and reap them."""
+        """Kill every rank's process group, reap them and empty the rank record."""
         for p in self._procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -257,6 +369,8 @@ class Runner:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 log.warning("rank process %d did not exit after SIGKILL", p.pid)
+        with contextlib.suppress(NccltuneError):
+            self._record_ranks()
 
     def _collect(self, trial_dir: Path, status: TrialStatus, reason: str | None, wall: float) -> TrialResult:
         sizes: list[Measurement] = []

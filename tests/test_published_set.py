@@ -1,0 +1,183 @@
+"""The published set as readers see it: never mixed, never edited, never from an untrusted file.
+
+Real publishes, real processes killed with SIGKILL and SIGTERM in the middle of a publish, the
+real CLI (`nccltune env`, `exec`, `doctor`) and the real launchers reading the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.publish import Provenance, publish, read_published, read_set
+
+REPO = Path(__file__).resolve().parents[1]
+NOBODY = 65534
+
+
+def prov(**kw: object) -> Provenance:
+    fields: dict[str, object] = dict(nccltune_version="0", created_at="2026-01-01T00:00:00+00:00",
+                                     topology_fingerprint="f", nccl_version=None, backend="gloo", demo=True,
+                                     profile=None)
+    fields.update(kw)
+    return Provenance(**fields)  # type: ignore[arg-type]
+
+
+def cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "nccltune", *args[:1], "--state-dir", str(state), *args[1:]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def two_generations(state: Path) -> None:
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish(state, {"NCCL_ALGO": "Tree"}, prov())
+
+
+# -- one unit --------------------------------------------------------------------------------------
+
+
+def test_mixed_set_is_refused_by_env_exec_and_doctor(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    two_generations(state)
+    # What the old per-file renames left after a kill: nccl.env of another generation.
+    shutil.copy(state / "generations" / "1" / "nccl.env", state / "generations" / "2" / "nccl.env")
+    for args in (("env", "--format", "env"), ("env", "--format", "sh"), ("exec", "--", "true")):
+        got = cli(state, *args)
+        assert got.returncode == EXIT_CONFIG, (args, got.stderr)
+        assert "mixed" in got.stderr and "nccl.env" in got.stderr and got.stdout == ""
+        assert "Traceback" not in got.stderr
+    got = cli(state, "doctor", "--demo", "--json")
+    doc = json.loads(got.stdout)
+    assert "published-mixed" in {f["code"] for f in doc["findings"]}
+
+
+def test_an_appended_command_never_comes_out_of_env(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    sh = state / "generations" / "1" / "nccl.sh"
+    with open(sh, "a") as fh:
+        fh.write("touch /tmp/nccltune-owned\n")
+    got = cli(state, "env")
+    assert got.returncode == EXIT_CONFIG
+    assert f"{sh}:" in got.stderr and "not a line nccltune writes" in got.stderr
+    assert "touch" not in got.stdout
+
+
+@pytest.mark.parametrize(("mode", "word"), [(0o666, "world-writable"), (0o664, "group-writable")])
+def test_env_and_exec_refuse_a_writable_published_file(tmp_path: Path, mode: int, word: str) -> None:
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    (state / "generations" / "1" / "nccl.json").chmod(mode)
+    for args in (("env",), ("exec", "--", "true")):
+        got = cli(state, *args)
+        assert got.returncode == EXIT_CONFIG and word in got.stderr, got.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_env_and_exec_refuse_a_file_owned_by_another_user(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    os.chown(state / "generations" / "1" / "nccl.sh", NOBODY, NOBODY)
+    got = cli(state, "env")
+    assert got.returncode == EXIT_CONFIG and f"uid {NOBODY}" in got.stderr
+    assert cli(state, "exec", "--", "true").returncode == EXIT_CONFIG
+
+
+def test_topology_file_is_part_of_the_set_and_outlives_the_next_publish(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = publish(state, {"NCCL_ALGO": "Ring", "NCCL_TOPO_FILE": "/x.xml"}, prov(), topology_xml="<system/>\n")
+    assert first.topology_path == state / "generations" / "1" / "ncclTopology.xml"
+    env, _ = read_published(state)  # type: ignore[misc]
+    assert env["NCCL_TOPO_FILE"] == str(first.topology_path)
+    publish(state, {"NCCL_ALGO": "Tree"}, prov())
+    assert first.topology_path.read_text() == "<system/>\n"  # a job started on generation 1 keeps it
+
+
+def test_old_generations_are_pruned_but_numbers_never_repeat(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    for _ in range(7):
+        last = publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    assert last.generation == 7
+    assert sorted(int(n) for n in os.listdir(state / "generations") if n.isdigit()) == [4, 5, 6, 7]
+    shutil.rmtree(state / "generations" / "7")
+    os.unlink(state / "current")
+    os.symlink("generations/6", state / "current")
+    assert publish(state, {"NCCL_ALGO": "Ring"}, prov()).generation == 8
+
+
+def test_a_regular_file_layout_is_taken_over(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "nccl.json").write_text(json.dumps({"schema_version": 1, "env": {"NCCL_ALGO": "Ring"},
+                                                 "provenance": {"generation": 41}}))
+    assert publish(state, {"NCCL_ALGO": "Tree"}, prov()).generation == 42
+    assert os.readlink(state / "nccl.json") == "current/nccl.json"
+
+
+_PUBLISHER = """
+import os, sys, time
+from pathlib import Path
+from nccltune import publish as pub
+state = Path(sys.argv[1])
+real_replace, real_rename = os.replace, os.rename
+def slow(fn):
+    def run(a, b, *k):
+        time.sleep(0.01)
+        return fn(a, b, *k)
+    return run
+os.replace, os.rename = slow(real_replace), slow(real_rename)
+prov = pub.Provenance('0', 'now', 'f', None, 'gloo', True, None)
+n = 0
+while True:
+    n += 1
+    pub.publish(state, {'NCCL_ALGO': 'Ring', 'NCCL_BUFFSIZE': str(1000 + n)}, prov)
+    print(n, flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_publisher_killed_mid_publish_never_leaves_a_mixed_set(tmp_path: Path, sig: signal.Signals) -> None:
+    """Publishes in a loop with the renames slowed down, killed at many points; after each kill the
+    set reads back whole, with every file of one generation, and the next number is new."""
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    seen = 1
+    for delay_ms in (5, 12, 23, 31, 47, 58, 66, 79):
+        proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(state)], stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # it has published at least once: the loop is running
+        time.sleep(delay_ms / 1000)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        got = read_set(state)
+        assert got is not None
+        assert got.generation > seen - 1
+        gens = {line for text in (got.texts["nccl.sh"], got.texts["nccl.env"]) for line in text.splitlines()
+                if line.startswith("# generation: ")}
+        assert gens == {f"# generation: {got.generation}"}
+        assert got.env["NCCL_BUFFSIZE"] == json.loads(got.texts["nccl.json"])["env"]["NCCL_BUFFSIZE"]
+        nxt = publish(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
+        assert nxt.generation > got.generation
+        seen = nxt.generation
+        listing = os.listdir(state)
+        assert not [n for n in listing if ".tmp-" in n], listing
+        assert not [n for n in os.listdir(state / "generations") if ".tmp-" in n]
+
+
+def test_read_set_without_current_reads_nothing(tmp_path: Path) -> None:
+    assert read_set(tmp_path) is None
+    (tmp_path / "current").symlink_to("/etc")
+    with pytest.raises(InputError, match="current"):
+        read_set(tmp_path)
