@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.hw.proc import start_time_ticks
+from nccltune.hw.procfs import start_time_ticks
 from nccltune.trials.runner import reap_leftover_ranks
 from nccltune.trials.worker import FAULT_VAR
 

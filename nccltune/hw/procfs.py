@@ -1,7 +1,9 @@
-"""procfs reader for process facts: which processes descend from a given one. The root is injected.
+"""procfs reader for process facts, the only reader of /proc besides hw/sysfs.py. The root is injected.
 
-The daemon must not count its own trial ranks as a job on the GPUs; those ranks are its
-descendants, found here from each process's parent pid in /proc/<pid>/stat.
+- Which processes descend from a given one: the daemon must not count its own trial ranks as a
+  job on the GPUs; those ranks are its descendants, found from each process's parent pid.
+- When a process started: (pid, start time) names one process for the life of the machine, so a
+  record of running ranks is never fooled by a reused pid.
 """
 
 from __future__ import annotations
@@ -13,20 +15,35 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def _parent_pid(stat_text: str) -> int | None:
-    """The ppid field of a /proc/<pid>/stat line, or None when the line is not one.
+def _stat_field(stat_text: str, number: int) -> int | None:
+    """Field `number` (1-based, as proc(5) counts) of a /proc/<pid>/stat line, for fields after
+    the command name; None when the line has no such integer field.
 
     The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
     so the fields after it are found from the last ')'.
     """
     _, sep, rest = stat_text.rpartition(")")
-    fields = rest.split()
-    if not sep or len(fields) < 2:
+    fields = rest.split()  # fields[0] is field 3 (state)
+    if not sep or len(fields) < number - 2:
         return None
     try:
-        return int(fields[1])
+        return int(fields[number - 3])
     except ValueError:
         return None
+
+
+def _parent_pid(stat_text: str) -> int | None:
+    return _stat_field(stat_text, 4)
+
+
+def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:
+    """The process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
+    when there is no such process."""
+    try:
+        text = (Path(root) / str(pid) / "stat").read_text(errors="replace")
+    except OSError:
+        return None
+    return _stat_field(text, 22)
 
 
 def parent_pids(root: str | os.PathLike[str] = "/proc") -> dict[int, int]:

@@ -28,7 +28,7 @@ from typing import Any
 from .. import trust
 from ..atomicfile import atomic_write
 from ..errors import InputError, NccltuneError, UnavailableError
-from ..hw.proc import start_time_ticks
+from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from ..trust import ensure_dir
