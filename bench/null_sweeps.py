@@ -7,6 +7,9 @@ generated config that asks for the smallest repeat counts the config allows.
 
     python bench/null_sweeps.py --sweeps 20
     python bench/null_sweeps.py --sweeps 5 --tree /path/to/another/checkout
+    python bench/null_sweeps.py --sweeps 20 --jobs 4   # on a machine with 8+ cores
+
+Sweeps run side by side with --jobs: on a null experiment the extra load is only more noise.
 
 Prints one line per sweep (chosen label, weighted gain of the medians, the sweep's summary) and
 the false-positive rate: published non-default settings / sweeps. The topology file alone is
@@ -17,6 +20,7 @@ satisfies, not on a claimed gain. Exit status 1 when any sweep published a non-d
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -69,7 +73,8 @@ def main() -> int:
     ap.add_argument("--baseline-repeats", type=int, default=2, help="sweep.baseline_repeats (default 2)")
     ap.add_argument("--finalist-repeats", type=int, default=1, help="sweep.finalist_repeats (default 1)")
     ap.add_argument("--max-finalists", type=int, default=1, help="sweep.max_finalists (default 1)")
-    ap.add_argument("--timeout-s", type=float, default=600.0, help="limit per sweep in seconds")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="limit per sweep in seconds")
+    ap.add_argument("--jobs", type=int, default=1, help="sweeps run at the same time (default 1)")
     args = ap.parse_args()
     if args.sweeps < 1:
         ap.error("--sweeps must be at least 1")
@@ -77,13 +82,20 @@ def main() -> int:
           f"baseline_repeats={args.baseline_repeats} finalist_repeats={args.finalist_repeats} "
           f"max_finalists={args.max_finalists}", flush=True)
     published = topo_only = errors = 0
-    with tempfile.TemporaryDirectory(prefix="nccltune-null-") as tmp:
-        for i in range(1, args.sweeps + 1):
-            try:
-                doc = run_one(args.tree.resolve(), Path(tmp) / f"sweep{i:03d}", args.baseline_repeats,
-                              args.finalist_repeats, args.max_finalists, args.timeout_s)
-            except subprocess.TimeoutExpired:
-                doc = {"error": f"no result within {args.timeout_s:g} s", "wall_s": args.timeout_s}
+    tree = args.tree.resolve()
+
+    def one(i: int, tmp: str) -> dict[str, Any]:
+        try:
+            return run_one(tree, Path(tmp) / f"sweep{i:03d}", args.baseline_repeats, args.finalist_repeats,
+                           args.max_finalists, args.timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"no result within {args.timeout_s:g} s", "wall_s": args.timeout_s}
+
+    with tempfile.TemporaryDirectory(prefix="nccltune-null-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(one, i, tmp): i for i in range(1, args.sweeps + 1)}
+        for fut in concurrent.futures.as_completed(futures):
+            i, doc = futures[fut], fut.result()
             if "error" in doc:
                 errors += 1
                 print(f"{i:3d}  ERROR  {doc['error']}", flush=True)

@@ -2,16 +2,20 @@
 
 Expectations come from a floor given on the command line (GB/s busbw at the largest size
 measured) or from the last sweep of this node's topology (the medians it measured for the
-published setting). A size counts as degraded when it is below expectation by more than the
-drift threshold, or by more than twice the noise that sweep measured at that size, whichever
-is larger. Usable from a Slurm prolog or a health check: two short trials, exit 1 on failure.
+published setting). A size counts as degraded when the best of the verify runs is below
+expectation by more than the largest of: the drift threshold, twice the noise that sweep
+measured at that size, and the drop that runs of an unchanged node show by chance one time in
+a hundred, given how few runs are behind each number (`allowed_drift_pct`). Usable from a
+Slurm prolog or a health check: two short trials, exit 1 on failure.
 """
 
 from __future__ import annotations
 
+import math
 import socket
+import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,11 +26,62 @@ from .lock import SweepLock
 from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node, resolve_engine
 from .publish import read_published
 from .store import Backend, Measurement, Store, TrialStatus
-from .sweep.select import fmt_size
+from .sweep.select import d2, fmt_size, t_quantile
 from .trials.runner import Runner, find_worker_python
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
+# How often an unchanged node may fail verify by chance: a false alarm drains it from the scheduler.
+FALSE_ALARM = 0.01
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """Runs behind a sweep's numbers: its spread (the defaults') and its expected medians."""
+
+    noise_runs: int
+    expected_runs: int
+
+
+def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCounts,
+                      verify_busbw: Sequence[float]) -> float:
+    """How far (percent) the best of the verify runs at one size may fall below expectation.
+
+    The largest of the drift threshold, twice the sweep's noise there (`noise_pct`: half the
+    relative range of its `counts.noise_runs` runs) and a bound from the runs themselves. For
+    that bound the spread sigma of ln(busbw) pools the sweep's range (ln(high/low) / d2(n),
+    n - 1 degrees of freedom) with the verify runs' own standard deviation (m - 1), so that a
+    verify whose runs disagree widely, as on a loaded machine, allows for it. An unchanged node
+    fails only when all m runs land that low: each with probability a^(1/m) for a false-alarm
+    rate a, so the bound is t(1 - a^(1/m), df) * sigma * sqrt(1 + c / n_e), the last factor
+    for the expected median's own error (n_e runs, c = pi/2 for a median of 3 or more; nothing
+    for a floor). With a = 1% and the sweep's n = 3: one verify run allows 6.96 * 1.41 sigma
+    (with an expectation from one finalist run), two allow t(0.90, 3) = 1.64 * 1.41 sigma:
+    the fewer runs, the wider the bar. Nothing known about the spread leaves the threshold.
+    """
+    base = max(threshold_pct, 2.0 * noise_pct)
+    m = len(verify_busbw)
+    logs = [math.log(v) for v in verify_busbw if v > 0]
+    if m == 0 or len(logs) < m:
+        return base
+    dof = 0
+    acc = 0.0
+    h = min(noise_pct / 100.0, 0.99)
+    if counts.noise_runs >= 2 and h > 0:
+        sigma_sweep = math.log((1.0 + h) / (1.0 - h)) / d2(counts.noise_runs)
+        dof += counts.noise_runs - 1
+        acc += (counts.noise_runs - 1) * sigma_sweep ** 2
+    if m >= 2:
+        dof += m - 1
+        acc += (m - 1) * statistics.variance(logs)
+    if dof == 0 or acc <= 0:
+        return base
+    sigma = math.sqrt(acc / dof)
+    n_e = counts.expected_runs
+    expected_var = 0.0 if n_e <= 0 else (1.0 if n_e <= 2 else math.pi / 2.0) / n_e
+    p = max(0.5, 1.0 - FALSE_ALARM ** (1.0 / m))
+    bound_log = t_quantile(p, dof) * sigma * math.sqrt(1.0 + expected_var)
+    return max(base, 100.0 * (1.0 - math.exp(-bound_log)))
 
 
 @dataclass
@@ -59,11 +114,28 @@ class VerifyResult:
         return min(drifts) if drifts else None
 
 
-def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
-                  sizes: list[int]) -> tuple[dict[int, tuple[float, float]], str]:
-    """size -> (expected busbw, noise pct of that size), and where the numbers come from."""
+def _sample_counts(run_config: dict[str, object], cfg: Config, use_current: bool, kept_defaults: bool) -> SampleCounts:
+    """Runs behind a sweep's rows, from the config it ran with (this config's where it lacks them)."""
+    sweep = run_config.get("sweep")
+    sweep = sweep if isinstance(sweep, dict) else {}
+
+    def repeats(key: str, default: int) -> int:
+        value = sweep.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    finalist = repeats("finalist_repeats", cfg.sweep.finalist_repeats)
+    defaults = repeats("baseline_repeats", cfg.sweep.baseline_repeats) + finalist
+    # The published medians are a finalist's, unless the sweep kept NCCL's defaults.
+    return SampleCounts(defaults, defaults if use_current or kept_defaults else finalist)
+
+
+def _expectations(store: Store, node: Node, cfg: Config, floor_gbps: float | None, use_current: bool,
+                  sizes: list[int]) -> tuple[dict[int, tuple[float, float]], str, SampleCounts]:
+    """size -> (expected busbw, noise pct of that size), where the numbers come from, and how many
+    runs are behind them."""
     if floor_gbps is not None:
-        return {max(sizes): (floor_gbps, 0.0)}, f"floor {floor_gbps:g} GB/s at {fmt_size(max(sizes))}"
+        return ({max(sizes): (floor_gbps, 0.0)}, f"floor {floor_gbps:g} GB/s at {fmt_size(max(sizes))}",
+                SampleCounts(0, 0))
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
     if run is None or not run.summary or "rows" not in run.summary:
         raise CheckFailed("no expectation to verify against: no finished sweep for this topology "
@@ -78,7 +150,8 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(fmt_size(s) for s in sizes)})",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    return out, f"sweep {run.id} of {run.started_at[:19]}"
+    counts = _sample_counts(run.config or {}, cfg, use_current, run.summary.get("chosen") == "NCCL defaults")
+    return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
 def _trial_status(status: str) -> TrialStatus:
@@ -126,7 +199,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     base_env = dict(os.environ)
     state.mkdir(parents=True, exist_ok=True)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
-        expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
+        expected, expectation, counts = _expectations(store, node, cfg, floor_gbps, use_current, sizes)
         nccl_tests = resolve_engine(cfg, node)
         worker_python = (python or cfg.bench.python or sys.executable) if nccl_tests else \
             find_worker_python(python or cfg.bench.python)
@@ -142,6 +215,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             nccltune_version=__version__, hostname=socket.gethostname().split(".")[0],
             topology={"source": node.topo.source}, config=config_to_dict(cfg))
         best: dict[int, float] = {}
+        samples: dict[int, list[float]] = {}
         nccl_version = None
         failures = []
         try:
@@ -159,6 +233,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                 for s in res.sizes:
                     # The better of the repeats: a degraded link is slow every time, noise is not.
                     best[s.size_bytes] = max(best.get(s.size_bytes, 0.0), s.busbw_gbps)
+                    samples.setdefault(s.size_bytes, []).append(s.busbw_gbps)
         except BaseException:
             runner.kill()
             store.finish_run(run_id, status="interrupted", summary={"error": "interrupted"})
@@ -167,7 +242,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         for size in sizes:
             exp = expected.get(size)
             got_bw = best.get(size)
-            allowed = max(threshold, 2.0 * exp[1]) if exp else threshold
+            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(size, [])) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
