@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .config import Config, config_to_dict
+from .config import Config, SweepConfig, config_to_dict
 from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .pipeline import DEMO_ITERS, DEMO_WARMUP, Node, busy_gpus, load_node, resolve_engine
@@ -43,8 +43,31 @@ class SampleCounts:
     expected_runs: int
 
 
+def _bound_log(noise_pct: float, noise_runs: int, expected_runs: int, logs: Sequence[float]) -> float | None:
+    """How far below the expected ln(busbw) the best of the runs `logs` falls by chance with
+    probability FALSE_ALARM; None when nothing is known about the spread."""
+    m = len(logs)
+    dof = 0
+    acc = 0.0
+    h = min(noise_pct / 100.0, 0.99)
+    if noise_runs >= 2 and h > 0:
+        sigma_sweep = math.log((1.0 + h) / (1.0 - h)) / d2(noise_runs)
+        dof += noise_runs - 1
+        acc += (noise_runs - 1) * sigma_sweep ** 2
+    if m >= 2:
+        dof += m - 1
+        acc += (m - 1) * statistics.variance(logs)
+    if m == 0 or dof == 0 or acc <= 0:
+        return None
+    sigma = math.sqrt(acc / dof)
+    expected_var = 0.0 if expected_runs <= 0 else (1.0 if expected_runs <= 2 else math.pi / 2.0) / expected_runs
+    p = max(0.5, 1.0 - FALSE_ALARM ** (1.0 / m))
+    return t_quantile(p, dof) * sigma * math.sqrt(1.0 + expected_var)
+
+
 def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCounts,
-                      verify_busbw: Sequence[float]) -> float:
+                      verify_busbw: Sequence[float], *, expected_gbps: float | None = None,
+                      defaults_gbps: float | None = None) -> float:
     """How far (percent) the best of the verify runs at one size may fall below expectation.
 
     The largest of the drift threshold, twice the sweep's noise there (`noise_pct`: half the
@@ -58,30 +81,25 @@ def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCoun
     for a floor). With a = 1% and the sweep's n = 3: one verify run allows 6.96 * 1.41 sigma
     (with an expectation from one finalist run), two allow t(0.90, 3) = 1.64 * 1.41 sigma:
     the fewer runs, the wider the bar. Nothing known about the spread leaves the threshold.
+
+    An expectation from a single finalist run says nothing of that run's own luck (the same
+    reason a sweep refuses to publish a gain from one run): where it lies above the defaults'
+    median (`defaults_gbps`, n runs), a size fails only when it is also below the defaults'
+    level by the bound computed for an expectation of n runs.
     """
     base = max(threshold_pct, 2.0 * noise_pct)
-    m = len(verify_busbw)
     logs = [math.log(v) for v in verify_busbw if v > 0]
-    if m == 0 or len(logs) < m:
+    if not logs or len(logs) < len(verify_busbw):
         return base
-    dof = 0
-    acc = 0.0
-    h = min(noise_pct / 100.0, 0.99)
-    if counts.noise_runs >= 2 and h > 0:
-        sigma_sweep = math.log((1.0 + h) / (1.0 - h)) / d2(counts.noise_runs)
-        dof += counts.noise_runs - 1
-        acc += (counts.noise_runs - 1) * sigma_sweep ** 2
-    if m >= 2:
-        dof += m - 1
-        acc += (m - 1) * statistics.variance(logs)
-    if dof == 0 or acc <= 0:
-        return base
-    sigma = math.sqrt(acc / dof)
-    n_e = counts.expected_runs
-    expected_var = 0.0 if n_e <= 0 else (1.0 if n_e <= 2 else math.pi / 2.0) / n_e
-    p = max(0.5, 1.0 - FALSE_ALARM ** (1.0 / m))
-    bound_log = t_quantile(p, dof) * sigma * math.sqrt(1.0 + expected_var)
-    return max(base, 100.0 * (1.0 - math.exp(-bound_log)))
+    allowed = base
+    bound = _bound_log(noise_pct, counts.noise_runs, counts.expected_runs, logs)
+    if bound is not None:
+        allowed = max(allowed, 100.0 * (1.0 - math.exp(-bound)))
+    if (counts.expected_runs < 2 and counts.noise_runs >= 2 and expected_gbps and defaults_gbps
+            and 0 < defaults_gbps < expected_gbps):
+        bound_d = _bound_log(noise_pct, counts.noise_runs, counts.noise_runs, logs) or 0.0
+        allowed = max(allowed, 100.0 * (1.0 - defaults_gbps / expected_gbps * math.exp(-bound_d)))
+    return allowed
 
 
 @dataclass
@@ -114,8 +132,9 @@ class VerifyResult:
         return min(drifts) if drifts else None
 
 
-def _sample_counts(run_config: dict[str, object], cfg: Config, use_current: bool, kept_defaults: bool) -> SampleCounts:
-    """Runs behind a sweep's rows, from the config it ran with (this config's where it lacks them)."""
+def _sample_counts(run_config: dict[str, object], use_current: bool, kept_defaults: bool) -> SampleCounts:
+    """Runs behind a sweep's rows, from the config it ran with (the shipped defaults where the
+    record lacks them)."""
     sweep = run_config.get("sweep")
     sweep = sweep if isinstance(sweep, dict) else {}
 
@@ -123,18 +142,19 @@ def _sample_counts(run_config: dict[str, object], cfg: Config, use_current: bool
         value = sweep.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
-    finalist = repeats("finalist_repeats", cfg.sweep.finalist_repeats)
-    defaults = repeats("baseline_repeats", cfg.sweep.baseline_repeats) + finalist
+    shipped = SweepConfig()
+    finalist = repeats("finalist_repeats", shipped.finalist_repeats)
+    defaults = repeats("baseline_repeats", shipped.baseline_repeats) + finalist
     # The published medians are a finalist's, unless the sweep kept NCCL's defaults.
     return SampleCounts(defaults, defaults if use_current or kept_defaults else finalist)
 
 
-def _expectations(store: Store, node: Node, cfg: Config, floor_gbps: float | None, use_current: bool,
-                  sizes: list[int]) -> tuple[dict[int, tuple[float, float]], str, SampleCounts]:
-    """size -> (expected busbw, noise pct of that size), where the numbers come from, and how many
-    runs are behind them."""
+def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
+                  sizes: list[int]) -> tuple[dict[int, tuple[float, float, float | None]], str, SampleCounts]:
+    """size -> (expected busbw, noise pct of that size, the defaults' busbw there), where the
+    numbers come from, and how many runs are behind them."""
     if floor_gbps is not None:
-        return ({max(sizes): (floor_gbps, 0.0)}, f"floor {floor_gbps:g} GB/s at {fmt_size(max(sizes))}",
+        return ({max(sizes): (floor_gbps, 0.0, None)}, f"floor {floor_gbps:g} GB/s at {fmt_size(max(sizes))}",
                 SampleCounts(0, 0))
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
     if run is None or not run.summary or "rows" not in run.summary:
@@ -144,13 +164,15 @@ def _expectations(store: Store, node: Node, cfg: Config, floor_gbps: float | Non
     out = {}
     for row in run.summary["rows"]:
         if int(row["size_bytes"]) in sizes:
-            out[int(row["size_bytes"])] = (float(row[key]), float(row.get("default_noise_pct", 0.0)))
+            defaults = row.get("default_busbw_gbps")
+            out[int(row["size_bytes"])] = (float(row[key]), float(row.get("default_noise_pct", 0.0)),
+                                           None if defaults is None else float(defaults))
     if not out:
         # Without this, every row would lack an expectation and verify would pass vacuously.
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(fmt_size(s) for s in sizes)})",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    counts = _sample_counts(run.config or {}, cfg, use_current, run.summary.get("chosen") == "NCCL defaults")
+    counts = _sample_counts(run.config or {}, use_current, run.summary.get("chosen") == "NCCL defaults")
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
@@ -199,7 +221,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     base_env = dict(os.environ)
     state.mkdir(parents=True, exist_ok=True)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
-        expected, expectation, counts = _expectations(store, node, cfg, floor_gbps, use_current, sizes)
+        expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes)
         nccl_tests = resolve_engine(cfg, node)
         worker_python = (python or cfg.bench.python or sys.executable) if nccl_tests else \
             find_worker_python(python or cfg.bench.python)
@@ -242,7 +264,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         for size in sizes:
             exp = expected.get(size)
             got_bw = best.get(size)
-            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(size, [])) if exp else threshold
+            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(size, []), expected_gbps=exp[0],
+                                        defaults_gbps=exp[2]) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
