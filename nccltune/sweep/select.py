@@ -8,9 +8,9 @@ slower than the allowed regression (beyond that size's noise), and the gain hold
 confidence for the number of runs behind it (the sample-size rule below).
 
 The sample-size rule. The spread of a few runs is itself a noisy estimate: two runs of the same
-thing land closer together than the true spread half of the time, and the half-range of two
-runs is below a quarter of the true standard deviation one time in seven. A bar set from the
-sample spread alone therefore lets noise through exactly when the repeats are fewest. So:
+thing land less than one true standard deviation apart about half of the time, and their
+half-range is below a quarter of it more than one time in four. A bar set from the sample
+spread alone therefore lets noise through exactly when the repeats are fewest. So:
 
 * A candidate measured once is refused outright: one run says nothing about its own spread,
   and its screening run cannot be reused, since it was picked for looking fast. Likewise when
@@ -19,7 +19,7 @@ sample spread alone therefore lets noise through exactly when the repeats are fe
 * Otherwise, at each size, the log ratio of the medians counts only beyond a one-sided 95%
   bound of Welch's t: t(0.95, df) * sqrt(c(n_d) s_d^2 / n_d + c(n_c) s_c^2 / n_c), where s is
   each side's standard deviation of the log busbw, n its runs, df Welch's degrees of freedom
-  rounded down (so a side with two runs contributes one), and c(n) = pi/2 for n >= 3 because
+  rounded down and never below the smaller side's n - 1, and c(n) = pi/2 for n >= 3 because
   a median varies more than a mean (for n <= 2 the median is the mean). The profile-weighted
   gain of what is left must be positive. Student's t is what accounts for the spread being
   estimated: with 1 degree of freedom its 95% point is 6.31 standard errors, against 1.64 for
@@ -27,9 +27,10 @@ sample spread alone therefore lets noise through exactly when the repeats are fe
 
   Equal runs on both sides, bar in standard deviations s (t(0.95, 2n-2) * sqrt(2c(n)/n)):
   n = 2: 2.92 * 1.00 = 2.92 s;  n = 3: 2.13 * 1.02 = 2.18 s;  n = 5: 1.86 * 0.79 = 1.47 s;
-  n = 8: 1.76 * 0.63 = 1.10 s. With two runs on one side, df is at most... 1 more than the
-  other side's: the common staged case of 3 finalist runs against 6 of the defaults gives
-  df 4 and 2.13 * 0.89 = 1.89 s.
+  n = 8: 1.76 * 0.63 = 1.10 s. The staged search's usual case, 3 finalist runs against 6 of
+  the defaults, gives df 4 and 2.13 * 0.89 = 1.89 s; 2 finalist runs against 4 of the defaults
+  (the smallest sweep that can publish a gain) give df 2 and 2.92 * 0.94 = 2.76 s, or df 1
+  (6.31 standard errors) where the finalist's own spread dominates.
 
 Where the runs themselves are not at hand (stats built from a median and a range), s is
 estimated from the range as ln(high / low) / d2(n), d2 being the mean range of n standard
