@@ -89,14 +89,20 @@ def report_rows(result: SearchResult, chosen: Finalist | None,
 
 
 def summarize(result: SearchResult, chosen: Finalist | None, demo: bool) -> str:
-    """One sentence: what is published and why."""
+    """What is published and why, plus what the search noted about its own evidence (too few
+    runs to support a claim, for example)."""
     prefix = "[CPU demo, not NCCL numbers] " if demo else ""
+    notes = "".join(f" {note}" for note in result.notes)
+    return prefix + _verdict_sentence(result, chosen) + notes
+
+
+def _verdict_sentence(result: SearchResult, chosen: Finalist | None) -> str:
     if chosen is None:
-        return prefix + "Nothing beat NCCL's defaults beyond the measured noise: publishing the defaults."
+        return "Nothing beat NCCL's defaults beyond the measured noise: publishing the defaults."
     v = chosen.verdict
     if chosen is result.topo_only:
-        return (prefix + "No setting beat NCCL's defaults beyond the measured noise; publishing the defaults with "
+        return ("No setting beat NCCL's defaults beyond the measured noise; publishing the defaults with "
                 "nccltune's topology file (measured no slower than without it).")
     gain = (f"{v.gain_pct:+.2f}% ({v.robust_gain_pct:+.2f}% beyond the run-to-run noise at each size; "
             f"minimum {v.threshold_pct:.2f}%)") if v else ""
-    return prefix + f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."
+    return f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."

@@ -2,31 +2,105 @@
 
 Expectations come from a floor given on the command line (GB/s busbw at the largest size
 measured) or from the last sweep of this node's topology (the medians it measured for the
-published setting). A size counts as degraded when it is below expectation by more than the
-drift threshold, or by more than twice the noise that sweep measured at that size, whichever
-is larger. Usable from a Slurm prolog or a health check: two short trials, exit 1 on failure.
+published setting). A size counts as degraded when the best of the verify runs is below
+expectation by more than the largest of: the drift threshold, twice the noise that sweep
+measured at that size, and the drop that runs of an unchanged node show by chance one time in
+a hundred, given how few runs are behind each number (`allowed_drift_pct`). Usable from a
+Slurm prolog or a health check: two short trials, exit 1 on failure.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config
+from .config import Config, SweepConfig
 from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
 from .publish import read_published
 from .store import Store
+from .sweep.select import d2, t_quantile
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
+# How often an unchanged node may fail verify by chance: a false alarm drains it from the scheduler.
+FALSE_ALARM = 0.01
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """Runs behind a sweep's numbers: its spread (the defaults') and its expected medians."""
+
+    noise_runs: int
+    expected_runs: int
+
+
+def _bound_log(noise_pct: float, noise_runs: int, expected_runs: int, logs: Sequence[float]) -> float | None:
+    """How far below the expected ln(busbw) the best of the runs `logs` falls by chance with
+    probability FALSE_ALARM; None when nothing is known about the spread."""
+    m = len(logs)
+    dof = 0
+    acc = 0.0
+    h = min(noise_pct / 100.0, 0.99)
+    if noise_runs >= 2 and h > 0:
+        sigma_sweep = math.log((1.0 + h) / (1.0 - h)) / d2(noise_runs)
+        dof += noise_runs - 1
+        acc += (noise_runs - 1) * sigma_sweep ** 2
+    if m >= 2:
+        dof += m - 1
+        acc += (m - 1) * statistics.variance(logs)
+    if m == 0 or dof == 0 or acc <= 0:
+        return None
+    sigma = math.sqrt(acc / dof)
+    expected_var = 0.0 if expected_runs <= 0 else (1.0 if expected_runs <= 2 else math.pi / 2.0) / expected_runs
+    p = max(0.5, 1.0 - FALSE_ALARM ** (1.0 / m))
+    return t_quantile(p, dof) * sigma * math.sqrt(1.0 + expected_var)
+
+
+def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCounts,
+                      verify_busbw: Sequence[float], *, expected_gbps: float | None = None,
+                      defaults_gbps: float | None = None) -> float:
+    """How far (percent) the best of the verify runs at one size may fall below expectation.
+
+    The largest of the drift threshold, twice the sweep's noise there (`noise_pct`: half the
+    relative range of its `counts.noise_runs` runs) and a bound from the runs themselves. For
+    that bound the spread sigma of ln(busbw) pools the sweep's range (ln(high/low) / d2(n),
+    n - 1 degrees of freedom) with the verify runs' own standard deviation (m - 1), so that a
+    verify whose runs disagree widely, as on a loaded machine, allows for it. An unchanged node
+    fails only when all m runs land that low: each with probability a^(1/m) for a false-alarm
+    rate a, so the bound is t(1 - a^(1/m), df) * sigma * sqrt(1 + c / n_e), the last factor
+    for the expected median's own error (n_e runs, c = pi/2 for a median of 3 or more; nothing
+    for a floor). With a = 1% and the sweep's n = 3: one verify run allows 6.96 * 1.41 sigma
+    (with an expectation from one finalist run), two allow t(0.90, 3) = 1.64 * 1.41 sigma:
+    the fewer runs, the wider the bar. Nothing known about the spread leaves the threshold.
+
+    An expectation from a single finalist run says nothing of that run's own luck (the same
+    reason a sweep refuses to publish a gain from one run): where it lies above the defaults'
+    median (`defaults_gbps`, n runs), a size fails only when it is also below the defaults'
+    level by the bound computed for an expectation of n runs.
+    """
+    base = max(threshold_pct, 2.0 * noise_pct)
+    logs = [math.log(v) for v in verify_busbw if v > 0]
+    if not logs or len(logs) < len(verify_busbw):
+        return base
+    allowed = base
+    bound = _bound_log(noise_pct, counts.noise_runs, counts.expected_runs, logs)
+    if bound is not None:
+        allowed = max(allowed, 100.0 * (1.0 - math.exp(-bound)))
+    if (counts.expected_runs < 2 and counts.noise_runs >= 2 and expected_gbps and defaults_gbps
+            and 0 < defaults_gbps < expected_gbps):
+        bound_d = _bound_log(noise_pct, counts.noise_runs, counts.noise_runs, logs) or 0.0
+        allowed = max(allowed, 100.0 * (1.0 - defaults_gbps / expected_gbps * math.exp(-bound_d)))
+    return allowed
 
 
 @dataclass
@@ -59,26 +133,46 @@ class VerifyResult:
         return min(drifts) if drifts else None
 
 
+def _sample_counts(run_config: dict[str, object], use_current: bool, kept_defaults: bool) -> SampleCounts:
+    """Runs behind a sweep's rows, from the config it ran with (the shipped defaults where the
+    record lacks them)."""
+    sweep = run_config.get("sweep")
+    sweep = sweep if isinstance(sweep, dict) else {}
+
+    def repeats(key: str, default: int) -> int:
+        value = sweep.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    shipped = SweepConfig()
+    finalist = repeats("finalist_repeats", shipped.finalist_repeats)
+    defaults = repeats("baseline_repeats", shipped.baseline_repeats) + finalist
+    # The published medians are a finalist's, unless the sweep kept NCCL's defaults.
+    return SampleCounts(defaults, defaults if use_current or kept_defaults else finalist)
+
+
 def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
-                  sizes: list[int]) -> tuple[dict[int, tuple[float, float]], str]:
-    """size -> (expected busbw, noise pct of that size), and where the numbers come from."""
+                  sizes: list[int]) -> tuple[dict[int, tuple[float, float, float | None]], str, SampleCounts]:
+    """size -> (expected busbw, noise pct of that size, the defaults' busbw there), where the
+    numbers come from, and how many runs are behind them."""
     if floor_gbps is not None:
-        return {max(sizes): (floor_gbps, 0.0)}, f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}"
+        return ({max(sizes): (floor_gbps, 0.0, None)}, f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}",
+                SampleCounts(0, 0))
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
     if run is None or not run.rows:
         raise CheckFailed("no expectation to verify against: no finished sweep for this topology "
                           f"(fingerprint {node.fingerprint})", hint="run `nccltune sweep`, or pass --floor GBPS")
-    out = {}
+    out: dict[int, tuple[float, float, float | None]] = {}
     for row in run.rows:
         if row.size_bytes in sizes:
             expected = row.default_busbw_gbps if use_current else row.tuned_busbw_gbps
-            out[row.size_bytes] = (expected, row.default_noise_pct)
+            out[row.size_bytes] = (expected, row.default_noise_pct, row.default_busbw_gbps)
     if not out:
         # Without this, every row would lack an expectation and verify would pass vacuously.
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(format_size(s) for s in sizes)})",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    return out, f"sweep {run.id} of {run.started_at[:19]}"
+    counts = _sample_counts(run.config or {}, use_current, (run.summary or {}).get("chosen") == "NCCL defaults")
+    return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
 def verify_sizes(cfg: Config, node: Node) -> list[int]:
@@ -117,7 +211,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
-        expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
+        expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes)
         engine = resolve_engine(cfg, node)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
@@ -127,6 +221,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node)
         best: dict[int, float] = {}
+        samples: dict[int, list[float]] = {}
         try:
             for i in range(repeats):
                 res = session.trial(env, "verify", f"verify #{i + 1}")
@@ -135,6 +230,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                 for s in res.sizes:
                     # The better of the repeats: a degraded link is slow every time, noise is not.
                     best[s.size_bytes] = max(best.get(s.size_bytes, 0.0), s.busbw_gbps)
+                    samples.setdefault(s.size_bytes, []).append(s.busbw_gbps)
         except BaseException:
             session.abandon("interrupted", {"error": "interrupted"})
             raise
@@ -144,7 +240,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         for size in sizes:
             exp = expected.get(size)
             got_bw = best.get(size)
-            allowed = max(threshold, 2.0 * exp[1]) if exp else threshold
+            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(size, []), expected_gbps=exp[0],
+                                        defaults_gbps=exp[2]) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))

@@ -9,10 +9,13 @@ import pytest
 from nccltune.sweep.select import (
     MiB,
     SizeStats,
+    d2,
     judge,
     profile_weights,
     screening_gain_pct,
+    size_margin,
     size_stats,
+    t_quantile,
     weighted_gain_pct,
     weighted_noise_pct,
 )
@@ -216,3 +219,98 @@ def test_a_loss_hidden_in_the_noise_of_small_sizes_is_not_published() -> None:
     cand = {s: SizeStats(s, m, m * (1 - noise[s] / 100), m * (1 + noise[s] / 100), 3)
             for s, m in cand_medians.items()}
     assert judge(cand, base, {s: 1.0 for s in LADDER}, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+
+
+# -- the sample-size rule ----------------------------------------------------------------------------
+
+
+def test_t_quantiles_and_d2_match_the_tables() -> None:
+    assert [round(t_quantile(0.95, df), 3) for df in (1, 2, 4, 8, 14)] == [6.314, 2.920, 2.132, 1.860, 1.761]
+    assert round(t_quantile(0.99, 2), 3) == 6.965 and round(t_quantile(0.90, 3), 3) == 1.638
+    assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
+    assert [d2(n) for n in (2, 3, 5, 8)] == [1.128, 1.693, 2.326, 2.847]
+    with pytest.raises(ValueError):
+        t_quantile(0.95, 0)
+
+
+def test_the_bar_per_size_follows_the_numbers_of_runs() -> None:
+    # Equal runs on both sides with the same spread: the bar in standard deviations shrinks from
+    # 2.92 (two runs each) to 1.10 (eight each), as the module docstring says.
+    def bar(n: int) -> float:
+        side = SizeStats(MiB, 100.0, 99.0, 101.0, n, log_sd=0.01)
+        margin = size_margin(side, side)
+        assert margin is not None
+        return margin / 0.01
+
+    assert [round(bar(n), 2) for n in (2, 3, 5, 8)] == [2.92, 2.18, 1.47, 1.10]
+    # One run on either side bounds nothing.
+    one = SizeStats(MiB, 100.0, 100.0, 100.0, 1)
+    assert size_margin(one, SizeStats(MiB, 100.0, 99.0, 101.0, 3)) is None
+    assert size_margin(SizeStats(MiB, 100.0, 99.0, 101.0, 3), one) is None
+    # Without the runs, the spread comes from the range: ln(high/low) / d2(n).
+    ranged = SizeStats(MiB, 100.0, 90.0, 110.0, 3)
+    assert ranged.spread_log == pytest.approx(math.log(110 / 90) / 1.693)
+    assert size_stats([{MiB: 90.0}, {MiB: 110.0}])[MiB].log_sd == pytest.approx(
+        math.log(110 / 90) / math.sqrt(2))
+
+
+def _demo_like() -> tuple[dict[int, SizeStats], dict[int, SizeStats], dict[int, float]]:
+    """The CPU demo's false positive: defaults run 2 + 1 times, one run of the finalist, which
+    happened to land more than twice as fast as the defaults' median at every size."""
+    sizes = [4096, 65536, MiB, 4 * MiB]
+    base_runs = [{s: 1.0 for s in sizes}, {s: 1.5 for s in sizes}, {s: 0.8 for s in sizes}]
+    cand_runs = [{s: 2.6 for s in sizes}]
+    return size_stats(cand_runs), size_stats(base_runs), {s: 1.0 for s in sizes}
+
+
+def test_one_finalist_run_against_three_of_the_defaults_is_not_published() -> None:
+    cand, base, weights = _demo_like()
+    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    # What the noise-aware gain alone made of it: +160%, and well beyond the noise.
+    assert v.gain_pct == pytest.approx(160.0)
+    assert v.robust_gain_pct > 70.0
+    assert not v.eligible and v.too_few_runs
+    assert v.supported_gain_pct is None and v.runs == (1, 3)
+    assert v.reason.startswith("1 finalist sample: cannot show a gain beyond noise")
+    # One working run of the defaults is refused the same way, whatever the finalist has.
+    cand2 = size_stats([{s: 2.6 for s in weights}, {s: 2.7 for s in weights}])
+    v = judge(cand2, size_stats([{s: 1.0 for s in weights}]), weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    assert not v.eligible and v.too_few_runs and v.reason.startswith("1 sample of the defaults")
+
+
+def test_a_big_gain_from_two_runs_with_a_wide_spread_is_not_published() -> None:
+    # Two runs of the finalist 20% apart, three of the defaults: the medians say +65% and the
+    # half-ranges leave +40% of it, but two runs give Welch's t one degree of freedom.
+    sizes = [65536, MiB, 4 * MiB]
+    weights = {s: 1.0 for s in sizes}
+    base = size_stats([{s: 1.0 for s in sizes}, {s: 1.1 for s in sizes}, {s: 0.95 for s in sizes}])
+    cand = size_stats([{s: 1.5 for s in sizes}, {s: 1.8 for s in sizes}])
+    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    assert v.gain_pct == pytest.approx(65.0) and v.robust_gain_pct > 30.0
+    assert not v.eligible and not v.too_few_runs
+    assert v.supported_gain_pct == pytest.approx(0.0)
+    assert "at 95% confidence with 2 runs against 3 of the defaults" in v.reason
+
+
+def test_a_large_consistent_gain_with_three_runs_is_still_published() -> None:
+    sizes = [65536, MiB, 4 * MiB, 64 * MiB]
+    weights = {s: 1.0 for s in sizes}
+    base = size_stats([{s: v for s in sizes} for v in (100.0, 101.0, 99.5, 100.5, 99.0, 100.2)])
+    cand = size_stats([{s: v for s in sizes} for v in (110.0, 111.0, 109.5)])
+    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    assert v.eligible, v.reason
+    assert v.runs == (3, 6)
+    assert v.supported_gain_pct is not None and 8.0 < v.supported_gain_pct < v.gain_pct
+    assert "at 95% confidence with 3 runs against 6 of the defaults" in v.reason
+    # The same gain with only two runs of each is publishable too, at a lower supported gain.
+    small = judge(size_stats([{s: v for s in sizes} for v in (110.0, 111.0)]),
+                  size_stats([{s: v for s in sizes} for v in (100.0, 101.0)]), weights,
+                  min_gain_pct=1.0, max_regression_pct=2.0)
+    assert small.eligible and small.supported_gain_pct is not None
+    assert small.supported_gain_pct < v.supported_gain_pct
+
+
+def test_the_topology_file_alone_needs_no_repeats_to_be_judged_no_slower() -> None:
+    cand, base, weights = _demo_like()
+    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0, require_gain=False)
+    assert v.eligible and not v.too_few_runs

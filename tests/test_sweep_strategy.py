@@ -327,3 +327,33 @@ def test_labels() -> None:
     assert label_of(COMMON) == TOPO_ONLY
     assert label_of({**COMMON, "NCCL_PROTO": "LL", "NCCL_ALGO": "Tree"}) == "NCCL_ALGO=Tree NCCL_PROTO=LL"
     assert label_of({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Tree"}) == "defaults"
+
+
+def test_one_finalist_run_publishes_no_gain_however_large_and_says_why() -> None:
+    # The smallest repeats the config allows: even a candidate 50% faster everywhere is not
+    # published from one run, and the notes say why.
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.5})
+    result = search({"NCCL_ALGO": ["Tree"]}, bench, baseline_repeats=2, finalist_repeats=1, max_finalists=1).run()
+    tree = next(f for f in result.finalists if f.env.get("NCCL_ALGO") == "Tree")
+    assert tree.verdict is not None and not tree.verdict.eligible and tree.verdict.too_few_runs
+    assert tree.verdict.gain_pct > 40
+    assert chosen_env(result) in (None, COMMON)
+    assert any("1 finalist sample cannot show a gain beyond noise" in n for n in result.notes)
+
+
+def test_two_finalist_runs_can_publish_a_consistent_gain() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05})
+    result = search({"NCCL_ALGO": ["Tree"]}, bench, baseline_repeats=2, finalist_repeats=2, max_finalists=1).run()
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree"}
+    assert result.chosen is not None and result.chosen.verdict is not None
+    assert result.chosen.verdict.runs == (2, 4)
+    assert result.notes == []
+
+
+def test_a_finalist_left_with_one_run_by_failures_is_noted() -> None:
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.05},
+                  fail=lambda env, phase, label: phase == "final" and label == "NCCL_ALGO=Tree #1")
+    result = search({"NCCL_ALGO": ["Tree"]}, bench, finalist_repeats=2).run()
+    assert chosen_env(result) in (None, COMMON)
+    assert len(result.notes) == 1
+    assert result.notes[0].startswith("NCCL_ALGO=Tree: 1 finalist sample: cannot show a gain beyond noise")

@@ -29,7 +29,7 @@ from nccltune.errors import CheckFailed
 from nccltune.lock import SweepLock
 from nccltune.records import ReportRow
 from nccltune.store import Store
-from nccltune.verify import DEMO_VERIFY_SIZES, run_verify
+from nccltune.verify import DEMO_VERIFY_SIZES, SampleCounts, allowed_drift_pct, run_verify
 
 pytest.importorskip("torch")
 
@@ -258,3 +258,44 @@ def test_every_trial_failing_fails_verify(config: Path, state: Path, fake_python
     with Store(state / "history.db") as store:
         trials = store.trials(verify_runs(state)[0].id)
     assert [t.status for t in trials] == ["crashed", "crashed"]
+
+
+# -- the allowed drift and the runs behind it ---------------------------------------------------------
+
+
+def test_the_allowed_drift_grows_as_the_verify_sample_shrinks() -> None:
+    # The smallest sweep the config allows (3 runs of the defaults, 1 of the finalist), 4% noise;
+    # five, three, two runs and one run of verify at the same level.
+    counts = SampleCounts(noise_runs=3, expected_runs=1)
+    allowed = [allowed_drift_pct(1.0, 4.0, counts, [10.0] * m) for m in (5, 3, 2, 1)]
+    assert allowed == sorted(allowed)
+    assert allowed[1] < allowed[2] < allowed[3]
+    assert allowed[3] > 4 * allowed[2]
+    # The old rule (the threshold or twice the noise) stays the floor.
+    assert allowed[0] == 8.0
+    assert allowed_drift_pct(20.0, 4.0, counts, [10.0] * 5) == 20.0
+
+
+def test_the_allowed_drift_grows_as_the_sweeps_sample_shrinks() -> None:
+    # The same 4% noise measured over fewer runs of the sweep bounds less.
+    few = allowed_drift_pct(1.0, 4.0, SampleCounts(3, 1), [10.0, 10.0])
+    many = allowed_drift_pct(1.0, 4.0, SampleCounts(8, 5), [10.0, 10.0])
+    assert few > many >= 8.0
+    # Verify runs that disagree widely allow for it; nothing known about the spread leaves the threshold.
+    assert allowed_drift_pct(1.0, 4.0, SampleCounts(3, 1), [10.0, 7.0]) > few
+    assert allowed_drift_pct(5.0, 0.0, SampleCounts(0, 0), [10.0]) == 5.0
+    assert allowed_drift_pct(5.0, 3.0, SampleCounts(6, 3), []) == 6.0
+
+
+def test_an_expectation_from_one_lucky_finalist_run_falls_back_to_the_defaults_level() -> None:
+    # As on the CPU demo: the topology file alone measured once 10% above the defaults' median
+    # (gloo ignores it); the defaults' 3 runs agreed within 0.8%. A verify 7% below that one
+    # run but at the defaults' level is no drift.
+    counts = SampleCounts(noise_runs=3, expected_runs=1)
+    allowed = allowed_drift_pct(5.0, 0.78, counts, [1.91, 1.90], expected_gbps=2.059, defaults_gbps=1.875)
+    assert allowed > 100 * (1 - 1.875 / 2.059) > 7.0
+    # Well below the defaults' level still fails.
+    assert allowed < 100 * (1 - 1.6 / 2.059)
+    # With finalist repeats behind the expectation, its own numbers stand.
+    assert allowed_drift_pct(5.0, 0.78, SampleCounts(6, 3), [1.91, 1.90], expected_gbps=2.059,
+                             defaults_gbps=1.875) == 5.0

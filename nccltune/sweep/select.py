@@ -3,8 +3,38 @@
 Scores compare a candidate with NCCL's defaults size by size, as ratios, so that 64 KiB and
 1 GiB count by their profile weight and not by their raw GB/s. A candidate qualifies only when
 its weighted gain beats both the configured minimum and the measured run-to-run noise, the
-weighted gain of the plain medians is positive too, and no size the profile cares about got
-slower than the allowed regression (beyond that size's noise).
+weighted gain of the plain medians is positive too, no size the profile cares about got
+slower than the allowed regression (beyond that size's noise), and the gain holds at 95%
+confidence for the number of runs behind it (the sample-size rule below).
+
+The sample-size rule. The spread of a few runs is itself a noisy estimate: two runs of the same
+thing land less than one true standard deviation apart about half of the time, and their
+half-range is below a quarter of it more than one time in four. A bar set from the sample
+spread alone therefore lets noise through exactly when the repeats are fewest. So:
+
+* A candidate measured once is refused outright: one run says nothing about its own spread,
+  and its screening run cannot be reused, since it was picked for looking fast. Likewise when
+  only one run of the defaults worked. (The topology file alone, which is published on "no
+  slower", not on a gain, is exempt.)
+* Otherwise, at each size, the log ratio of the medians counts only beyond a one-sided 95%
+  bound of Welch's t: t(0.95, df) * sqrt(c(n_d) s_d^2 / n_d + c(n_c) s_c^2 / n_c), where s is
+  each side's standard deviation of the log busbw, n its runs, df Welch's degrees of freedom
+  rounded down and never below the smaller side's n - 1, and c(n) = pi/2 for n >= 3 because
+  a median varies more than a mean (for n <= 2 the median is the mean). The profile-weighted
+  gain of what is left must be positive. Student's t is what accounts for the spread being
+  estimated: with 1 degree of freedom its 95% point is 6.31 standard errors, against 1.64 for
+  a known spread.
+
+  Equal runs on both sides, bar in standard deviations s (t(0.95, 2n-2) * sqrt(2c(n)/n)):
+  n = 2: 2.92 * 1.00 = 2.92 s;  n = 3: 2.13 * 1.02 = 2.18 s;  n = 5: 1.86 * 0.79 = 1.47 s;
+  n = 8: 1.76 * 0.63 = 1.10 s. The staged search's usual case, 3 finalist runs against 6 of
+  the defaults, gives df 4 and 2.13 * 0.89 = 1.89 s; 2 finalist runs against 4 of the defaults
+  (the smallest sweep that can publish a gain) give df 2 and 2.92 * 0.94 = 2.76 s, or df 1
+  (6.31 standard errors) where the finalist's own spread dominates.
+
+Where the runs themselves are not at hand (stats built from a median and a range), s is
+estimated from the range as ln(high / low) / d2(n), d2 being the mean range of n standard
+normal samples (1.128, 1.693, 2.326, 2.847 for n = 2, 3, 5, 8).
 """
 
 from __future__ import annotations
@@ -25,6 +55,13 @@ BUILTIN_PROFILES = {
 }
 
 
+# Mean range of n standard normal samples (d2 of quality control tables), n = 2..25: turns the
+# range of n runs into an estimate of their standard deviation.
+_D2 = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078, 3.173, 3.258, 3.336, 3.407, 3.472,
+       3.532, 3.588, 3.640, 3.689, 3.735, 3.778, 3.819, 3.858, 3.895, 3.931)
+CONFIDENCE = 0.95  # one-sided, per size: how sure a published gain must be
+
+
 @dataclass(frozen=True)
 class SizeStats:
     size_bytes: int
@@ -32,6 +69,8 @@ class SizeStats:
     low: float
     high: float
     n: int
+    # Standard deviation of ln(busbw) over the runs; None where only median and range are known.
+    log_sd: float | None = None
 
     @property
     def noise_pct(self) -> float:
@@ -40,6 +79,23 @@ class SizeStats:
             return 0.0
         return 100.0 * (self.high - self.low) / (2.0 * self.median)
 
+    @property
+    def spread_log(self) -> float:
+        """Estimated standard deviation of ln(busbw) between runs (0 with fewer than two runs)."""
+        if self.n < 2:
+            return 0.0
+        if self.log_sd is not None:
+            return self.log_sd
+        if self.low <= 0 or self.high <= 0:
+            return 0.0
+        return math.log(self.high / self.low) / d2(self.n)
+
+
+def d2(n: int) -> float:
+    """Mean range of n standard normal samples (n >= 2); beyond the table, its last entry, which
+    overstates the spread a range implies: the safe side."""
+    return _D2[min(max(n, 2), len(_D2) + 1) - 2]
+
 
 def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
     sizes = sorted({s for r in runs for s in r})
@@ -47,8 +103,70 @@ def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
     for s in sizes:
         vals = [r[s] for r in runs if s in r]
         if vals:
-            out[s] = SizeStats(s, statistics.median(vals), min(vals), max(vals), len(vals))
+            logs = [math.log(v) for v in vals if v > 0]
+            sd = statistics.stdev(logs) if len(logs) >= 2 and len(logs) == len(vals) else None
+            out[s] = SizeStats(s, statistics.median(vals), min(vals), max(vals), len(vals), sd)
     return out
+
+
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with an integer df >= 1, by the closed forms in theta = atan(t/sqrt(df))."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2 == 1:
+        # theta + sin(theta) * (cos + 2/3 cos^3 + 2*4/(3*5) cos^5 + ...), terms up to cos^(df-2).
+        acc, term = 0.0, math.cos(theta)
+        for k in range(1, (df - 1) // 2 + 1):
+            acc += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        return 2.0 / math.pi * (theta + math.sin(theta) * acc)
+    # sin(theta) * (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), terms up to cos^(df-2).
+    acc, term = 0.0, 1.0
+    for k in range(1, df // 2 + 1):
+        acc += term
+        term *= c2 * (2 * k - 1) / (2 * k)
+    return math.sin(theta) * acc
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (0.5 <= p < 1) of Student's t with df >= 1 degrees of freedom."""
+    if not 0.5 <= p < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    target = 2.0 * p - 1.0
+    lo, hi = 0.0, 1.0
+    while _t_two_sided(hi, df) < target:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        if _t_two_sided(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def _median_factor(n: int) -> float:
+    """How much more a median of n runs varies than their mean: 1 up to n = 2 (it is the mean),
+    pi/2 beyond (its large-n limit, and above the exact factor for every small n)."""
+    return 1.0 if n <= 2 else math.pi / 2.0
+
+
+def size_margin(cand: SizeStats, base: SizeStats, confidence: float = CONFIDENCE) -> float | None:
+    """One-sided bound on the noise in ln(cand median / base median): Welch's t at `confidence`.
+
+    None when either side has fewer than two runs: nothing then bounds that side's spread.
+    """
+    if cand.n < 2 or base.n < 2:
+        return None
+    vc = _median_factor(cand.n) * cand.spread_log ** 2 / cand.n
+    vb = _median_factor(base.n) * base.spread_log ** 2 / base.n
+    if vc + vb <= 0:
+        return 0.0
+    # Welch-Satterthwaite, rounded down (fewer degrees of freedom: a wider bound), and never
+    # below what the smaller side alone has.
+    welch = (vc + vb) ** 2 / (vc ** 2 / (cand.n - 1) + vb ** 2 / (base.n - 1))
+    df = max(min(cand.n, base.n) - 1, int(welch + 1e-9))
+    return t_quantile(confidence, df) * math.sqrt(vc + vb)
 
 
 def profile_weights(name: str, sizes: Sequence[int],
@@ -129,6 +247,26 @@ def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, floa
     return sum(w * base[s].noise_pct for s, w in weights.items() if s in base and w > 0) / total
 
 
+def supported_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
+                       weights: Mapping[int, float], confidence: float = CONFIDENCE) -> float | None:
+    """Weighted gain counting each size's change only beyond its `size_margin`: what the runs
+    support at that confidence, given how many there are. None when a weighted size has fewer
+    than two runs on either side."""
+    terms = []
+    for s, w in weights.items():
+        if w <= 0 or s not in cand or s not in base or cand[s].median <= 0 or base[s].median <= 0:
+            continue
+        margin = size_margin(cand[s], base[s], confidence)
+        if margin is None:
+            return None
+        terms.append((w, _beyond(math.log(cand[s].median / base[s].median), margin)))
+    return _gain_pct(terms)
+
+
+def _fewest_runs(stats: Mapping[int, SizeStats], weights: Mapping[int, float]) -> int:
+    return min((st.n for s, st in stats.items() if weights.get(s, 0.0) > 0), default=0)
+
+
 @dataclass
 class Verdict:
     gain_pct: float  # weighted gain of the medians
@@ -137,6 +275,10 @@ class Verdict:
     regressions: list[tuple[int, float]] = field(default_factory=list)  # (size, ratio)
     reason: str = ""
     robust_gain_pct: float = 0.0  # weighted gain counting each size only beyond its noise
+    # Weighted gain beyond each size's 95% bound for the runs there; None: too few runs for any.
+    supported_gain_pct: float | None = None
+    runs: tuple[int, int] = (0, 0)  # fewest runs at a weighted size: (candidate, defaults)
+    too_few_runs: bool = False  # refused because the runs cannot support a gain at all
 
 
 def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights: Mapping[int, float], *,
@@ -146,7 +288,13 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
     robust = robust_gain_pct(cand, base, weights)
+    supported = supported_gain_pct(cand, base, weights)
+    runs = (_fewest_runs(cand, weights), _fewest_runs(base, weights))
     threshold = min_gain_pct
+
+    def verdict(eligible: bool, reason: str, too_few: bool = False) -> Verdict:
+        return Verdict(gain, threshold, eligible, regressions, reason, robust, supported, runs, too_few)
+
     regressions = []
     for size, w in sorted(weights.items()):
         if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
@@ -159,24 +307,31 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
             regressions.append((size, ratio))
     missing = [s for s, w in weights.items() if w > 0 and s in bm and s not in cm]
     if missing:
-        return Verdict(gain, threshold, False, regressions, f"no result at {len(missing)} size(s)", robust)
+        return verdict(False, f"no result at {len(missing)} size(s)")
     if regressions:
         worst = min(regressions, key=lambda r: r[1])
-        return Verdict(gain, threshold, False, regressions,
-                       f"{len(regressions)} size(s) slower than the defaults (worst {format_size(worst[0])}: "
-                       f"x{worst[1]:.3f})", robust)
+        return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {format_size(worst[0])}: "
+                              f"x{worst[1]:.3f})")
+    if require_gain and supported is None:
+        # No bar can be set: one run bounds nothing, and a bar from the other side's spread alone
+        # would assume the candidate varies as the defaults do.
+        who = f"{runs[0]} finalist sample" if runs[0] < 2 else f"{runs[1]} sample of the defaults"
+        return verdict(False, f"{who}: cannot show a gain beyond noise (gain {gain:+.2f}% not judged; "
+                              "sweep.finalist_repeats of 2 or more can)", too_few=True)
     if require_gain and gain <= 0.0:
         # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
         # themselves saying "slower overall" is evidence enough not to publish.
-        return Verdict(gain, threshold, False, regressions,
-                       f"the medians are slower overall (gain {gain:+.2f}%), although {robust:+.2f}% beyond "
-                       "the noise at each size", robust)
+        return verdict(False, f"the medians are slower overall (gain {gain:+.2f}%), although {robust:+.2f}% beyond "
+                              "the noise at each size")
     if require_gain and robust <= threshold:
-        return Verdict(gain, threshold, False, regressions,
-                       f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
-                       f"the minimum of {threshold:.2f}%", robust)
-    return Verdict(gain, threshold, True, regressions,
-                   f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size", robust)
+        return verdict(False, f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
+                              f"the minimum of {threshold:.2f}%")
+    confident = (f"{supported or 0.0:+.2f}% at {100 * CONFIDENCE:.0f}% confidence with {runs[0]} runs against "
+                 f"{runs[1]} of the defaults")
+    if require_gain and (supported or 0.0) <= 0.0:
+        return verdict(False, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, but {confident}: "
+                              "too few runs for a spread that large")
+    return verdict(True, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, {confident}")
 
 
 fmt_size = format_size

@@ -4,6 +4,11 @@ Both start with NCCL's defaults, repeated, to learn the run-to-run noise. Staged
 each candidate value once, combines the best values of the variables that helped, and
 re-measures a few finalists with repeats, interleaved with more baseline runs so that drift
 over the sweep hits both sides alike. The caller supplies `measure(env, phase, label)`.
+
+Only the finalists' own re-measured runs are judged (select.py), never their screening run: that
+one was picked for looking fast, so it is biased upwards. A finalist with a single run cannot be
+published for a gain at all; the search says so in its notes rather than leaving a bare "nothing
+beat the defaults".
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class SearchResult:
     chosen: Finalist | None
     topo_only: Finalist | None
     weights: dict[int, float]
-    notes: list[str]
+    notes: list[str] = field(default_factory=list)  # what the search says about its own evidence
 
 
 TOPO_ONLY = "topology file only"
@@ -116,6 +121,9 @@ class Search:
 
             raise UsageError(f"the exhaustive grid has {self.grid_points()} points (more than "
                              f"{self.s.max_grid}); narrow sweep.variables or use the staged strategy")
+        if self.s.finalist_repeats < 2:
+            self._note(f"sweep.finalist_repeats is {self.s.finalist_repeats}: 1 finalist sample cannot show a gain "
+                       "beyond noise, so only NCCL's defaults (or them with the topology file) can be published")
         base_runs: list[dict[int, float]] = []
         for i in range(self.s.baseline_repeats):
             got = self.measure({}, "baseline", f"defaults #{i + 1}")
@@ -184,6 +192,11 @@ class Search:
             require_gain = f is not topo_only
             f.verdict = judge(f.stats, baseline, self.weights, min_gain_pct=self.s.min_gain_pct,
                               max_regression_pct=self.s.max_regression_pct, require_gain=require_gain)
+        short = [f for f in finalists if f.verdict and f.verdict.too_few_runs]
+        if short and self.s.finalist_repeats >= 2:
+            # The configured repeats would do; failed runs left too few.
+            for f in short:
+                self._note(f"{f.label}: {f.verdict.reason if f.verdict else ''}")
         eligible = [f for f in finalists if f.verdict and f.verdict.eligible and f is not topo_only]
         if eligible:
             chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
@@ -191,6 +204,10 @@ class Search:
             chosen = topo_only
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
                             self.notes)
+
+    def _note(self, text: str) -> None:
+        log.warning("%s", text)
+        self.notes.append(text)
 
     def _combine(self, screen: Callable[[Env], float | None],
                  screened: list[tuple[Env, str, float | None]]) -> None:
