@@ -28,8 +28,8 @@ candidate's variables (NCCL_TOPO_FILE) travels as its text and is written on the
 nodes of one class share one topology.
 
 Control channel: JSON lines over one TCP connection per joining node, coordinator at HOST:PORT+1.
-  joiner -> {"hello": host, "nproc_per_node": P, "version": V}; coordinator -> {"welcome": N} or
-  {"refuse": why}; per trial coordinator -> {"trial": seq, "rdzv_id", "env", "files",
+  joiner -> {"hello": host, "version": V}; coordinator -> {"welcome": N, "nproc_per_node": P} or
+  {"refuse": why} (another nccltune version); per trial coordinator -> {"trial": seq, "rdzv_id", "env", "files",
   "worker_args", "timeout_s"}, joiner -> {"result": seq, "exit": code, "rank0_out", "err_tail"};
   coordinator -> {"kill": seq} when the trial ends badly here, {"stop": true} at the end.
 It is as unauthenticated as torch's c10d store on HOST:PORT: both ports must be reachable from the
@@ -394,12 +394,15 @@ class ControlServer:
                 peer.close()
                 continue
             peer.name = f"node {hello[0]['hello']} ({addr[0]})"
-            if hello[0].get("nproc_per_node") != self.nproc_per_node:
-                peer.send({"refuse": f"this sweep runs {self.nproc_per_node} ranks per node, the joining node "
-                                     f"offers {hello[0].get('nproc_per_node')}"})
+            from .. import __version__
+
+            if hello[0].get("version") != __version__:
+                # The worker's arguments and records must mean the same on both ends.
+                peer.send({"refuse": f"the coordinator runs nccltune {__version__}, this node "
+                                     f"{hello[0].get('version')}"})
                 peer.close()
                 continue
-            peer.send({"welcome": self.want + 1})
+            peer.send({"welcome": self.want + 1, "nproc_per_node": self.nproc_per_node})
             log.info("%s joined", peer.name)
             self.peers.append(peer)
         if len(self.peers) < self.want:
@@ -546,8 +549,9 @@ def _connect(host: str, port: int, wait_s: float) -> socket.socket:
 
 
 def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str], work_dir: Path,
-         nproc_per_node: int, connect_wait_s: float = 600.0) -> int:
-    """Run trials for the coordinator at `endpoint` until it says stop. Returns the trial count.
+         connect_wait_s: float = 600.0) -> int:
+    """Run trials for the coordinator at `endpoint` until it says stop, with as many ranks on this
+    node as the coordinator runs on its own. Returns the trial count.
 
     Raises:
         UnavailableError: the coordinator cannot be reached or refused this node (exit 69).
@@ -556,13 +560,13 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
     local_addr = "127.0.0.1" if _is_loopback(host) else None
     peer = _Peer(_connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), f"coordinator {_host_port(host, port)}")
     peer.sock.settimeout(None)
-    peer.send({"hello": socket.gethostname(), "nproc_per_node": nproc_per_node, "version": _version()})
+    peer.send({"hello": socket.gethostname(), "version": _version()})
     reply = peer.read(60.0)
     if not reply or "welcome" not in reply[0]:
         why = reply[0].get("refuse") if reply else "no answer"
         peer.close()
         raise UnavailableError(f"the coordinator at {_host_port(host, port)} refused this node: {why}")
-    nnodes = int(reply[0]["welcome"])
+    nnodes, nproc_per_node = int(reply[0]["welcome"]), int(reply[0]["nproc_per_node"])
     trials = 0
     try:
         while not peer.closed:
