@@ -82,11 +82,11 @@ def two_nodes(tmp_path: Path, joiner_env: dict[str, str]) -> Iterator[tuple[Runn
     extra = joiner_env
     port = _port_pair()
     join_state = tmp_path / "joiner"
-    joiner = subprocess.Popen(
-        [sys.executable, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--state-dir", str(join_state),
-         "--python", sys.executable, "-v"],
-        env=_base_env(**extra), stdout=subprocess.PIPE, stderr=open(tmp_path / "joiner.err", "wb"),
-        start_new_session=True)
+    with open(tmp_path / "joiner.err", "wb") as err:
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--state-dir", str(join_state),
+             "--python", sys.executable, "-v"],
+            env=_base_env(**extra), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
     launch = TorchrunLaunch(2, 1, ("127.0.0.1", port), node_class="cpu-test", join_wait_s=120)
     runner = Runner(python=sys.executable, backend="gloo", nranks=1, base_env=_base_env(), work_dir=tmp_path / "work",
                     timeout_s=120, launch=launch)

@@ -737,11 +737,11 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
         scontrol cannot name the nodes (exit 69).
     """
     env = os.environ if env is None else env
-    choice = resolve_launcher(launcher, shape.nnodes, env)
     if shape.loopback:
-        if choice != "local":
-            raise UsageError("--loopback measures one node; it runs with the local launcher only")
+        if launcher not in ("auto", "local"):
+            raise UsageError(f"--loopback measures this node alone; it cannot run with --launcher {launcher}")
         return LocalLaunch(shape.nranks, loopback=True, node_class=node_class)
+    choice = resolve_launcher(launcher, shape.nnodes, env)
     if choice == "local":
         return LocalLaunch(shape.ranks_per_node, node_class=node_class)
     if choice == "torchrun":
