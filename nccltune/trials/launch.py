@@ -567,15 +567,20 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
         peer.close()
         raise UnavailableError(f"the coordinator at {_host_port(host, port)} refused this node: {why}")
     nnodes, nproc_per_node = int(reply[0]["welcome"]), int(reply[0]["nproc_per_node"])
+    pending = reply[1:]  # the first trial may come in the same read as the welcome
     trials = 0
     try:
         while not peer.closed:
-            for msg in peer.read(3600.0):
+            if not pending:
+                pending.extend(peer.read(3600.0))
+            while pending:
+                msg = pending.pop(0)
                 if msg.get("stop"):
                     return trials
                 if "trial" in msg:
                     trials += 1
-                    peer.send(_join_trial(msg, peer, python=python, base_env=base_env, work_dir=work_dir,
+                    # Messages that arrive during the trial, other than its kill, wait in `pending`.
+                    peer.send(_join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
                                           nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
                                           local_addr=local_addr))
         log.warning("the coordinator closed the connection")
@@ -584,8 +589,9 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
         peer.close()
 
 
-def _join_trial(msg: Mapping[str, Any], peer: _Peer, *, python: str, base_env: Mapping[str, str], work_dir: Path,
-                nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
+def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any]], *, python: str,
+                base_env: Mapping[str, str], work_dir: Path, nnodes: int, nproc_per_node: int,
+                endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
     seq = int(msg["trial"])
     trial_dir = work_dir / f"trial-{seq:03d}"
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -610,7 +616,10 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, *, python: str, base_env: M
     try:
         deadline = started + timeout_s + KILL_GRACE_S
         while proc.poll() is None:
-            if any(m.get("kill") == seq for m in peer.read(0.2)) or peer.closed or time.monotonic() > deadline:
+            got = peer.read(0.2)
+            killed = any(m.get("kill") == seq for m in got)
+            pending.extend(m for m in got if "kill" not in m)
+            if killed or peer.closed or time.monotonic() > deadline:
                 stop_tree(proc)
                 break
     except BaseException:
