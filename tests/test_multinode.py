@@ -163,6 +163,18 @@ def test_a_hang_on_one_node_is_killed_on_both_and_the_sweep_goes_on(
     assert after.start["world_size"] == 2
 
 
+@pytest.mark.parametrize("joiner_env", [{FAULT_VAR: "crash"}])
+def test_a_crash_on_one_node_ends_the_trial_on_both(two_nodes: tuple[Runner, subprocess.Popen[bytes], Path]) -> None:
+    runner, joiner, _join_state = two_nodes
+    crashed = _run(runner, {"NCCL_ALGO": "Ring"})
+    # Whichever node tells first: the joining node's report, or this node's agent losing its peer.
+    assert crashed.status == "crashed", crashed.reason
+    assert "torchrun" in (crashed.reason or "")
+    assert "no result within" not in (crashed.reason or "")
+    assert _left_below(os.getpid(), {joiner.pid}) == set()
+    assert _left_below(joiner.pid, set()) == set()
+
+
 def test_the_torchrun_command_line() -> None:
     argv = torchrun_argv("/opt/py/bin/python", nnodes=4, nproc_per_node=8, endpoint=("node-a", 29400),
                          rdzv_id="nccltune-ab12cd34-7", is_host=False, timeout_s=180,

@@ -324,12 +324,14 @@ class _Peer:
         """Whatever whole messages arrive within `timeout_s` (none when the peer is closed)."""
         msgs: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout_s
+        polled = False
         while not self.closed:
             msgs.extend(self._split())
             left = deadline - time.monotonic()
-            if msgs or left <= 0:
+            if msgs or (left <= 0 and polled):
                 break
-            ready, _, _ = select.select([self.sock], [], [], left)
+            polled = True  # a zero timeout still looks once at what has arrived
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, left))
             if not ready:
                 break
             try:
