@@ -44,8 +44,11 @@ A trial that fails or hangs on any node ends on all of them, and the sweep goes 
   to the agent and to every process below it (torchrun starts each worker in a session of its
   own, so a process group kill alone would leave them). A joiner does the same to its agent on
   "kill"; without the message (coordinator gone) it does so at the trial's timeout plus
-  KILL_GRACE_S by its own clock, and the store's death makes its agent exit earlier still. So
-  every node is clear at most timeout_s + KILL_GRACE_S (plus the SIGKILL reaping) after the start.
+  KILL_GRACE_S by its own clock (the store's death usually makes its agent exit earlier). So every
+  node is clear at most timeout_s + KILL_GRACE_S after the trial started when the coordinator is
+  alive (measured here: a 20 s timeout, the joining node's agent gone 1.5 s after it), and
+  timeout_s + 2 * KILL_GRACE_S when it is not; the coordinator then waits up to 2 * KILL_GRACE_S
+  for the other nodes' reports, and the next trial starts.
 - with srun, the runner's timeout sends srun SIGTERM, which srun delivers to every task on every
   node; Slurm's KillWait later kills what remains, and the runner SIGKILLs srun after KILL_GRACE_S.
 """
