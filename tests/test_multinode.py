@@ -340,3 +340,33 @@ def test_rankexec_maps_slurm_variables() -> None:
         rank_env({}, slurm=True)
     assert rank_env({"RANK": "3"}, slurm=False) == {"RANK": "3"}
 
+
+
+def test_a_joining_node_refuses_a_candidate_outside_nccls_variables(tmp_path: Path) -> None:
+    """The receiving end validates too: a peer on the control port cannot set LD_PRELOAD."""
+    import threading
+
+    from nccltune import __version__
+    from nccltune.trials.launch import join
+
+    port = _port_pair()
+    server = socket.create_server(("127.0.0.1", port + 1))
+    done: list[int] = []
+    thread = threading.Thread(target=lambda: done.append(join(
+        ("127.0.0.1", port), python=sys.executable, base_env={}, work_dir=tmp_path, connect_wait_s=30)))
+    thread.start()
+    conn, _ = server.accept()
+    with conn, conn.makefile("rwb") as stream:
+        assert json.loads(stream.readline()) == {"hello": socket.gethostname(), "version": __version__}
+        for doc in ({"welcome": 2, "nproc_per_node": 1},
+                    {"trial": 1, "rdzv_id": "x-1", "env": {"LD_PRELOAD": "/tmp/evil.so"}, "worker_args": []}):
+            stream.write(json.dumps(doc).encode() + b"\n")
+        stream.flush()
+        got = json.loads(stream.readline())
+        stream.write(b'{"stop": true}\n')
+        stream.flush()
+    thread.join(30)
+    server.close()
+    assert got["result"] == 1 and got["exit"] == 78
+    assert "LD_PRELOAD" in got["err_tail"]
+    assert done == [1]

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UnavailableError, UsageError
+from ..errors import EXIT_CONFIG, NccltuneError, UnavailableError, UsageError
 from ..publish import validate_env
 from ..sweep.plan import JobShape
 
@@ -85,6 +85,8 @@ CONTROL_PORT_OFFSET = 1  # the control channel listens next to the rendezvous po
 KILL_GRACE_S = 5.0  # SIGTERM to SIGKILL, for an agent or srun
 MONITOR_INTERVAL_S = 0.5  # torchrun's worker polling (its default is 0.1 s on 2.x, 5 s before)
 MAX_MESSAGE_BYTES = 16 << 20
+# Variables naming a file whose text goes to the other nodes, and the name it gets there.
+SHIPPED_FILES = {"NCCL_TOPO_FILE": "ncclTopology.xml"}
 LOOPBACK_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 LOOPBACK_UNSET = ("NCCL_NET_DISABLE_INTRA",)
 # Rank variables of an enclosing launch must not reach a trial's ranks: the launch sets its own.
@@ -527,14 +529,15 @@ def _read(path: Path) -> str:
 
 
 def _file_payload(candidate: Mapping[str, str]) -> dict[str, str]:
-    """Files the candidate names, by variable: their text travels, paths are node-local."""
+    """Files the candidate names (SHIPPED_FILES), by variable: their text travels, paths are node-local."""
     out = {}
-    topo = candidate.get("NCCL_TOPO_FILE")
-    if topo:
-        try:
-            out["NCCL_TOPO_FILE"] = Path(topo).read_text()
-        except OSError as exc:
-            raise UnavailableError(f"NCCL_TOPO_FILE {topo}: {exc.strerror}") from exc
+    for name in SHIPPED_FILES:
+        path = candidate.get(name)
+        if path:
+            try:
+                out[name] = Path(path).read_text()
+            except OSError as exc:
+                raise UnavailableError(f"{name} {path}: {exc.strerror}") from exc
     return out
 
 
@@ -600,18 +603,24 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any
     seq = int(msg["trial"])
     trial_dir = work_dir / f"trial-{seq:03d}"
     trial_dir.mkdir(parents=True, exist_ok=True)
-    candidate = validate_env(msg.get("env") or {}, source=f"trial {seq} from the coordinator")
-    for name, text in dict(msg.get("files") or {}).items():
-        if name in candidate:
-            local = trial_dir / Path(candidate[name]).name
-            local.write_text(str(text))
+    try:
+        candidate = validate_env(msg.get("env") or {}, source=f"trial {seq} from the coordinator")
+        files = dict(msg.get("files") or {})
+        args = [str(a) for a in msg.get("worker_args") or []]
+        timeout_s = min(float(msg.get("timeout_s", 180.0)), 24 * 3600.0)
+        rdzv_id = str(msg["rdzv_id"])
+    except (NccltuneError, KeyError, TypeError, ValueError) as exc:
+        log.error("trial %d: %s", seq, exc)
+        return {"result": seq, "exit": EXIT_CONFIG, "err_tail": f"the joining node refused the trial: {exc}"[:300]}
+    for name, local_name in SHIPPED_FILES.items():
+        if name in candidate and name in files:
+            local = trial_dir / local_name
+            local.write_text(str(files[name]))
             candidate[name] = str(local)
-    args = [str(a) for a in msg.get("worker_args") or []]
-    timeout_s = min(float(msg.get("timeout_s", 180.0)), 24 * 3600.0)
     env = clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"})
     env.setdefault("OMP_NUM_THREADS", "1")
     argv = torchrun_argv(python, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
-                         rdzv_id=str(msg["rdzv_id"]), is_host=False, timeout_s=timeout_s, args=args,
+                         rdzv_id=rdzv_id, is_host=False, timeout_s=timeout_s, args=args,
                          local_addr=local_addr)
     started = time.monotonic()
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
