@@ -376,9 +376,10 @@ def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> La
 
     if args.nodes < 1:
         raise UsageError(f"--nodes {args.nodes}: at least 1")
-    if args.loopback and (args.nodes > 1 or args.launcher not in ("auto", "local")):
-        raise UsageError("--loopback measures this node alone: it goes with neither --nodes > 1 nor --launcher "
-                         f"{args.launcher}")
+    if args.loopback and args.nodes > 1:
+        raise UsageError(f"--loopback measures this node alone: it does not go with --nodes {args.nodes}")
+    if args.loopback and args.launcher not in ("auto", "local"):
+        raise UsageError(f"--loopback measures this node alone: it does not go with --launcher {args.launcher}")
     endpoint = parse_endpoint(args.rdzv_endpoint) if args.rdzv_endpoint else None
     request = LaunchRequest(nodes=args.nodes, loopback=args.loopback, launcher=args.launcher, endpoint=endpoint,
                             env=dict(env))

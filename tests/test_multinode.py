@@ -313,7 +313,8 @@ def test_launch_options_are_checked_together() -> None:
     assert loop is not None and loop.shape(4).label == "4x1-nic-loopback"
     slurm = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2"}
     assert sweep_launch_request(_args(), slurm) is not None  # auto: srun in an allocation of two nodes
-    for bad, words in ((("--loopback", "--nodes", "2"), "--loopback"),
+    for bad, words in ((("--loopback", "--nodes", "2"), "does not go with --nodes 2"),
+                       (("--loopback", "--launcher", "torchrun"), "does not go with --launcher torchrun"),
                        (("--nodes", "2", "--launcher", "local"), "--launcher local"),
                        (("--nodes", "0"), "--nodes 0"),
                        (("--nodes", "2", "--rdzv-endpoint", "node-a"), "HOST:PORT"),
