@@ -8,17 +8,18 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
+from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
     from .records import TrialResult
     from .store import Store
+    from .trials.launch import LaunchRequest
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,17 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
                     help="sweep a variable although the environment or config sets it")
     sw.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    sw.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="measure jobs of N nodes (this one coordinates; see --join)")
+    sw.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                    help="torchrun's c10d rendezvous on this node (default: this host, port 29400; PORT+1 too)")
+    sw.add_argument("--join", metavar="HOST:PORT",
+                    help="run the trials of the sweep coordinated at HOST:PORT (its --rdzv-endpoint)")
+    sw.add_argument("--loopback", action="store_true",
+                    help="single-node NIC loopback: P2P and SHM off, so traffic goes through the NICs")
+    sw.add_argument("--launcher", choices=("auto", "local", "torchrun", "srun"), default="auto",
+                    help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
+                         "with --nodes > 1, else local)")
 
     env = sub.add_parser("env", help="print the published environment")
     _common(env)
@@ -353,10 +365,62 @@ class _Progress:
             sys.stderr.flush()
 
 
+def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchRequest | None:
+    """--nodes, --rdzv-endpoint, --loopback and --launcher, checked together; None for today's
+    single-node sweep. (--join is handled by cmd_sweep_join.)
+
+    Raises:
+        UsageError: a value or combination that cannot work (exit 2).
+    """
+    from .trials.launch import LaunchRequest, parse_endpoint
+
+    if args.nodes < 1:
+        raise UsageError(f"--nodes {args.nodes}: at least 1")
+    if args.loopback and args.nodes > 1:
+        raise UsageError(f"--loopback measures this node alone: it does not go with --nodes {args.nodes}")
+    if args.loopback and args.launcher not in ("auto", "local"):
+        raise UsageError(f"--loopback measures this node alone: it does not go with --launcher {args.launcher}")
+    endpoint = parse_endpoint(args.rdzv_endpoint) if args.rdzv_endpoint else None
+    request = LaunchRequest(nodes=args.nodes, loopback=args.loopback, launcher=args.launcher, endpoint=endpoint,
+                            env=dict(env))
+    if request.single_node:
+        if endpoint is not None:
+            raise UsageError("--rdzv-endpoint is for sweeps over several nodes (--nodes N)")
+        return None
+    return request
+
+
+def cmd_sweep_join(args: argparse.Namespace) -> int:
+    """`nccltune sweep --join HOST:PORT`: this node runs the coordinator's trials until it stops."""
+    from .trials.launch import join, parse_endpoint
+    from .trials.runner import find_worker_python
+
+    given = [flag for flag, on in (("--nodes", args.nodes != 1), ("--rdzv-endpoint", args.rdzv_endpoint),
+                                   ("--loopback", args.loopback), ("--plan", args.plan),
+                                   ("--launcher", args.launcher != "auto")) if on]
+    if given:
+        raise UsageError(f"--join takes its shape from the coordinator: drop {', '.join(given)}")
+    endpoint = parse_endpoint(args.join, "--join")
+    cfg = load_cfg(args, demo=bool(args.demo))
+    python = find_worker_python(args.python or cfg.bench.python)
+    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=Path(cfg.state_dir) / "join")
+    out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    import inspect
+
     from .pipeline import SweepPipeline
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
+    if args.join:
+        return cmd_sweep_join(args)
+    request = sweep_launch_request(args, os.environ)
+    launch: dict[str, object] = {} if request is None else {"launch": request}
+    if launch and "launch" not in inspect.signature(SweepPipeline).parameters:
+        raise UnavailableError("sweeps over several nodes or NIC loopback need the pipeline's launch stage, "
+                               "which this build does not have yet")
     _check_unpin(args.unpin)
     if args.python:
         from .trials.runner import check_python
@@ -364,7 +428,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
-    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
+    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, **launch)  # type: ignore[arg-type]
     if args.plan:
         plan, search = pipe.plan()
         trials = search.estimate_trials()

@@ -65,6 +65,8 @@ class TrialResult:
     log_dir: str | None = None
     # collective -> why this backend could not measure it (e.g. gloo's one-rank send to itself)
     not_measured: dict[str, str] = field(default_factory=dict)
+    # the job shape and node class the trial ran as (trials.launch.Launch.record)
+    shape: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

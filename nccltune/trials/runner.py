@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_l
 from ..records import Measurement, TrialResult, TrialStatus
 from ..trust import ensure_dir
 from . import nccltests
+from .launch import Launch, LocalLaunch, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,6 @@ def with_nccl_choice(m: Measurement, choice: SizeChoice | None) -> Measurement:
     return replace(m, algo=choice.algo, proto=choice.proto, channels=choice.channels)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def check_python(configured: str) -> None:
     """Refuse a worker interpreter that cannot be one, before anything is measured or written.
 
@@ -191,9 +185,11 @@ class Runner:
         abort_check: Callable[[], str | None] | None = None,
         nccl_tests: str | None = None,
         rank_record: Path | None = None,
+        launch: Launch | None = None,
     ) -> None:
         """`nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
-        `rank_record`: file listing the running ranks (see reap_leftover_ranks)."""
+        `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
+        start (trials.launch; default one process per rank here)."""
         self.python = python
         self.backend = backend
         self.nranks = nranks
@@ -205,6 +201,8 @@ class Runner:
         self.abort_check = abort_check
         self.nccl_tests = nccl_tests
         self.rank_record = rank_record
+        self.launch = launch or LocalLaunch(nranks)
+        self._names: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
 
@@ -234,7 +232,6 @@ class Runner:
             env["NCCL_DEBUG"] = "INFO"
             env["NCCL_DEBUG_SUBSYS"] = NCCL_DEBUG_SUBSYS
             env["NCCL_DEBUG_FILE"] = str(trial_dir / "nccl.%p.log")
-        port = free_port()
         cmd = [self.python, str(WORKER), "--backend", self.backend,
                "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
                "--timeout-s", str(max(30.0, self.timeout_s))]
@@ -250,20 +247,23 @@ class Runner:
             cmd += ["--collectives", ",".join(collectives)]
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         started = time.monotonic()
-        self._procs = []
+        self._procs, self._names = [], []
         if self.nccl_tests:
             return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started)
         try:
-            for rank in range(self.nranks):
-                renv = dict(env, RANK=str(rank), WORLD_SIZE=str(self.nranks), LOCAL_RANK=str(rank),
-                            LOCAL_WORLD_SIZE=str(self.nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                self._spawn(trial_dir, f"rank{rank}", cmd, renv)
+            specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s))
+            self._names = [s.who for s in specs]
+            for spec in specs:
+                self._spawn(trial_dir, spec.name, spec.argv, spec.env)
             status, reason = self._wait(started)
+            self.launch.finish(trial_dir)
         except BaseException:
             self.kill()
             raise
         wall = time.monotonic() - started
-        return self._collect(trial_dir, status, reason, wall)
+        result = self._collect(trial_dir, status, reason, wall)
+        result.shape = self.launch.record()
+        return result
 
     def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str]) -> None:
         """Start one process in its own session (so its whole group can be killed), output to files.
@@ -337,15 +337,20 @@ class Runner:
             if failed:
                 # One rank down means the others would wait forever on it.
                 self.kill()
-                rank, code = failed[0]
+                index, code = failed[0]
+                rank = self._names[index] if index < len(self._names) else f"rank {index}"
                 assert code is not None
                 if code == _EXIT_WRONG_RESULT:
-                    return "wrong_result", f"rank {rank} found a wrong all-reduce result"
+                    return "wrong_result", f"{rank} found a wrong all-reduce result"
                 if code < 0:
-                    return "crashed", f"rank {rank} was killed by signal {signal.Signals(-code).name}"
+                    return "crashed", f"{rank} was killed by signal {signal.Signals(-code).name}"
                 if code == _EXIT_SETUP:
-                    return "error", f"rank {rank} could not set up (see its log)"
-                return "crashed", f"rank {rank} exited with status {code}"
+                    return "error", f"{rank} could not set up (see its log)"
+                return "crashed", f"{rank} exited with status {code}"
+            remote = self.launch.poll()
+            if remote:
+                self.kill()
+                return "crashed", remote
             if all(c == 0 for c in codes):
                 return "ok", None
             if time.monotonic() > deadline:
@@ -360,6 +365,7 @@ class Runner:
 
     def kill(self) -> None:
         """Kill every rank's process group, reap them and empty the rank record."""
+        self.launch.stop(self._procs)
         for p in self._procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -407,7 +413,10 @@ class Runner:
             status, reason = "error", "worker exited without finishing (no 'done' record)"
         wrong = sorted({s.collective for s in sizes if not s.correct})
         # The ranks' exit status says only "wrong result"; the records say which collectives.
-        if wrong and (status == "ok" or (status == "wrong_result" and wrong != ["all_reduce"])):
+        # A launcher over several nodes (torchrun, srun) reports one exit status for all ranks; rank
+        # 0's finished records still tell a wrong result from a crash.
+        if wrong and (status == "ok" or (status == "crashed" and done)
+                      or (status == "wrong_result" and wrong != ["all_reduce"])):
             status, reason = "wrong_result", f"{', '.join(w.replace('_', '-') for w in wrong)} result check failed"
         result = TrialResult(status=status, reason=reason, sizes=sizes, wall_s=round(wall, 2), start=start,
                              log_dir=str(trial_dir), not_measured=not_measured)

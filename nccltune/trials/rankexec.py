@@ -1,0 +1,54 @@
+"""Rank entry point under torchrun and srun: map the launcher's variables, then exec the worker.
+
+Executed by path with the worker's interpreter (standard library only, like worker.py). It
+replaces itself with `python worker.py ARGS...` (same pid, so the launcher watches the worker
+itself) after two adjustments:
+- `--slurm`: RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE from SLURM_PROCID, SLURM_LOCALID,
+  SLURM_NTASKS and SLURM_NTASKS_PER_NODE (srun sets those; the worker reads what torchrun sets).
+- every rank but 0 writes its stdout to stderr: the launcher merges the ranks' streams, and the
+  coordinator reads rank 0's JSON lines, so only rank 0 may speak on stdout.
+
+Usage: rankexec.py [--slurm] WORKER [ARGS...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# What srun sets for every task -> what the worker (and torch's env:// init) reads.
+SLURM_TO_TORCH = (("SLURM_PROCID", "RANK"), ("SLURM_LOCALID", "LOCAL_RANK"), ("SLURM_NTASKS", "WORLD_SIZE"),
+                  ("SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"))
+
+
+def rank_env(env: dict[str, str], slurm: bool) -> dict[str, str]:
+    """The worker's environment; raises KeyError naming a variable srun should have set."""
+    out = dict(env)
+    if slurm:
+        for src, dst in SLURM_TO_TORCH:
+            if src == "SLURM_NTASKS_PER_NODE" and src not in env:
+                continue  # optional: the worker does not read LOCAL_WORLD_SIZE
+            # SLURM_NTASKS_PER_NODE may read "2(x3)" on uneven allocations; the count comes first.
+            out[dst] = env[src].split("(")[0]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    slurm = bool(argv) and argv[0] == "--slurm"
+    rest = argv[1:] if slurm else argv
+    if not rest:
+        sys.stderr.write("usage: rankexec.py [--slurm] WORKER [ARGS...]\n")
+        return 2
+    try:
+        env = rank_env(dict(os.environ), slurm)
+    except KeyError as exc:
+        sys.stderr.write(f"rankexec: {exc.args[0]} is not set (not started by srun?)\n")
+        return 4
+    if env.get("RANK", "0") != "0":
+        os.dup2(2, 1)
+    os.execve(sys.executable, [sys.executable, *rest], env)
+    return 0  # pragma: no cover - exec does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
