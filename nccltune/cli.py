@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
+from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
@@ -409,18 +409,12 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import inspect
-
     from .pipeline import SweepPipeline
     from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
     if args.join:
         return cmd_sweep_join(args)
     request = sweep_launch_request(args, os.environ)
-    launch: dict[str, object] = {} if request is None else {"launch": request}
-    if launch and "launch" not in inspect.signature(SweepPipeline).parameters:
-        raise UnavailableError("sweeps over several nodes or NIC loopback need the pipeline's launch stage, "
-                               "which this build does not have yet")
     _check_unpin(args.unpin)
     if args.python:
         from .trials.runner import check_python
@@ -428,7 +422,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
-    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, **launch)  # type: ignore[arg-type]
+    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request)
     if args.plan:
         plan, search = pipe.plan()
         trials = search.estimate_trials()

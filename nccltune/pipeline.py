@@ -31,9 +31,11 @@ from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
-from .sweep.plan import Plan
+from .sweep.plan import JobShape, Plan
 from .sweep.strategy import Search, SearchResult
 from .topology.ncclxml import render_xml
+from .topology.nodeclass import node_class
+from .trials.launch import LaunchRequest
 from .trials.runner import RANK_RECORD, Runner, TrialAborted, reap_leftover_ranks
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
@@ -78,9 +80,12 @@ class SweepPipeline:
 
     def __init__(self, cfg: Config, *, demo: str | bool | None = None, progress: ProgressFn | None = None,
                  abort_check: Callable[[], str | None] | None = None, env: Mapping[str, str] | None = None,
-                 node: Node | None = None) -> None:
-        """Raises: InputError for a sweep.profile that names no profile (exit 78)."""
+                 node: Node | None = None, launch: LaunchRequest | None = None) -> None:
+        """`launch`: a sweep over several nodes or through the NICs (None: this node's ranks).
+
+        Raises: InputError for a sweep.profile that names no profile (exit 78)."""
         check_profile(cfg)
+        self.launch = launch if launch is not None and not launch.single_node else None
         self.cfg = cfg
         self.demo = demo
         self.progress = progress
@@ -98,9 +103,13 @@ class SweepPipeline:
             self._node = load_node(self.cfg, self.demo)
         return self._node
 
+    def job_shape(self) -> JobShape | None:
+        """The shape the plan prunes for; None for a sweep of this node's own ranks."""
+        return self.launch.shape(self.node().nranks).plan_shape() if self.launch else None
+
     def plan(self) -> tuple[Plan, Search]:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
-        plan = make_plan(self.cfg, self.node(), self.env)
+        plan = make_plan(self.cfg, self.node(), self.env, self.job_shape())
         search = Search(plan, settings(self.cfg), lambda e, p, lbl: None,
                         common={"NCCL_TOPO_FILE": "<topology file>"}, weights=weights(self.cfg, plan))
         return plan, search
@@ -112,7 +121,7 @@ class SweepPipeline:
         started = time.monotonic()
         node = self.node()
         require_idle(node, self.cfg.sweep.force)
-        plan = make_plan(self.cfg, node, self.env)
+        plan = make_plan(self.cfg, node, self.env, self.job_shape())
         state = Path(self.cfg.state_dir)
         try:
             ensure_dir(state, "state directory")
@@ -131,8 +140,16 @@ class _Sweep:
 
     def __init__(self, pipe: SweepPipeline, store: Store, node: Node, plan: Plan, engine: Engine) -> None:
         self.pipe, self.cfg, self.store, self.node, self.plan, self.engine = pipe, pipe.cfg, store, node, plan, engine
+        # A sweep over several nodes (or through the NICs) measures a job shape, not this node: its
+        # trials are stored with the shape and the node class, for `nccltune export` and
+        # `nccltune fleet decide`; nothing of it is published on this node.
+        self.launch = (pipe.launch.build(node.nranks, node_class=node_class(node.topo).id)
+                       if pipe.launch else None)
+        topology: dict[str, Any] = {"source": node.topo.source, "gpus": len(node.topo.gpus)}
+        if self.launch is not None:
+            topology["job"] = self.launch.record()
         self.run_id = start_run(store, kind="sweep", cfg=self.cfg, node=node, profile=self.cfg.sweep.profile,
-                                topology={"source": node.topo.source, "gpus": len(node.topo.gpus)})
+                                topology=topology)
         self.xml_text = ""  # rendered as the session opens, where a failure closes the run
         self.trial_xml = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}" / "ncclTopology.xml"
         self.search: Search | None = None
@@ -142,14 +159,22 @@ class _Sweep:
         try:
             result = self._search(session)
             choice = choose(result, self.plan, self.cfg.topology_file, session.results, self.node.demo)
-            published = self._publish(choice, session)
-            session.finish("ok", self._summary(choice, session), chosen_env=choice.env,
-                           published_generation=published.generation, rows=choice.rows)
+            published = self._publish(choice, session) if self.launch is None else None
+            summary = self._summary(choice, session)
+            if self.launch is not None:
+                summary["job"] = self.launch.record()
+                summary["not_published"] = (f"measured for the job shape {self.launch.shape.label}: a class "
+                                            "profile decides for it (nccltune export, nccltune fleet decide)")
+            session.finish("ok", summary, chosen_env=choice.env,
+                           published_generation=published.generation if published else None, rows=choice.rows)
         except BaseException as exc:
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted))
             session.abandon("interrupted" if interrupted else "failed",
                             {"error": str(exc) or type(exc).__name__, "trials": session.seq})
             raise
+        finally:
+            if self.launch is not None:
+                self.launch.close()
         return self._report(result, choice, published, session, started)
 
     def _open_session(self) -> TrialSession:
@@ -162,7 +187,8 @@ class _Sweep:
             runner = Runner(python=self.engine.python, backend=self.node.backend, nranks=self.node.nranks,
                             base_env=self._base_env(), work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
-                            nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD)
+                            nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,
+                            launch=self.launch)
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,
@@ -226,7 +252,7 @@ class _Sweep:
                 "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
                 "failed": session.failed, "plan_pruned": len(self.plan.pruned)}
 
-    def _report(self, result: SearchResult, choice: Choice, published: PublishedFiles, session: TrialSession,
+    def _report(self, result: SearchResult, choice: Choice, published: PublishedFiles | None, session: TrialSession,
                 started: float) -> SweepReport:
         return SweepReport(
             run_id=self.run_id, demo=self.node.demo, backend=self.node.backend, fingerprint=self.node.fingerprint,

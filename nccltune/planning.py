@@ -9,7 +9,7 @@ from .config import Config
 from .errors import InputError
 from .node import Node, iterations, size_ladder
 from .publish import preflight
-from .sweep.plan import Plan, build_plan
+from .sweep.plan import JobShape, Plan, build_plan
 from .sweep.select import BUILTIN_PROFILES, profile_weights
 from .sweep.space import CATALOGUE, unknown_variable_hint
 from .sweep.strategy import Settings
@@ -46,9 +46,10 @@ def check_profile(cfg: Config) -> None:
                          hint=f"built in: {', '.join(BUILTIN_PROFILES)}; or define sweep.profiles")
 
 
-def make_plan(cfg: Config, node: Node, env: Mapping[str, str]) -> Plan:
+def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape | None = None) -> Plan:
     """The plan for this node, with the variables pinned by `env` (the calling environment) and
-    the config, less the ones sweep.unpin frees."""
+    the config, less the ones sweep.unpin frees; `shape` (several nodes, NIC loopback) decides
+    which network variables can matter."""
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
     # What could not be published is found now, before the first trial (and by --plan).
@@ -57,7 +58,7 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str]) -> Plan:
     return build_plan(
         node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=list(cfg.sweep.unpin),
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
-        sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks,
+        sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks, shape=shape,
     )
 
 

@@ -175,6 +175,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str) 
         "nranks": plan.nranks,
         "profile": profile,
         "fingerprint": node.fingerprint,
+        "job_shape": {"nnodes": plan.shape.nnodes, "loopback": plan.shape.loopback},
         "sizes": plan.sizes,
         "measure": plan.variables,
         "pruned": pruned_list(plan),
@@ -198,6 +199,11 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
     lines.append(f"Sweep plan for {node.topo.source}: {plan.nranks} ranks, backend {plan.backend}, "
                  f"profile {profile}")
     lines.append(f"Sizes: {', '.join(format_size(s) for s in plan.sizes)}")
+    if plan.shape.crosses_nic:
+        how = ("NIC loopback: P2P and SHM off, every rank its own NCCL node" if plan.shape.loopback
+               else f"{plan.shape.nnodes} nodes")
+        lines.append(f"Job shape: {how}; measured for this shape only, never published on this node "
+                     "(a class profile decides for it)")
     lines.append("")
     lines.append("Measured (each against NCCL's defaults, which are measured first and repeated):")
     if not plan.variables:
