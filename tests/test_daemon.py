@@ -364,9 +364,11 @@ def test_topology_change_republishes_a_safe_environment_then_retunes(env: Env, s
     assert safe["generation"] == before["generation"] + 1
     assert safe["topology_fingerprint"] != before["topology_fingerprint"]
     safe_env = json.loads((state / "nccl.json").read_text())["env"]
-    assert safe_env["NCCL_TOPO_FILE"] == str(state / "ncclTopology.xml")
+    # The new topology file is part of the published set; the stable-path copy follows it.
+    in_set = state / "generations" / str(safe["generation"]) / "ncclTopology.xml"
+    assert safe_env["NCCL_TOPO_FILE"] == str(in_set)
     assert "NCCL_ALGO" not in safe_env
-    assert (state / "ncclTopology.xml").read_text() != old_xml
+    assert in_set.read_text() == (state / "ncclTopology.xml").read_text() != old_xml
 
     d.wait_log(r"sweeping: topology changed", 30)
     d.wait_log(r"sweep done in", SWEEP_S)
