@@ -13,10 +13,29 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from ..names import format_size
 
 MiB = 1 << 20
+
+# What one number is measured at: (collective, size_bytes). The statistics and the verdict take
+# that key or a bare size (one collective's numbers); either way every key is judged on its own,
+# so a collective slower at a size vetoes a setting however much faster another one got.
+Key = tuple[str, int]
+K = TypeVar("K", int, Key)
+_DEFAULT_COLLECTIVE = "all_reduce"
+
+
+def split_key(key: int | Key) -> Key:
+    """(collective, size_bytes) of a key; a bare size is all_reduce's."""
+    return key if isinstance(key, tuple) else (_DEFAULT_COLLECTIVE, key)
+
+
+def key_label(key: int | Key) -> str:
+    """'64 KiB', or 'all_gather 64 KiB' for a collective other than all_reduce."""
+    collective, size = split_key(key)
+    return format_size(size) if collective == _DEFAULT_COLLECTIVE else f"{collective} {format_size(size)}"
 
 BUILTIN_PROFILES = {
     "balanced": "every size of the ladder weighs the same",
@@ -32,6 +51,7 @@ class SizeStats:
     low: float
     high: float
     n: int
+    collective: str = _DEFAULT_COLLECTIVE
 
     @property
     def noise_pct(self) -> float:
@@ -41,13 +61,14 @@ class SizeStats:
         return 100.0 * (self.high - self.low) / (2.0 * self.median)
 
 
-def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
+def size_stats(runs: Sequence[Mapping[K, float]]) -> dict[K, SizeStats]:
     sizes = sorted({s for r in runs for s in r})
     out = {}
     for s in sizes:
         vals = [r[s] for r in runs if s in r]
         if vals:
-            out[s] = SizeStats(s, statistics.median(vals), min(vals), max(vals), len(vals))
+            collective, size = split_key(s)
+            out[s] = SizeStats(size, statistics.median(vals), min(vals), max(vals), len(vals), collective)
     return out
 
 
@@ -92,15 +113,15 @@ def _beyond(x: float, margin: float) -> float:
     return math.copysign(max(0.0, abs(x) - margin), x)
 
 
-def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float],
-                      weights: Mapping[int, float]) -> float:
+def weighted_gain_pct(cand: Mapping[K, float], base: Mapping[K, float],
+                      weights: Mapping[K, float]) -> float:
     """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
     return _gain_pct((w, math.log(cand[s] / base[s])) for s, w in weights.items()
                      if w > 0 and cand.get(s, 0) > 0 and base.get(s, 0) > 0)
 
 
-def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
-                       weights: Mapping[int, float]) -> float:
+def screening_gain_pct(cand: Mapping[K, float], base: Mapping[K, SizeStats],
+                       weights: Mapping[K, float]) -> float:
     """Weighted gain of a single measurement, each size's change shrunk by that size's noise.
 
     One run of a candidate against the baseline median: a difference no larger than twice the
@@ -111,8 +132,8 @@ def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
                      if w > 0 and cand.get(s, 0) > 0 and s in base and base[s].median > 0)
 
 
-def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
-                    weights: Mapping[int, float]) -> float:
+def robust_gain_pct(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats],
+                    weights: Mapping[K, float]) -> float:
     """Weighted gain of repeated measurements, each size's change counted only beyond the spread
     of both sides' repeats there. A consistent gain at quiet sizes survives; a difference at a size
     that varies by 20% from run to run counts as nothing, in either direction."""
@@ -122,7 +143,7 @@ def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats]
                      if w > 0 and s in cand and s in base and cand[s].median > 0 and base[s].median > 0)
 
 
-def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, float]) -> float:
+def weighted_noise_pct(base: Mapping[K, SizeStats], weights: Mapping[K, float]) -> float:
     total = sum(w for s, w in weights.items() if s in base and w > 0)
     if total == 0:
         return 0.0
@@ -130,24 +151,25 @@ def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, floa
 
 
 @dataclass
-class Verdict:
+class Verdict(Generic[K]):
     gain_pct: float  # weighted gain of the medians
     threshold_pct: float  # the configured minimum gain
     eligible: bool
-    regressions: list[tuple[int, float]] = field(default_factory=list)  # (size, ratio)
+    regressions: list[tuple[K, float]] = field(default_factory=list)  # (key, ratio), every collective's
     reason: str = ""
     robust_gain_pct: float = 0.0  # weighted gain counting each size only beyond its noise
 
 
-def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights: Mapping[int, float], *,
-          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict:
-    """May this candidate be published instead of NCCL's defaults?"""
+def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
+          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict[K]:
+    """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
+    a regression of any collective at any size it weighs refuses the candidate."""
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
     robust = robust_gain_pct(cand, base, weights)
     threshold = min_gain_pct
-    regressions = []
+    regressions: list[tuple[K, float]] = []
     for size, w in sorted(weights.items()):
         if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
             continue
@@ -163,7 +185,7 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
     if regressions:
         worst = min(regressions, key=lambda r: r[1])
         return Verdict(gain, threshold, False, regressions,
-                       f"{len(regressions)} size(s) slower than the defaults (worst {format_size(worst[0])}: "
+                       f"{len(regressions)} size(s) slower than the defaults (worst {key_label(worst[0])}: "
                        f"x{worst[1]:.3f})", robust)
     if require_gain and gain <= 0.0:
         # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
