@@ -73,7 +73,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
     _common(sw)
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
-    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, or a custom one")
+    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
+                    "pipeline, or a custom one (sweep.profiles)")
     sw.add_argument("--json", action="store_true", help="print one JSON document")
     sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                     help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
@@ -112,8 +113,10 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="judge the bundled (or given) snapshot, for machines without GPUs")
     doc.add_argument("--json", action="store_true")
 
-    ver = sub.add_parser("verify", help="quick all-reduce with the published environment against the baseline")
+    ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
+                         "against the last sweep")
     _common(ver)
+    ver.add_argument("--profile", metavar="NAME", help="whose collectives to check (default: sweep.profile)")
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
     ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
@@ -333,9 +336,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         trials = search.estimate_trials()
         seconds = pipe.estimate_seconds(plan, trials)
         if args.json:
-            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile)))
+            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan))))
         else:
-            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile))
+            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan)))
         return EXIT_OK
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -110,7 +110,7 @@ Strategy = Literal["staged", "exhaustive"]
 
 # One configured profile: message size -> weight (the sizes of all_reduce, the original form),
 # or collective -> {message size -> weight}.
-ProfileWeights: TypeAlias = Union[dict[int, float], dict[str, dict[int, float]]]
+ProfileWeights: TypeAlias = dict[int, float] | dict[str, dict[int, float]]
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")

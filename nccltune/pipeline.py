@@ -24,7 +24,7 @@ from .choice import Choice, choose
 from .config import Config
 from .errors import InputError
 from .lock import SweepLock
-from .names import DEMO_LABEL, format_size
+from .names import DEMO_LABEL
 from .node import Node, load_node, require_idle
 from .planning import POLICY_VAR, Workload, check_profile, estimate_seconds, make_plan, settings, workload
 from .probe import probe_nccl

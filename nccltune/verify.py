@@ -1,10 +1,12 @@
-"""`nccltune verify`: a quick all-reduce with the published environment against expectations.
+"""`nccltune verify`: a quick run of the profile's collectives with the published environment
+against expectations.
 
-Expectations come from a floor given on the command line (GB/s busbw at the largest size
-measured) or from the last sweep of this node's topology (the medians it measured for the
-published setting). A size counts as degraded when it is below expectation by more than the
-drift threshold, or by more than twice the noise that sweep measured at that size, whichever
-is larger. Usable from a Slurm prolog or a health check: two short trials, exit 1 on failure.
+Every collective of sweep.profile that the backend can measure is run at a few sizes, in one
+trial per repeat. Expectations come from a floor given on the command line (GB/s busbw at the
+largest size measured, for every collective) or from the last sweep of this node's topology
+(the medians it measured for the published setting, per collective and size). A size counts
+as degraded when it is below expectation by more than the drift threshold, or by more than
+twice the noise that sweep measured at that size, whichever is larger. Usable from a Slurm prolog or a health check: two short trials, exit 1 on failure.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
+from .planning import workload
 from .publish import read_published
 from .store import Store
+from .sweep.select import Key, key_label
 from .trials.runner import Runner
 from .trials.session import TrialSession, resolve_engine, start_run
 
@@ -36,6 +40,7 @@ class VerifyRow:
     allowed_pct: float
     drift_pct: float | None
     ok: bool
+    collective: str = "all_reduce"
 
 
 @dataclass
@@ -59,23 +64,24 @@ class VerifyResult:
 
 
 def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
-                  sizes: list[int]) -> tuple[dict[int, tuple[float, float]], str]:
-    """size -> (expected busbw, noise pct of that size), and where the numbers come from."""
+                  sizes: list[int], collectives: tuple[str, ...]) -> tuple[dict[Key, tuple[float, float]], str]:
+    """(collective, size) -> (expected busbw, noise pct there), and where the numbers come from."""
     if floor_gbps is not None:
-        return {max(sizes): (floor_gbps, 0.0)}, f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}"
+        return ({(c, max(sizes)): (floor_gbps, 0.0) for c in collectives},
+                f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}")
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
     if run is None or not run.rows:
         raise CheckFailed("no expectation to verify against: no finished sweep for this topology "
                           f"(fingerprint {node.fingerprint})", hint="run `nccltune sweep`, or pass --floor GBPS")
     out = {}
     for row in run.rows:
-        if row.size_bytes in sizes:
+        if row.size_bytes in sizes and row.collective in collectives:
             expected = row.default_busbw_gbps if use_current else row.tuned_busbw_gbps
-            out[row.size_bytes] = (expected, row.default_noise_pct)
+            out[(row.collective, row.size_bytes)] = (expected, row.default_noise_pct)
     if not out:
         # Without this, every row would lack an expectation and verify would pass vacuously.
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
-                          f"({', '.join(format_size(s) for s in sizes)})",
+                          f"({', '.join(format_size(s) for s in sizes)}) of {', '.join(collectives)}",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
     return out, f"sweep {run.id} of {run.started_at[:19]}"
 
@@ -100,6 +106,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
     sizes = verify_sizes(cfg, node)
+    collectives = workload(cfg, node, sizes).collectives
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
     env: dict[str, str] = {}
@@ -115,16 +122,16 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     base_env = dict(os.environ)
     state.mkdir(parents=True, exist_ok=True)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
-        expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
-        engine = resolve_engine(cfg, node)
+        expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes, collectives)
+        engine = resolve_engine(cfg, node, collectives)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
                         abort_check=abort_check)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
-        session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node)
-        best: dict[int, float] = {}
+        session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)
+        best: dict[Key, float] = {}
         try:
             for i in range(repeats):
                 res = session.trial(env, "verify", f"verify #{i + 1}")
@@ -132,30 +139,33 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                     continue
                 for s in res.sizes:
                     # The better of the repeats: a degraded link is slow every time, noise is not.
-                    best[s.size_bytes] = max(best.get(s.size_bytes, 0.0), s.busbw_gbps)
+                    key = (s.collective, s.size_bytes)
+                    best[key] = max(best.get(key, 0.0), s.busbw_gbps)
         except BaseException:
             session.abandon("interrupted", {"error": "interrupted"})
             raise
         failures = [reason for _label, reason in session.failed]
         nccl_version = session.nccl_version
         rows = []
-        for size in sizes:
-            exp = expected.get(size)
-            got_bw = best.get(size)
+        for key in [(c, s) for c in collectives for s in sizes]:
+            exp = expected.get(key)
+            got_bw = best.get(key)
             allowed = max(threshold, 2.0 * exp[1]) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
-            rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
+            rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0]))
         unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
         if not best:
             passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
         elif unmeasured:
             # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
-            passed, reason = False, (f"{', '.join(format_size(r.size_bytes) for r in unmeasured)}: not measured"
+            passed, reason = False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
+                                     "not measured"
                                      + (f" ({failures[0]})" if failures else ""))
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
-            passed, reason = False, (f"{format_size(worst.size_bytes)}: {worst.measured_gbps:.2f} GB/s is "
+            passed, reason = False, (f"{key_label((worst.collective, worst.size_bytes))}: "
+                                     f"{worst.measured_gbps:.2f} GB/s is "
                                      f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"
