@@ -6,7 +6,8 @@ trial per repeat. Expectations come from a floor given on the command line (GB/s
 largest size measured, for every collective) or from the last sweep of this node's topology
 (the medians it measured for the published setting, per collective and size). A size counts
 as degraded when it is below expectation by more than the drift threshold, or by more than
-twice the noise that sweep measured at that size, whichever is larger. Usable from a Slurm prolog or a health check: two short trials, exit 1 on failure.
+twice the noise that sweep measured at that size, whichever is larger. Usable from a Slurm
+prolog or a health check: two short trials, exit 1 on failure.
 """
 
 from __future__ import annotations

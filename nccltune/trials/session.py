@@ -60,10 +60,10 @@ def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_r
                                hint="build nccl-tests, or set bench.engine: torch")
     from .nccltests import binary_for
 
-    for name in collectives:
-        if not Path(binary_for(binary, name)).exists():
-            raise UnavailableError(f"{Path(binary_for(binary, name)).name} (nccl-tests) not found beside {binary}",
-                                   hint="build every nccl-tests binary the profile needs, or set bench.engine: torch")
+    missing = [Path(binary_for(binary, name)).name for name in collectives if not Path(binary_for(binary, name)).exists()]
+    if missing:
+        raise UnavailableError(f"{', '.join(missing)} (nccl-tests) not found beside {binary}",
+                               hint="build every nccl-tests binary the profile measures, or set bench.engine: torch")
     return Engine(cfg.bench.python or sys.executable, binary)
 
 
