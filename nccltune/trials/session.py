@@ -60,7 +60,8 @@ def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_r
                                hint="build nccl-tests, or set bench.engine: torch")
     from .nccltests import binary_for
 
-    missing = [Path(binary_for(binary, name)).name for name in collectives if not Path(binary_for(binary, name)).exists()]
+    missing = [Path(path).name for path in (binary_for(binary, name) for name in collectives)
+               if not Path(path).exists()]
     if missing:
         raise UnavailableError(f"{', '.join(missing)} (nccl-tests) not found beside {binary}",
                                hint="build every nccl-tests binary the profile measures, or set bench.engine: torch")
