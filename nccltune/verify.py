@@ -22,7 +22,7 @@ from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
-from .planning import workload
+from .planning import check_profile, workload
 from .publish import read_published
 from .store import Store
 from .sweep.select import Key, key_label
@@ -101,8 +101,10 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
     """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
 
-    Raises: CheckFailed when there is nothing to compare against; BusyError when GPUs are in use
+    Raises: InputError for a sweep.profile that names no profile (exit 78); CheckFailed when
+    there is nothing to compare against; BusyError when GPUs are in use
     or a sweep (or another verify) is measuring: trials side by side would skew both."""
+    check_profile(cfg)
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")

@@ -172,3 +172,29 @@ def test_the_plan_shows_the_profiles_collectives_and_a_longer_estimate(
     assert [c["collective"] for c in ddp["collectives"]] == ["all_reduce"]
     assert ddp["estimate"]["trials"] == fsdp["estimate"]["trials"]
     assert fsdp["estimate"]["seconds"] > ddp["estimate"]["seconds"]
+
+
+def test_collectives_without_numbers_are_listed_with_why_in_the_plan_and_the_report() -> None:
+    from nccltune.planning import Workload
+    from nccltune.records import ReportRow
+    from nccltune.render import rows_text, workload_doc, workload_lines
+
+    w = Workload("pipeline+", ("all_reduce",), {("all_reduce", 4096): 1.0, ("all_reduce", MiB): 0.0},
+                 {"sendrecv": "torch's gloo backend cannot send to its own rank"})
+    assert workload_lines(w) == ["Collectives of profile pipeline+ (every size of the ladder each, weighted):",
+                                 "  all_reduce: 4KiB x1",
+                                 "  sendrecv: not measured on this backend (torch's gloo backend cannot send to "
+                                 "its own rank)"]
+    assert workload_doc(w)["not_measured"] == {"sendrecv": "torch's gloo backend cannot send to its own rank"}
+    rows = [ReportRow(4096, 1.0, 1.0, 0.0, 1.0, 1.0)]
+    text = rows_text(rows, w.not_measured)
+    assert text[0] == "all_reduce (busbw = algbw x 2(n-1)/n):"
+    assert text[-1] == "sendrecv: not measured on this backend (torch's gloo backend cannot send to its own rank)"
+    # One all_reduce table and nothing missing: the table as it always was, without a heading.
+    assert rows_text(rows)[0].startswith("size ")
+
+
+def test_verify_refuses_an_unknown_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--demo", "--profile", "nope", "--state-dir", str(tmp_path / "s")]) == 78
+    err = capsys.readouterr().err
+    assert "unknown profile 'nope'" in err and "fsdp" in err
