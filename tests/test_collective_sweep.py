@@ -37,7 +37,8 @@ def test_the_sweep_reports_a_row_per_collective_and_size(every_collective_sweep:
     weights = {(r["collective"], r["size_bytes"]): r["weight"] for r in doc["sizes"]}
     assert weights[("all_to_all", MiB)] == 1.0 and weights[("sendrecv", 4096)] == 0.5
     assert weights[("broadcast", 65536)] == 0.0
-    assert all(r["default_busbw_gbps"] > 0 for r in doc["sizes"])
+    # Report rows keep 3 decimals (gloo moves 4 KiB at well under 1 MB/s); 1 MiB moves enough to show.
+    assert all(r["default_busbw_gbps"] > 0 for r in doc["sizes"] if r["size_bytes"] == MiB)
     assert [r["collective"] for r in doc["sizes"]][:len(DEMO_SIZES)] == ["all_reduce"] * len(DEMO_SIZES)
 
 
@@ -50,7 +51,7 @@ def test_the_store_keeps_every_collectives_measurements(every_collective_sweep: 
         for t in trials:
             assert t.status == "ok", t.reason
             assert {m.collective for m in t.measurements} == set(EVERY_COLLECTIVE)
-            assert all(m.correct for m in t.measurements)
+            assert all(m.correct and m.busbw_gbps > 0 for m in t.measurements)
         series = series_by_collective(trials)
     assert list(series) == list(EVERY_COLLECTIVE)
     assert all("NCCL defaults" in by_label for by_label in series.values())
