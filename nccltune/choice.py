@@ -1,4 +1,4 @@
-"""The sweep's choice and its report: what gets published, the rows per size, the summary line.
+"""The sweep's choice and its report: what gets published, the rows per (collective, size), the summary line.
 
 Reads the search's result and the trials (for which algorithm and protocol NCCL used); decides
 nothing the selection has not decided (sweep/select.py judges, this module only shapes).
@@ -13,6 +13,7 @@ from pathlib import Path
 from .nccl.debuglog import SizeChoice, prevailing
 from .records import ReportRow, TrialResult
 from .sweep.plan import Plan
+from .sweep.select import Key, split_key
 from .sweep.strategy import Finalist, SearchResult, label_of
 
 DEFAULTS_LABEL = "NCCL defaults"
@@ -46,18 +47,18 @@ def choose(result: SearchResult, plan: Plan, topology_file: Path,
         rows=report_rows(result, chosen, nccl_choices(trials)), summary=summarize(result, chosen, demo))
 
 
-def nccl_choices(trials: Iterable[tuple[Mapping[str, str], TrialResult]]) -> dict[str, dict[int, SizeChoice]]:
-    """Candidate label -> size -> what NCCL used there over the candidate's good trials (the one
-    rule of nccl.debuglog.prevailing decides when trials differ)."""
-    seen: dict[str, dict[int, list[SizeChoice]]] = {}
+def nccl_choices(trials: Iterable[tuple[Mapping[str, str], TrialResult]]) -> dict[str, dict[Key, SizeChoice]]:
+    """Candidate label -> (collective, size) -> what NCCL used there over the candidate's good
+    trials (the one rule of nccl.debuglog.prevailing decides when trials differ)."""
+    seen: dict[str, dict[Key, list[SizeChoice]]] = {}
     for env, result in trials:
         if not result.ok:
             continue
         by_size = seen.setdefault(label_of(env), {})
         for m in result.sizes:
             if m.algo and m.proto:
-                by_size.setdefault(m.size_bytes, []).append(SizeChoice(m.algo, m.proto))
-    out: dict[str, dict[int, SizeChoice]] = {}
+                by_size.setdefault((m.collective, m.size_bytes), []).append(SizeChoice(m.algo, m.proto))
+    out: dict[str, dict[Key, SizeChoice]] = {}
     for label, sizes in seen.items():
         for size, choices in sizes.items():
             got = prevailing(choices)
@@ -67,18 +68,21 @@ def nccl_choices(trials: Iterable[tuple[Mapping[str, str], TrialResult]]) -> dic
 
 
 def report_rows(result: SearchResult, chosen: Finalist | None,
-                choices: Mapping[str, Mapping[int, SizeChoice]]) -> list[ReportRow]:
-    """One row per size of the baseline: defaults against the chosen setting (itself the
-    defaults when nothing was chosen)."""
+                choices: Mapping[str, Mapping[Key, SizeChoice]]) -> list[ReportRow]:
+    """One row per (collective, size) of the baseline, collectives in the profile's order:
+    defaults against the chosen setting (itself the defaults when nothing was chosen)."""
     rows = []
     tuned = chosen.stats if chosen else {}
     defaults = choices.get(label_of({}), {})
     chosen_choices = choices.get(label_of(chosen.env), {}) if chosen else defaults
-    for size, base in sorted(result.baseline.items()):
-        t = tuned.get(size)
-        d_choice, t_choice = defaults.get(size), chosen_choices.get(size)
+    order = {c: i for i, c in enumerate(dict.fromkeys(split_key(k)[0] for k in result.weights))}
+    for key, base in sorted(result.baseline.items(),
+                            key=lambda kv: (order.get(split_key(kv[0])[0], len(order)), split_key(kv[0]))):
+        collective, size = split_key(key)
+        t = tuned.get(key)
+        d_choice, t_choice = defaults.get(key), chosen_choices.get(key)
         rows.append(ReportRow(
-            size_bytes=size, weight=result.weights.get(size, 0.0),
+            size_bytes=size, weight=result.weights.get(key, 0.0), collective=collective,
             default_busbw_gbps=round(base.median, 3), default_noise_pct=round(base.noise_pct, 2),
             tuned_busbw_gbps=round(t.median, 3) if t else round(base.median, 3),
             ratio=round(t.median / base.median, 4) if t and base.median > 0 else 1.0,

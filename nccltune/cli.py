@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import __version__
 from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
@@ -99,7 +99,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
     _common(sw)
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
-    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, or a custom one")
+    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
+                    "pipeline, or a custom one (sweep.profiles)")
     sw.add_argument("--json", action="store_true", help="print one JSON document")
     sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                     help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
@@ -149,8 +150,10 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="judge the bundled (or given) snapshot, for machines without GPUs")
     doc.add_argument("--json", action="store_true")
 
-    ver = sub.add_parser("verify", help="quick all-reduce with the published environment against the baseline")
+    ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
+                         "against the last sweep")
     _common(ver)
+    ver.add_argument("--profile", metavar="NAME", help="whose collectives to check (default: sweep.profile)")
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
     ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
@@ -428,9 +431,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         trials = search.estimate_trials()
         seconds = pipe.estimate_seconds(plan, trials)
         if args.json:
-            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile)))
+            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan))))
         else:
-            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile))
+            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan)))
         return EXIT_OK
     fingerprint = pipe.node().fingerprint
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -742,8 +745,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     cfg = load_cfg(args)
     exports = load_exports([Path(p) for p in args.exports])
+    # A class decision pools all-reduce sizes: the profiles it can take weigh sizes, not collectives.
+    size_profiles = {name: weights for name, weights in cfg.sweep.profiles.items()
+                     if all(isinstance(size, int) for size in weights)}
     rules = rules_from(args.profile, pool(exports).profiles, min_gain_pct=cfg.sweep.min_gain_pct,
-                       max_regression_pct=cfg.sweep.max_regression_pct, custom=cfg.sweep.profiles)
+                       max_regression_pct=cfg.sweep.max_regression_pct,
+                       custom=cast(dict[str, dict[int, float]], size_profiles))
     doc = decide(exports, rules)
     atomic_write(Path(args.out), dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")

@@ -33,6 +33,8 @@ from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias, TypeVar, Union
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
+from .collectives import DEFAULT as DEFAULT_COLLECTIVE
+from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import InputError
 from .inputfile import read_input_file
 from .names import VARIABLE_NAME_RE, format_size
@@ -48,6 +50,7 @@ __all__ = [
     "Config",
     "DaemonConfig",
     "Engine",
+    "ProfileWeights",
     "PublishConfig",
     "Strategy",
     "SweepConfig",
@@ -59,6 +62,7 @@ __all__ = [
     "parse_config",
     "parse_size",
     "parse_window",
+    "profile_collectives",
     "setting_names",
     "with_overrides",
 ]
@@ -104,6 +108,10 @@ _VARIABLE_HINT = "variable names are NCCL_... or TORCH_NCCL_..., in capitals"
 Backend = Literal["auto", "nccl", "gloo"]
 Engine = Literal["torch", "nccl-tests"]
 Strategy = Literal["staged", "exhaustive"]
+
+# One configured profile: message size -> weight (the sizes of all_reduce, the original form),
+# or collective -> {message size -> weight}.
+ProfileWeights: TypeAlias = dict[int, float] | dict[str, dict[int, float]]
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -161,6 +169,18 @@ def parse_window(text: str) -> tuple[_dt.time, _dt.time]:
         # Either "never" or "always"; neither is worth guessing. No window already means always.
         raise ValueError(f"{text!r} starts and ends at the same time")
     return _dt.time(h1, m1), _dt.time(h2, m2)
+
+
+def profile_collectives(profile: Mapping[Any, Any]) -> dict[str, dict[int, float]]:
+    """collective -> {size_bytes: weight} of one configured profile, in either form (a profile of
+    sizes alone weighs all_reduce)."""
+    out: dict[str, dict[int, float]] = {}
+    for key, value in profile.items():
+        if isinstance(value, Mapping):
+            out[str(key)] = {int(size): float(weight) for size, weight in value.items()}
+        else:
+            out.setdefault(DEFAULT_COLLECTIVE, {})[int(key)] = float(value)
+    return out
 
 
 def _time_in_window(t: _dt.time, start: _dt.time, end: _dt.time) -> bool:
@@ -228,8 +248,9 @@ class SweepConfig:
     """What is searched, and how a winner is chosen."""
 
     profile: str = "balanced"
-    # name -> {size_bytes: weight}: how much each message size counts in the objective.
-    profiles: dict[str, dict[int, float]] = field(default_factory=dict)
+    # name -> {size_bytes: weight} (all-reduce sizes), or name -> {collective: {size_bytes: weight}}:
+    # how much each message size (of each collective) counts in the objective.
+    profiles: dict[str, ProfileWeights] = field(default_factory=dict)
     strategy: Strategy = "staged"
     baseline_repeats: int = _setting(3, ge=2, why="the run-to-run noise needs at least two runs")
     finalist_repeats: int = _setting(3, ge=1)
@@ -799,14 +820,14 @@ class _Builder:
             result[name] = values
         return result
 
-    def profiles(self, dotted: str, node: _Node) -> dict[str, dict[int, float]]:
+    def profiles(self, dotted: str, node: _Node) -> dict[str, ProfileWeights]:
         if _is_null(node):
             return {}
         if not isinstance(node, _Map):
             self.fail(
                 node.line, f"{dotted}: expected a mapping of profile name: sizes, got {_describe(node)}"
             )
-        result: dict[str, dict[int, float]] = {}
+        result: dict[str, ProfileWeights] = {}
         for entry in node.entries:
             child = _join(dotted, entry.key)
             if not _PROFILE_NAME_RE.match(entry.key):
@@ -821,40 +842,75 @@ class _Builder:
                 self.fail(
                     weights_node.line,
                     f"{child}: expected a mapping of message size: weight, got {_describe(weights_node)}",
-                    'e.g. {"64KiB": 1, "16MiB": 2}',
+                    'e.g. {"64KiB": 1, "16MiB": 2}, or per collective: {all_gather: {"16MiB": 1}}',
                 )
-            weights: dict[int, float] = {}
-            first_line: dict[int, int | None] = {}
-            for w in weights_node.entries:
-                try:
-                    size = parse_size(w.key)
-                except ValueError as exc:
-                    self.fail(w.line, f"{child}: {exc}", _SIZE_HINT)
-                size_key = f"{child}.{size}"
-                if not 1 <= size <= MAX_MESSAGE_BYTES:
-                    self.fail(
-                        w.line, f"{size_key}: sizes run from 1 byte to {format_size(MAX_MESSAGE_BYTES)}"
-                    )
-                if size in weights:
-                    first = first_line[size]
-                    self.fail(
-                        w.line,
-                        f"{child}: {w.key} is the same size as an earlier key"
-                        + (f" (line {first})" if first is not None else ""),
-                    )
-                weight = self.number(size_key, w.value)
-                self.check_range(size_key, w.value, weight, {"ge": 0})
-                self.record(size_key, w.line)
-                first_line[size] = w.line
-                weights[size] = weight
-            if not any(weights.values()):
+            # Two forms: message size -> weight (all-reduce sizes), or collective -> {size: weight}.
+            per_collective = any(
+                w.key in COLLECTIVE_NAMES or isinstance(w.value, _Map) for w in weights_node.entries
+            )
+            profile: ProfileWeights
+            if per_collective:
+                by_collective: dict[str, dict[int, float]] = {}
+                for c in weights_node.entries:
+                    c_key = f"{child}.{c.key}"
+                    if c.key not in COLLECTIVE_NAMES:
+                        close = difflib.get_close_matches(c.key, list(COLLECTIVE_NAMES), n=1)
+                        self.fail(
+                            c.line,
+                            f"{c_key}: {c.key!r} is not a collective (known: {', '.join(COLLECTIVE_NAMES)})",
+                            f'did you mean "{close[0]}"?' if close
+                            else "a profile maps either sizes or collectives to weights, not both",
+                        )
+                    if not isinstance(c.value, _Map) or not c.value.entries:
+                        self.fail(
+                            c.value.line,
+                            f"{c_key}: expected a mapping of message size: weight, got {_describe(c.value)}",
+                            'e.g. {"1MiB": 1, "64MiB": 2}',
+                        )
+                    self.record(c_key, c.line)
+                    by_collective[c.key] = self.size_weights(c_key, c.value)
+                zero = not any(w for sizes in by_collective.values() for w in sizes.values())
+                profile = by_collective
+            else:
+                sizes_only = self.size_weights(child, weights_node)
+                zero = not any(sizes_only.values())
+                profile = sizes_only
+            if zero:
                 self.fail(
                     weights_node.line,
                     f"{child}: every weight is zero",
                     "give at least one size a positive weight",
                 )
-            result[entry.key] = weights
+            result[entry.key] = profile
         return result
+
+    def size_weights(self, child: str, weights_node: _Map) -> dict[int, float]:
+        """message size -> weight, one mapping of a profile (`child` is its dotted key)."""
+        weights: dict[int, float] = {}
+        first_line: dict[int, int | None] = {}
+        for w in weights_node.entries:
+            try:
+                size = parse_size(w.key)
+            except ValueError as exc:
+                self.fail(w.line, f"{child}: {exc}", _SIZE_HINT)
+            size_key = f"{child}.{size}"
+            if not 1 <= size <= MAX_MESSAGE_BYTES:
+                self.fail(
+                    w.line, f"{size_key}: sizes run from 1 byte to {format_size(MAX_MESSAGE_BYTES)}"
+                )
+            if size in weights:
+                first = first_line[size]
+                self.fail(
+                    w.line,
+                    f"{child}: {w.key} is the same size as an earlier key"
+                    + (f" (line {first})" if first is not None else ""),
+                )
+            weight = self.number(size_key, w.value)
+            self.check_range(size_key, w.value, weight, {"ge": 0})
+            self.record(size_key, w.line)
+            first_line[size] = w.line
+            weights[size] = weight
+        return weights
 
     def gpus(self, dotted: str, node: _Node) -> list[int] | None:
         if _is_null(node):

@@ -24,14 +24,15 @@ from .choice import Choice, choose
 from .config import Config
 from .errors import InputError
 from .lock import SweepLock
-from .names import DEMO_LABEL, format_size
+from .names import DEMO_LABEL
 from .node import Node, load_node, require_idle
-from .planning import POLICY_VAR, check_profile, estimate_seconds, make_plan, settings, weights
+from .planning import POLICY_VAR, Workload, check_profile, estimate_seconds, make_plan, settings, workload
 from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import JobShape, Plan
+from .sweep.select import Key, key_label
 from .sweep.strategy import Search, SearchResult
 from .topology.ncclxml import render_xml
 from .topology.nodeclass import node_class
@@ -73,6 +74,8 @@ class SweepReport:
     summary: str = ""
     profile: str | None = None
     method: str | None = None  # how the trials measured: placement and timing
+    collectives: tuple[str, ...] = ("all_reduce",)  # what every trial measured
+    not_measured: dict[str, str] = field(default_factory=dict)  # the profile's others: collective -> why
 
 
 class SweepPipeline:
@@ -111,11 +114,15 @@ class SweepPipeline:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
         plan = make_plan(self.cfg, self.node(), self.env, self.job_shape())
         search = Search(plan, settings(self.cfg), lambda e, p, lbl: None,
-                        common={"NCCL_TOPO_FILE": "<topology file>"}, weights=weights(self.cfg, plan))
+                        common={"NCCL_TOPO_FILE": "<topology file>"}, weights=self.workload(plan).weights)
         return plan, search
 
+    def workload(self, plan: Plan) -> Workload:
+        """What sweep.profile measures over the plan's sizes: collectives, weights, what cannot be measured."""
+        return workload(self.cfg, self.node(), plan.sizes)
+
     def estimate_seconds(self, plan: Plan, trials: int) -> float:
-        return estimate_seconds(plan, trials, self.cfg, self.node())
+        return estimate_seconds(plan, trials, self.cfg, self.node(), len(self.workload(plan).collectives))
 
     def run(self) -> SweepReport:
         started = time.monotonic()
@@ -127,7 +134,7 @@ class SweepPipeline:
             ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
-        engine = resolve_engine(self.cfg, node)
+        engine = resolve_engine(self.cfg, node, workload(self.cfg, node, plan.sizes).collectives)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
             reap_leftover_ranks(state / RANK_RECORD)
@@ -153,6 +160,7 @@ class _Sweep:
         self.xml_text = ""  # rendered as the session opens, where a failure closes the run
         self.trial_xml = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}" / "ncclTopology.xml"
         self.search: Search | None = None
+        self.workload = workload(self.cfg, node, plan.sizes)
 
     def run(self, started: float) -> SweepReport:
         session = self._open_session()
@@ -195,7 +203,7 @@ class _Sweep:
                                   summary={"error": str(exc) or type(exc).__name__, "trials": 0})
             raise
         return TrialSession(self.store, self.run_id, runner, self.plan.sizes, cfg=self.cfg, node=self.node,
-                            progress=self.pipe.progress,
+                            progress=self.pipe.progress, collectives=self.workload.collectives,
                             expected_trials=lambda: self.search.estimate_trials() if self.search else 0)
 
     def _base_env(self) -> dict[str, str]:
@@ -211,17 +219,16 @@ class _Sweep:
     def _search(self, session: TrialSession) -> SearchResult:
         """The trials, as the search asks for them; a failed trial counts as no result."""
 
-        def measure(env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        def measure(env: dict[str, str], phase: str, label: str) -> tuple[dict[Key, float], dict[str, Any]] | None:
             result = session.trial(env, typing.cast(Phase, phase), label)
             if not result.ok:
                 log.warning("trial %d (%s) failed: %s", session.seq, label, result.reason)
                 return None
-            return result.busbw(), result.nccl
+            return result.busbw_by_key(), result.nccl
 
         # The policy values ride along with every candidate: a finished trial shows torch takes them.
         common = {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
-        self.search = Search(self.plan, settings(self.cfg), measure, common=common,
-                             weights=weights(self.cfg, self.plan))
+        self.search = Search(self.plan, settings(self.cfg), measure, common=common, weights=self.workload.weights)
         return self.search.run()
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
@@ -232,7 +239,7 @@ class _Sweep:
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             topology_fingerprint=self.node.fingerprint, nccl_version=session.nccl_version,
             backend=self.node.backend, demo=self.node.demo, profile=self.cfg.sweep.profile,
-            gains={format_size(r.size_bytes): r.ratio for r in choice.rows if r.ratio},
+            gains={key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio},
             note=(DEMO_LABEL if self.node.demo else None),
             # The daemon compares this with what it computes from its own probe of the worker's
             # NCCL, so both sides take the version from the same place.
@@ -250,7 +257,13 @@ class _Sweep:
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
         return {"chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
                 "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
-                "failed": session.failed, "plan_pruned": len(self.plan.pruned)}
+                "failed": session.failed, "plan_pruned": len(self.plan.pruned),
+                "collectives": list(self.workload.collectives), "not_measured": self._not_measured(session)}
+
+    def _not_measured(self, session: TrialSession) -> dict[str, str]:
+        """The profile's collectives without numbers, with why: known before the trials, or as the
+        worker reported."""
+        return {**self.workload.not_measured, **session.not_measured}
 
     def _report(self, result: SearchResult, choice: Choice, published: PublishedFiles | None, session: TrialSession,
                 started: float) -> SweepReport:
@@ -260,7 +273,8 @@ class _Sweep:
             topology_file=str(self.cfg.topology_file) if choice.uses_topology_file else None,
             nccl_version=session.nccl_version, torch_version=session.torch_version, trials=session.seq,
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
-            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method)
+            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
+            collectives=self.workload.collectives, not_measured=self._not_measured(session))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

@@ -4,13 +4,16 @@ by policy, which sizes count how much, and about how long it will take."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from .config import Config
+from . import collectives as coll
+from .config import Config, profile_collectives
 from .errors import InputError
 from .node import Node, iterations, size_ladder
 from .publish import preflight
+from .sweep import profiles
 from .sweep.plan import JobShape, Plan, build_plan
-from .sweep.select import BUILTIN_PROFILES, profile_weights
+from .sweep.select import Key
 from .sweep.space import CATALOGUE, unknown_variable_hint
 from .sweep.strategy import Settings
 
@@ -41,9 +44,9 @@ def check_profile(cfg: Config) -> None:
         InputError: it names neither (exit 78).
     """
     profile = cfg.sweep.profile
-    if profile not in BUILTIN_PROFILES and profile not in cfg.sweep.profiles:
+    if profile not in profiles.BUILTIN and profile not in cfg.sweep.profiles:
         raise InputError(cfg.path or "config", f"unknown profile {profile!r}", line=cfg.lines.get("sweep.profile"),
-                         hint=f"built in: {', '.join(BUILTIN_PROFILES)}; or define sweep.profiles")
+                         hint=f"built in: {', '.join(profiles.BUILTIN)}; or define sweep.profiles")
 
 
 def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape | None = None) -> Plan:
@@ -62,9 +65,50 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
     )
 
 
-def weights(cfg: Config, plan: Plan) -> dict[int, float]:
-    """How much each size of the plan counts under sweep.profile."""
-    return profile_weights(cfg.sweep.profile, plan.sizes, cfg.sweep.profiles)
+def _custom(cfg: Config) -> dict[str, dict[str, dict[int, float]]]:
+    return {name: profile_collectives(p) for name, p in cfg.sweep.profiles.items()}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What sweep.profile measures on this node: the collectives the trials run, the weight of
+    each (collective, size), and the profile's collectives this backend cannot measure, with why."""
+
+    profile: str
+    collectives: tuple[str, ...]
+    weights: dict[Key, float]
+    not_measured: dict[str, str] = field(default_factory=dict)
+
+    def sizes_of(self, collective: str) -> dict[int, float]:
+        """size -> weight of one measured collective."""
+        return {s: w for (c, s), w in self.weights.items() if c == collective}
+
+
+def not_measured_reason(c: coll.Collective, node: Node) -> str | None:
+    """Why this node's backend cannot measure `c`, known before any trial (the worker reports
+    what it finds besides, as `TrialResult.not_measured`)."""
+    if node.backend != "gloo":
+        return None
+    reason = coll.gloo_reason(c)
+    if reason is None and c.name == "sendrecv" and node.nranks < 2:
+        reason = "torch's gloo backend cannot send to its own rank"
+    return reason
+
+
+def workload(cfg: Config, node: Node, sizes: list[int]) -> Workload:
+    """sweep.profile over the ladder `sizes` of this node."""
+    custom = _custom(cfg)
+    name = cfg.sweep.profile
+    wanted = profiles.collectives_of(name, custom)
+    missing = {c: why for c in wanted if (why := not_measured_reason(coll.get(c), node)) is not None}
+    measured = tuple(c for c in wanted if c not in missing)
+    all_weights = profiles.weights(name, sizes, custom)
+    return Workload(name, measured, {k: w for k, w in all_weights.items() if k[0] in measured}, missing)
+
+
+def weights(cfg: Config, plan: Plan) -> dict[Key, float]:
+    """How much each (collective, size) of the plan counts under sweep.profile."""
+    return profiles.weights(cfg.sweep.profile, plan.sizes, _custom(cfg))
 
 
 def settings(cfg: Config) -> Settings:
@@ -75,11 +119,12 @@ def settings(cfg: Config) -> Settings:
                     max_regression_pct=s.max_regression_pct, exhaustive=s.strategy == "exhaustive")
 
 
-def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node) -> float:
-    """Rough time: process start and communicator set-up, plus the data moved per size."""
+def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectives: int = 1) -> float:
+    """Rough time: process start and communicator set-up, plus the data moved per size, for each
+    of the `collectives` a trial measures."""
     overhead = 2.5 if node.demo else 7.0
     warmup, iters = iterations(cfg, node)
     bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
     bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
-    per_trial = overhead + sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
-    return trials * per_trial
+    per_collective = sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
+    return trials * (overhead + max(1, collectives) * per_collective)

@@ -73,7 +73,12 @@ class TrialResult:
         return self.status == "ok"
 
     def busbw(self) -> dict[int, float]:
+        """busbw per size; for a trial of one collective (a trial of several: `busbw_by_key`)."""
         return {s.size_bytes: s.busbw_gbps for s in self.sizes}
+
+    def busbw_by_key(self) -> dict[tuple[str, int], float]:
+        """busbw per (collective, size): what the selection compares."""
+        return {(s.collective, s.size_bytes): s.busbw_gbps for s in self.sizes}
 
     @property
     def nccl_version(self) -> str | None:
@@ -91,7 +96,8 @@ class TrialResult:
         """How the trial measured, 'placement; timing' (e.g. 'out-of-place; host clock, ...'), from
         the worker's start record; None when no worker started."""
         if self.start.get("engine") == "nccl-tests":
-            return "out-of-place; all_reduce_perf (nccl-tests)"
+            binaries = self.start.get("binaries") or ["all_reduce_perf"]
+            return f"out-of-place; {', '.join(str(b) for b in binaries)} (nccl-tests)"
         if not self.start.get("timing"):
             return None
         return f"{self.start.get('placement', 'in-place')}; {self.start['timing']}"
@@ -99,7 +105,7 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class ReportRow:
-    """One size of a sweep's report: NCCL's defaults (median and noise) against the published
+    """One size of one collective in a sweep's report: NCCL's defaults (median and noise) against the published
     setting (median, ratio), and the algorithm/protocol NCCL used for each ("Ring/LL")."""
 
     size_bytes: int
@@ -119,6 +125,7 @@ class ReportRow:
             "default_busbw_gbps": self.default_busbw_gbps, "default_noise_pct": self.default_noise_pct,
             "tuned_busbw_gbps": self.tuned_busbw_gbps, "ratio": self.ratio,
             "default_algo_proto": self.default_algo_proto, "tuned_algo_proto": self.tuned_algo_proto,
+            "collective": self.collective,
         }
 
     @classmethod

@@ -6,9 +6,11 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .collectives import COLLECTIVES
 from .names import DEMO_LABEL, format_size
 from .records import ReportRow
 from .store import RunRecord, TrialRecord
+from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
 from .topology.nicpaths import NicPaths, compute_nic_paths
@@ -18,6 +20,7 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from .doctor import Finding
     from .node import Node
     from .pipeline import SweepReport
+    from .planning import Workload
     from .sweep.plan import Plan
     from .topocheck import TopoCheck
     from .verify import VerifyResult
@@ -166,7 +169,38 @@ def pruned_list(plan: Plan) -> list[dict[str, str]]:
     return [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned]
 
 
-def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str) -> dict[str, Any]:
+def _ranges(weights: dict[int, float]) -> list[tuple[int, int, float]]:
+    """Consecutive sizes of equal weight as (first, last, weight), zero weights left out."""
+    out: list[tuple[int, int, float]] = []
+    for size, w in sorted(weights.items()):
+        if out and out[-1][2] == w:
+            out[-1] = (out[-1][0], size, w)
+        else:
+            out.append((size, size, w))
+    return [r for r in out if r[2] > 0]
+
+
+def workload_doc(w: Workload) -> dict[str, Any]:
+    """The profile's collectives with the sizes each measures and their weights, and the ones not measured."""
+    return {"collectives": [{"collective": c, "sizes": [{"size_bytes": s, "weight": wt}
+                                                          for s, wt in sorted(w.sizes_of(c).items())]}
+                            for c in w.collectives],
+            "not_measured": dict(w.not_measured)}
+
+
+def workload_lines(w: Workload) -> list[str]:
+    lines = [f"Collectives of profile {w.profile} (every size of the ladder each, weighted):"]
+    for c in w.collectives:
+        parts = [(format_size(a) if a == b else f"{format_size(a)}-{format_size(b)}") + f" x{wt:g}"
+                 for a, b, wt in _ranges(w.sizes_of(c))]
+        lines.append(f"  {c}: {', '.join(parts) or 'no size weighed'}")
+    for c, why in w.not_measured.items():
+        lines.append(f"  {c}: not measured on this backend ({why})")
+    return lines
+
+
+def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
+             workload: Workload | None = None) -> dict[str, Any]:
     return {
         "kind": "sweep-plan",
         "demo": node.demo,
@@ -183,6 +217,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str) 
         "policy": plan.policy,
         "notes": plan.notes,
         "estimate": {"trials": trials, "seconds": round(seconds, 1)},
+        **(workload_doc(workload) if workload is not None else {}),
     }
 
 
@@ -192,7 +227,8 @@ def shown(value: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value)
 
 
-def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str) -> str:
+def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
+              workload: Workload | None = None) -> str:
     lines = []
     if node.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
@@ -204,6 +240,8 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
                else f"{plan.shape.nnodes} nodes")
         lines.append(f"Job shape: {how}; measured for this shape only, never published on this node "
                      "(a class profile decides for it)")
+    if workload is not None:
+        lines.extend(workload_lines(workload))
     lines.append("")
     lines.append("Measured (each against NCCL's defaults, which are measured first and repeated):")
     if not plan.variables:
@@ -232,7 +270,8 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
         lines.append("")
         lines.extend(f"Note: {n}" for n in plan.notes)
     lines.append("")
-    lines.append(f"Estimate: about {trials} trials, {_fmt_s(seconds)}.")
+    per = f" of {len(workload.collectives)} collectives each" if workload and len(workload.collectives) > 1 else ""
+    lines.append(f"Estimate: about {trials} trials{per}, {_fmt_s(seconds)}.")
     return "\n".join(lines)
 
 
@@ -256,6 +295,8 @@ def sweep_doc(report: SweepReport) -> dict[str, Any]:
         "published_env": report.chosen_env,
         "summary": report.summary,
         "sizes": [r.as_dict() for r in report.rows],
+        "collectives": list(report.collectives),
+        "not_measured": dict(report.not_measured),
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
@@ -271,7 +312,25 @@ def fmt_bw(gbps: float) -> str:
     return f"{gbps:.3g}"
 
 
-def rows_text(rows: Sequence[ReportRow]) -> list[str]:
+def rows_text(rows: Sequence[ReportRow], not_measured: dict[str, str] | None = None) -> list[str]:
+    """The report's table; with more than one collective (or another than all_reduce), one table
+    per collective under its name, and the profile's collectives that have no numbers, with why."""
+    collectives = list(dict.fromkeys(r.collective for r in rows))
+    if collectives in ([], ["all_reduce"]) and not not_measured:
+        return _rows_table(rows)
+    lines: list[str] = []
+    for c in collectives:
+        if lines:
+            lines.append("")
+        factor = COLLECTIVES[c].factor_kind if c in COLLECTIVES else "?"
+        lines.append(f"{c} (busbw = algbw x {factor}):")
+        lines.extend("  " + line for line in _rows_table([r for r in rows if r.collective == c]))
+    for c, why in (not_measured or {}).items():
+        lines.append(f"{c}: not measured on this backend ({why})")
+    return lines
+
+
+def _rows_table(rows: Sequence[ReportRow]) -> list[str]:
     table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
     for r in rows:
         table.append([
@@ -296,10 +355,12 @@ def sweep_text(report: SweepReport) -> str:
     lines.append(f"Sweep {report.run_id}: backend {report.backend}, fingerprint {report.fingerprint}, "
                  f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
+    what = ("all-reduce, float32 sum" if list(report.collectives) == ["all_reduce"]
+            else f"{', '.join(report.collectives)}; float32, sum for the reductions")
     lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
-                 f"(all-reduce, float32 sum, {report.method or 'no trial measured'})")
+                 f"({what}, {report.method or 'no trial measured'})")
     lines.append("")
-    lines.extend(rows_text(report.rows))
+    lines.extend(rows_text(report.rows, report.not_measured))
     lines.append("")
     for label, reason in report.failed_trials:
         lines.append(f"Failed: {label}: {reason}")
@@ -327,7 +388,8 @@ def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None)
     if trials is not None:
         doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
                           "reason": t.reason, "wall_s": t.wall_s,
-                          "measurements": [{"size_bytes": m.size_bytes, "busbw_gbps": m.busbw_gbps,
+                          "measurements": [{"collective": m.collective, "size_bytes": m.size_bytes,
+                                            "busbw_gbps": m.busbw_gbps,
                                             "time_us": m.time_us, "algo": m.algo, "proto": m.proto,
                                             "correct": m.correct} for m in t.measurements]}
                          for t in trials]
@@ -366,7 +428,9 @@ def report_text(run: RunRecord) -> str:
     if run.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
-    lines.extend(rows_text(run.rows))
+    not_measured = s.get("not_measured")
+    lines.extend(rows_text(run.rows, {str(k): str(v) for k, v in not_measured.items()}
+                           if isinstance(not_measured, dict) else None))
     lines.append(str(s.get("summary", "")))
     return "\n".join(lines)
 
@@ -449,6 +513,7 @@ def verify_text(r: VerifyResult) -> str:
         meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
         exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
         drift = f"{row.drift_pct:+.1f}%" if row.drift_pct is not None else "-"
-        lines.append(f"  {format_size(row.size_bytes):>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
+        where = key_label((row.collective, row.size_bytes))
+        lines.append(f"  {where:>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
                      f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
     return "\n".join(lines)

@@ -1,12 +1,15 @@
-"""`nccltune verify`: a quick all-reduce with the published environment against expectations.
+"""`nccltune verify`: a quick run of the profile's collectives with the published environment
+against expectations.
 
-Expectations come from a floor given on the command line (GB/s busbw at the largest size
-measured) or from the last sweep of this node's topology (the medians it measured for the
-published setting). A size counts as degraded when the best of the verify runs is below
-expectation by more than the largest of: the drift threshold, twice the noise that sweep
-measured at that size, and the drop that runs of an unchanged node show by chance one time in
-a hundred, given how few runs are behind each number (`allowed_drift_pct`). Usable from a
-Slurm prolog or a health check: two short trials, exit 1 on failure.
+Every collective of sweep.profile that the backend can measure is run at a few sizes, in one
+trial per repeat. Expectations come from a floor given on the command line (GB/s busbw at the
+largest size measured, for every collective) or from the last sweep of this node's topology
+(the medians it measured for the published setting, per collective and size). A size counts as
+degraded when the best of the verify runs is below expectation by more than the largest of: the
+drift threshold, twice the noise that sweep measured at that size, and the drop that runs of an
+unchanged node show by chance one time in a hundred, given how few runs are behind each number
+(`allowed_drift_pct`). Usable from a Slurm prolog or a health check: two short trials, exit 1 on
+failure.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
+from .planning import check_profile, workload
 from .publish import read_published
 from .store import Store
-from .sweep.select import d2, t_quantile
+from .sweep.select import Key, d2, key_label, t_quantile
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
@@ -111,6 +115,7 @@ class VerifyRow:
     allowed_pct: float
     drift_pct: float | None
     ok: bool
+    collective: str = "all_reduce"
 
 
 @dataclass
@@ -151,25 +156,26 @@ def _sample_counts(run_config: dict[str, object], use_current: bool, kept_defaul
 
 
 def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
-                  sizes: list[int]) -> tuple[dict[int, tuple[float, float, float | None]], str, SampleCounts]:
-    """size -> (expected busbw, noise pct of that size, the defaults' busbw there), where the
-    numbers come from, and how many runs are behind them."""
+                  sizes: list[int], collectives: tuple[str, ...]
+                  ) -> tuple[dict[Key, tuple[float, float, float | None]], str, SampleCounts]:
+    """(collective, size) -> (expected busbw, noise pct there, the defaults' busbw there), where
+    the numbers come from, and how many runs are behind them."""
     if floor_gbps is not None:
-        return ({max(sizes): (floor_gbps, 0.0, None)}, f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}",
-                SampleCounts(0, 0))
+        return ({(c, max(sizes)): (floor_gbps, 0.0, None) for c in collectives},
+                f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}", SampleCounts(0, 0))
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
     if run is None or not run.rows:
         raise CheckFailed("no expectation to verify against: no finished sweep for this topology "
                           f"(fingerprint {node.fingerprint})", hint="run `nccltune sweep`, or pass --floor GBPS")
-    out: dict[int, tuple[float, float, float | None]] = {}
+    out: dict[Key, tuple[float, float, float | None]] = {}
     for row in run.rows:
-        if row.size_bytes in sizes:
+        if row.size_bytes in sizes and row.collective in collectives:
             expected = row.default_busbw_gbps if use_current else row.tuned_busbw_gbps
-            out[row.size_bytes] = (expected, row.default_noise_pct, row.default_busbw_gbps)
+            out[(row.collective, row.size_bytes)] = (expected, row.default_noise_pct, row.default_busbw_gbps)
     if not out:
         # Without this, every row would lack an expectation and verify would pass vacuously.
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
-                          f"({', '.join(format_size(s) for s in sizes)})",
+                          f"({', '.join(format_size(s) for s in sizes)}) of {', '.join(collectives)}",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
     counts = _sample_counts(run.config or {}, use_current, (run.summary or {}).get("chosen") == "NCCL defaults")
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
@@ -189,12 +195,15 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
     """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
 
-    Raises: CheckFailed when there is nothing to compare against; BusyError when GPUs are in use
+    Raises: InputError for a sweep.profile that names no profile (exit 78); CheckFailed when
+    there is nothing to compare against; BusyError when GPUs are in use
     or a sweep (or another verify) is measuring: trials side by side would skew both."""
+    check_profile(cfg)
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
     sizes = verify_sizes(cfg, node)
+    collectives = workload(cfg, node, sizes).collectives
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
     env: dict[str, str] = {}
@@ -211,17 +220,17 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
-        expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes)
-        engine = resolve_engine(cfg, node)
+        expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes, collectives)
+        engine = resolve_engine(cfg, node, collectives)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
                         abort_check=abort_check, rank_record=state / RANK_RECORD)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
-        session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node)
-        best: dict[int, float] = {}
-        samples: dict[int, list[float]] = {}
+        session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)
+        best: dict[Key, float] = {}
+        samples: dict[Key, list[float]] = {}
         try:
             for i in range(repeats):
                 res = session.trial(env, "verify", f"verify #{i + 1}")
@@ -229,32 +238,35 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                     continue
                 for s in res.sizes:
                     # The better of the repeats: a degraded link is slow every time, noise is not.
-                    best[s.size_bytes] = max(best.get(s.size_bytes, 0.0), s.busbw_gbps)
-                    samples.setdefault(s.size_bytes, []).append(s.busbw_gbps)
+                    key = (s.collective, s.size_bytes)
+                    best[key] = max(best.get(key, 0.0), s.busbw_gbps)
+                    samples.setdefault(key, []).append(s.busbw_gbps)
         except BaseException:
             session.abandon("interrupted", {"error": "interrupted"})
             raise
         failures = [reason for _label, reason in session.failed]
         nccl_version = session.nccl_version
         rows = []
-        for size in sizes:
-            exp = expected.get(size)
-            got_bw = best.get(size)
-            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(size, []), expected_gbps=exp[0],
+        for key in [(c, s) for c in collectives for s in sizes]:
+            exp = expected.get(key)
+            got_bw = best.get(key)
+            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(key, []), expected_gbps=exp[0],
                                         defaults_gbps=exp[2]) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
             ok = got_bw is not None and (drift is None or drift >= -allowed)
-            rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
+            rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0]))
         unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
         if not best:
             passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
         elif unmeasured:
             # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
-            passed, reason = False, (f"{', '.join(format_size(r.size_bytes) for r in unmeasured)}: not measured"
+            passed, reason = False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
+                                     "not measured"
                                      + (f" ({failures[0]})" if failures else ""))
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
-            passed, reason = False, (f"{format_size(worst.size_bytes)}: {worst.measured_gbps:.2f} GB/s is "
+            passed, reason = False, (f"{key_label((worst.collective, worst.size_bytes))}: "
+                                     f"{worst.measured_gbps:.2f} GB/s is "
                                      f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"

@@ -2,7 +2,7 @@
 
 Test modules import the paths from here (`from conftest import TOPOLOGIES`); the demo sweep is
 the `demo_sweep` fixture (made once per test session, see demo_state.py) and `seeded`, its
-state directory.
+state directory; `every_collective_sweep` is a second one whose profile measures every collective.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from demo_state import DemoSweep, demo_sweep_in
+from demo_state import EVERY_COLLECTIVE_CONFIG, EVERY_COLLECTIVE_SWEEP_S, DemoSweep, demo_sweep_in
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -26,6 +26,13 @@ NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
 def demo_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSweep:
     """One finished demo sweep (`sweep --demo --json`), shared read-only: copy its state to change it."""
     return demo_sweep_in(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def every_collective_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSweep:
+    """One finished demo sweep whose profile measures all seven collectives, shared read-only."""
+    return demo_sweep_in(tmp_path_factory, "every-collective-sweep", EVERY_COLLECTIVE_CONFIG,
+                         EVERY_COLLECTIVE_SWEEP_S)
 
 
 @pytest.fixture(scope="session")

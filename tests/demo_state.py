@@ -38,6 +38,21 @@ BASE_CONFIG: dict[str, Any] = {
 }
 SWEEP_S = 180.0  # generous bound for one demo sweep on a loaded 2-core machine
 
+# A profile of all seven collectives (gloo has every one on two ranks), and nothing swept: the
+# defaults twice, the topology file alone, one round of finals. Every collective goes through the
+# real trials, choice, store and reports in one sweep of five short trials.
+EVERY_COLLECTIVE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
+EVERY_COLLECTIVE_CONFIG: dict[str, Any] = {
+    "sweep": {
+        "profile": "every",
+        "profiles": {"every": {c: {"1MiB": 1, "4KiB": 0.5} for c in EVERY_COLLECTIVE}},
+        "baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
+        "exclude": [*EXCLUDE, "NCCL_ALGO"],
+    },
+    "daemon": {"drift_threshold_pct": 90},
+}
+EVERY_COLLECTIVE_SWEEP_S = 420.0  # seven collectives per trial
+
 
 def clean_env(**extra: str) -> dict[str, str]:
     # NCCL variables of whoever runs the tests would be pinned into the plan; a watchdog or
@@ -63,19 +78,20 @@ class DemoSweep:
         return ["--config", self.config, "--state-dir", state or self.state]
 
 
-def demo_sweep_in(factory: pytest.TempPathFactory) -> DemoSweep:
-    """One finished demo sweep with BASE_CONFIG over the bundled 2-GPU snapshot, made once per
-    test session (the conftest's `demo_sweep` fixture; test modules that cannot take the fixture
-    call `seeded_state`)."""
-    root = factory.getbasetemp() / "seeded-demo-sweep"
+def demo_sweep_in(factory: pytest.TempPathFactory, name: str = "seeded-demo-sweep",
+                  config: dict[str, Any] | None = None, timeout_s: float = SWEEP_S) -> DemoSweep:
+    """One finished demo sweep with BASE_CONFIG (or `config`) over the bundled 2-GPU snapshot,
+    made once per test session (the conftest's `demo_sweep` fixture; test modules that cannot
+    take the fixture call `seeded_state`)."""
+    root = factory.getbasetemp() / name
     if not (root / "done").exists():
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
-        (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+        (root / "config.yaml").write_text(yaml.safe_dump(config or BASE_CONFIG, sort_keys=False))
         got = subprocess.run(
             [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--json",
              "--config", str(root / "config.yaml"), "--state-dir", str(root / "state")],
-            capture_output=True, text=True, env=clean_env(), timeout=SWEEP_S, cwd=root)
+            capture_output=True, text=True, env=clean_env(), timeout=timeout_s, cwd=root)
         assert got.returncode == 0, got.stderr
         (root / "sweep.json").write_text(got.stdout)
         (root / "sweep.err").write_text(got.stderr)

@@ -24,8 +24,10 @@ def test_what_nccl_used_is_the_prevailing_choice_of_the_good_trials() -> None:
         ({}, _trial({1024: ("NVLS", "SIMPLE")}, status="crashed")),
         (tree, _trial({1024: ("TREE", "LL128")})),
     ])
-    assert got == {"defaults": {1024: SizeChoice("RING", "LL"), 4096: SizeChoice("TREE", "LL")},
-                   "NCCL_ALGO=Tree": {1024: SizeChoice("TREE", "LL128")}}
+    # Keyed by (collective, size): each collective has NCCL's own choice per size.
+    assert got == {"defaults": {("all_reduce", 1024): SizeChoice("RING", "LL"),
+                                ("all_reduce", 4096): SizeChoice("TREE", "LL")},
+                   "NCCL_ALGO=Tree": {("all_reduce", 1024): SizeChoice("TREE", "LL128")}}
 
 
 def test_rows_compare_the_defaults_with_the_chosen_setting() -> None:

@@ -24,6 +24,7 @@ from nccltune.config import (
     parse_config,
     parse_size,
     parse_window,
+    profile_collectives,
     setting_names,
     with_overrides,
 )
@@ -369,6 +370,48 @@ def test_profile_faults(tmp_path: Path) -> None:
     assert "every weight is zero" in str(err)
     err = fault(tmp_path, "sweep:\n  profiles:\n    p: {}\n")
     assert err.line == 3
+
+
+PER_COLLECTIVE = """\
+sweep:
+  profile: train
+  profiles:
+    train:
+      all_gather: {16MiB: 2, 64MiB: 1}
+      reduce_scatter:
+        16MiB: 2
+    inference: {64KiB: 4}
+"""
+
+
+def test_a_profile_may_weigh_sizes_per_collective(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, PER_COLLECTIVE), required=True)
+    assert cfg.sweep.profiles == {"train": {"all_gather": {16 * 2**20: 2.0, 64 * 2**20: 1.0},
+                                            "reduce_scatter": {16 * 2**20: 2.0}},
+                                  "inference": {65536: 4.0}}
+    assert cfg.lines["sweep.profiles.train.reduce_scatter.16777216"] == 7
+    assert cfg.lines["sweep.profiles.train.all_gather"] == 5
+    doc = config_to_dict(cfg)
+    assert doc["sweep"]["profiles"]["train"]["all_gather"]["16777216"] == 2.0
+    assert config_from_dict(doc).sweep.profiles == cfg.sweep.profiles
+    assert profile_collectives(cfg.sweep.profiles["inference"]) == {"all_reduce": {65536: 4.0}}
+    assert profile_collectives(cfg.sweep.profiles["train"])["reduce_scatter"] == {16 * 2**20: 2.0}
+
+
+def test_per_collective_profile_faults(tmp_path: Path) -> None:
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      all_gathr: {1MiB: 1}\n      reduce: {1MiB: 1}\n")
+    assert err.line == 4 and "sweep.profiles.p.all_gathr: 'all_gathr' is not a collective" in str(err)
+    assert err.hint == 'did you mean "all_gather"?'
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      all_gather: {1MiB: 1}\n      64KiB: 1\n")
+    assert err.line == 5 and err.hint is not None and "not both" in err.hint
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      all_gather: 3\n")
+    assert err.line == 4 and "expected a mapping of message size: weight" in str(err)
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      all_gather: {1MiB: 0}\n      reduce: {2MiB: 0}\n")
+    assert "every weight is zero" in str(err)
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      all_gather:\n        1MiB: 1\n        1mb: 2\n")
+    assert err.line == 6 and "sweep.profiles.p.all_gather: '1mb' is ambiguous" in str(err)
+    err = fault(tmp_path, "sweep:\n  profiles:\n    p:\n      broadcast: {1MiB: -1}\n")
+    assert "sweep.profiles.p.broadcast.1048576: must be at least 0" in str(err)
 
 
 @pytest.mark.parametrize(

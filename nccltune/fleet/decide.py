@@ -228,7 +228,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
     sizes = sorted(baseline)
     weights = profile_weights(rules.profile, sizes, rules.custom_profiles)
     all_nodes = {e.name for e in exports}
-    judged: list[tuple[_Candidate, Verdict | None, dict[int, SizeStats], str]] = []
+    judged: list[tuple[_Candidate, Verdict[int] | None, dict[int, SizeStats], str]] = []
     for key in sorted(pooled.candidates):
         cand = pooled.candidates[key]
         stats = size_stats(cand.runs)
@@ -244,7 +244,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
     # the topology file alone only when nothing else qualifies.
     eligible = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label != TOPO_ONLY]
     topo = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label == TOPO_ONLY]
-    chosen: tuple[_Candidate, Verdict] | None = None
+    chosen: tuple[_Candidate, Verdict[int]] | None = None
     if eligible:
         chosen = max(eligible, key=lambda cv: cv[1].gain_pct)
     elif topo:

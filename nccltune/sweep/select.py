@@ -43,10 +43,29 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from ..names import format_size
 
 MiB = 1 << 20
+
+# What one number is measured at: (collective, size_bytes). The statistics and the verdict take
+# that key or a bare size (one collective's numbers); either way every key is judged on its own,
+# so a collective slower at a size vetoes a setting however much faster another one got.
+Key = tuple[str, int]
+K = TypeVar("K", int, Key)
+_DEFAULT_COLLECTIVE = "all_reduce"
+
+
+def split_key(key: int | Key) -> Key:
+    """(collective, size_bytes) of a key; a bare size is all_reduce's."""
+    return key if isinstance(key, tuple) else (_DEFAULT_COLLECTIVE, key)
+
+
+def key_label(key: int | Key) -> str:
+    """'64 KiB', or 'all_gather 64 KiB' for a collective other than all_reduce."""
+    collective, size = split_key(key)
+    return format_size(size) if collective == _DEFAULT_COLLECTIVE else f"{collective} {format_size(size)}"
 
 BUILTIN_PROFILES = {
     "balanced": "every size of the ladder weighs the same",
@@ -71,6 +90,7 @@ class SizeStats:
     n: int
     # Standard deviation of ln(busbw) over the runs; None where only median and range are known.
     log_sd: float | None = None
+    collective: str = _DEFAULT_COLLECTIVE
 
     @property
     def noise_pct(self) -> float:
@@ -97,7 +117,7 @@ def d2(n: int) -> float:
     return _D2[min(max(n, 2), len(_D2) + 1) - 2]
 
 
-def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
+def size_stats(runs: Sequence[Mapping[K, float]]) -> dict[K, SizeStats]:
     sizes = sorted({s for r in runs for s in r})
     out = {}
     for s in sizes:
@@ -105,7 +125,9 @@ def size_stats(runs: Sequence[Mapping[int, float]]) -> dict[int, SizeStats]:
         if vals:
             logs = [math.log(v) for v in vals if v > 0]
             sd = statistics.stdev(logs) if len(logs) >= 2 and len(logs) == len(vals) else None
-            out[s] = SizeStats(s, statistics.median(vals), min(vals), max(vals), len(vals), sd)
+            collective, size = split_key(s)
+            out[s] = SizeStats(size, statistics.median(vals), min(vals), max(vals), len(vals), sd,
+                               collective=collective)
     return out
 
 
@@ -210,15 +232,15 @@ def _beyond(x: float, margin: float) -> float:
     return math.copysign(max(0.0, abs(x) - margin), x)
 
 
-def weighted_gain_pct(cand: Mapping[int, float], base: Mapping[int, float],
-                      weights: Mapping[int, float]) -> float:
+def weighted_gain_pct(cand: Mapping[K, float], base: Mapping[K, float],
+                      weights: Mapping[K, float]) -> float:
     """Weighted geometric mean of candidate/baseline ratios, as a percentage gain."""
     return _gain_pct((w, math.log(cand[s] / base[s])) for s, w in weights.items()
                      if w > 0 and cand.get(s, 0) > 0 and base.get(s, 0) > 0)
 
 
-def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
-                       weights: Mapping[int, float]) -> float:
+def screening_gain_pct(cand: Mapping[K, float], base: Mapping[K, SizeStats],
+                       weights: Mapping[K, float]) -> float:
     """Weighted gain of a single measurement, each size's change shrunk by that size's noise.
 
     One run of a candidate against the baseline median: a difference no larger than twice the
@@ -229,8 +251,8 @@ def screening_gain_pct(cand: Mapping[int, float], base: Mapping[int, SizeStats],
                      if w > 0 and cand.get(s, 0) > 0 and s in base and base[s].median > 0)
 
 
-def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
-                    weights: Mapping[int, float]) -> float:
+def robust_gain_pct(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats],
+                    weights: Mapping[K, float]) -> float:
     """Weighted gain of repeated measurements, each size's change counted only beyond the spread
     of both sides' repeats there. A consistent gain at quiet sizes survives; a difference at a size
     that varies by 20% from run to run counts as nothing, in either direction."""
@@ -240,15 +262,15 @@ def robust_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats]
                      if w > 0 and s in cand and s in base and cand[s].median > 0 and base[s].median > 0)
 
 
-def weighted_noise_pct(base: Mapping[int, SizeStats], weights: Mapping[int, float]) -> float:
+def weighted_noise_pct(base: Mapping[K, SizeStats], weights: Mapping[K, float]) -> float:
     total = sum(w for s, w in weights.items() if s in base and w > 0)
     if total == 0:
         return 0.0
     return sum(w * base[s].noise_pct for s, w in weights.items() if s in base and w > 0) / total
 
 
-def supported_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats],
-                       weights: Mapping[int, float], confidence: float = CONFIDENCE) -> float | None:
+def supported_gain_pct(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats],
+                       weights: Mapping[K, float], confidence: float = CONFIDENCE) -> float | None:
     """Weighted gain counting each size's change only beyond its `size_margin`: what the runs
     support at that confidence, given how many there are. None when a weighted size has fewer
     than two runs on either side."""
@@ -263,16 +285,16 @@ def supported_gain_pct(cand: Mapping[int, SizeStats], base: Mapping[int, SizeSta
     return _gain_pct(terms)
 
 
-def _fewest_runs(stats: Mapping[int, SizeStats], weights: Mapping[int, float]) -> int:
+def _fewest_runs(stats: Mapping[K, SizeStats], weights: Mapping[K, float]) -> int:
     return min((st.n for s, st in stats.items() if weights.get(s, 0.0) > 0), default=0)
 
 
 @dataclass
-class Verdict:
+class Verdict(Generic[K]):
     gain_pct: float  # weighted gain of the medians
     threshold_pct: float  # the configured minimum gain
     eligible: bool
-    regressions: list[tuple[int, float]] = field(default_factory=list)  # (size, ratio)
+    regressions: list[tuple[K, float]] = field(default_factory=list)  # (key, ratio), every collective's
     reason: str = ""
     robust_gain_pct: float = 0.0  # weighted gain counting each size only beyond its noise
     # Weighted gain beyond each size's 95% bound for the runs there; None: too few runs for any.
@@ -281,9 +303,10 @@ class Verdict:
     too_few_runs: bool = False  # refused because the runs cannot support a gain at all
 
 
-def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights: Mapping[int, float], *,
-          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict:
-    """May this candidate be published instead of NCCL's defaults?"""
+def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
+          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict[K]:
+    """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
+    a regression of any collective at any size it weighs refuses the candidate."""
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
@@ -292,10 +315,10 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
     runs = (_fewest_runs(cand, weights), _fewest_runs(base, weights))
     threshold = min_gain_pct
 
-    def verdict(eligible: bool, reason: str, too_few: bool = False) -> Verdict:
+    def verdict(eligible: bool, reason: str, too_few: bool = False) -> Verdict[K]:
         return Verdict(gain, threshold, eligible, regressions, reason, robust, supported, runs, too_few)
 
-    regressions = []
+    regressions: list[tuple[K, float]] = []
     for size, w in sorted(weights.items()):
         if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
             continue
@@ -310,7 +333,7 @@ def judge(cand: Mapping[int, SizeStats], base: Mapping[int, SizeStats], weights:
         return verdict(False, f"no result at {len(missing)} size(s)")
     if regressions:
         worst = min(regressions, key=lambda r: r[1])
-        return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {format_size(worst[0])}: "
+        return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {key_label(worst[0])}: "
                               f"x{worst[1]:.3f})")
     if require_gain and supported is None:
         # No bar can be set: one run bounds nothing, and a bar from the other side's spread alone

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .plan import Plan, prune_channels
-from .select import SizeStats, Verdict, judge, screening_gain_pct, size_stats
+from .select import Key, SizeStats, Verdict, judge, screening_gain_pct, size_stats
 
 log = logging.getLogger(__name__)
 
 Env = dict[str, str]
-# measure(env, phase, label) -> (busbw per size, NCCL summary) or None when the trial failed
-Measure = Callable[[Env, str, str], "tuple[dict[int, float], dict[str, Any]] | None"]
+# measure(env, phase, label) -> (busbw per (collective, size), NCCL summary) or None when the trial failed
+Measure = Callable[[Env, str, str], "tuple[dict[Key, float], dict[str, Any]] | None"]
 
 
 @dataclass
@@ -45,20 +45,20 @@ class Settings:
 class Finalist:
     env: Env
     label: str
-    runs: list[dict[int, float]] = field(default_factory=list)
-    stats: dict[int, SizeStats] = field(default_factory=dict)
-    verdict: Verdict | None = None
+    runs: list[dict[Key, float]] = field(default_factory=list)
+    stats: dict[Key, SizeStats] = field(default_factory=dict)
+    verdict: Verdict[Key] | None = None
 
 
 @dataclass
 class SearchResult:
-    baseline_runs: list[dict[int, float]]
-    baseline: dict[int, SizeStats]
+    baseline_runs: list[dict[Key, float]]
+    baseline: dict[Key, SizeStats]
     screened: list[tuple[Env, str, float | None]]  # env, label, gain (None = failed)
     finalists: list[Finalist]
     chosen: Finalist | None
     topo_only: Finalist | None
-    weights: dict[int, float]
+    weights: dict[Key, float]
     notes: list[str] = field(default_factory=list)  # what the search says about its own evidence
 
 
@@ -80,8 +80,9 @@ def label_of(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> s
 
 class Search:
     def __init__(self, plan: Plan, settings: Settings, measure: Measure, *, common: Env,
-                 weights: dict[int, float]) -> None:
-        """`common`: what every non-baseline candidate carries (NCCL_TOPO_FILE)."""
+                 weights: dict[Key, float]) -> None:
+        """`common`: what every non-baseline candidate carries (NCCL_TOPO_FILE); `weights`: the
+        profile's, per (collective, size), every collective judged at every size it weighs."""
         self.plan = plan
         self.s = settings
         self.measure = measure
@@ -124,7 +125,7 @@ class Search:
         if self.s.finalist_repeats < 2:
             self._note(f"sweep.finalist_repeats is {self.s.finalist_repeats}: 1 finalist sample cannot show a gain "
                        "beyond noise, so only NCCL's defaults (or them with the topology file) can be published")
-        base_runs: list[dict[int, float]] = []
+        base_runs: list[dict[Key, float]] = []
         for i in range(self.s.baseline_repeats):
             got = self.measure({}, "baseline", f"defaults #{i + 1}")
             if got is None:

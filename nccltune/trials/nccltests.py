@@ -1,9 +1,12 @@
-"""nccl-tests' all_reduce_perf as an alternative measuring engine: command line and output.
+"""nccl-tests' `*_perf` binaries as an alternative measuring engine: command line and output.
 
-all_reduce_perf drives every GPU from one process (`-g N`) and prints one row per size:
-size, count, type, redop, root, then time/algbw/busbw/#wrong out of place and again in place.
-nccltune reports the out-of-place columns (nccl-tests' headline numbers); a row counts as
-correct when neither #wrong column is non-zero.
+Each collective has its binary (collectives.Collective.perf_binary: all_reduce_perf,
+all_gather_perf, ...), found beside all_reduce_perf. Every binary drives every GPU from one
+process (`-g N`) and prints one row per size in the same columns: size, count, type, redop,
+root, then time/algbw/busbw/#wrong out of place and again in place. nccltune reports the
+out-of-place columns (nccl-tests' headline numbers); a row counts as correct when neither
+#wrong column is non-zero. The size column is the larger of one rank's send and receive
+buffers, which is how collectives.py defines the size, so rows compare with the worker's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..collectives import get as get_collective
 
 BINARY = "all_reduce_perf"
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+(.*)$")
@@ -37,6 +42,15 @@ def find_binary(directory: str | None) -> str | None:
     return shutil.which(BINARY)
 
 
+def binary_for(all_reduce_perf: str, collective: str) -> str:
+    """The `*_perf` binary of `collective`, in the directory of all_reduce_perf.
+
+    Raises:
+        ValueError: an unknown collective.
+    """
+    return str(Path(all_reduce_perf).with_name(get_collective(collective).perf_binary))
+
+
 def command(binary: str, sizes: Sequence[int], nranks: int, warmup: int, iters: int) -> list[str]:
     """One process over all GPUs; a geometric ladder from the smallest to the largest size."""
     ordered = sorted(sizes)
@@ -53,7 +67,7 @@ def _float(text: str) -> float | None:
 
 
 def parse_output(text: str) -> tuple[list[PerfRow], str | None]:
-    """Rows and the NCCL version from all_reduce_perf's output. Lines that are not rows are skipped."""
+    """Rows and the NCCL version from a `*_perf` binary's output. Lines that are not rows are skipped."""
     rows: list[PerfRow] = []
     version = None
     for line in text.splitlines():

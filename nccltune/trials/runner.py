@@ -249,7 +249,7 @@ class Runner:
         started = time.monotonic()
         self._procs, self._names = [], []
         if self.nccl_tests:
-            return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started)
+            return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started, collectives)
         try:
             specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s))
             self._names = [s.who for s in specs]
@@ -304,27 +304,48 @@ class Runner:
         atomic_write(self.rank_record, "".join(lines))
 
     def _run_nccl_tests(self, trial_dir: Path, env: dict[str, str], sizes: Sequence[int], warmup: int,
-                        iters: int, started: float) -> TrialResult:
-        """One all_reduce_perf process over all GPUs; the rest of the pipeline is the same."""
+                        iters: int, started: float, collectives: Sequence[str]) -> TrialResult:
+        """The `*_perf` binary of each collective in turn, one process over all GPUs each; the rest
+        of the pipeline is the same. The first one that fails ends the trial."""
         assert self.nccl_tests is not None
-        cmd = nccltests.command(self.nccl_tests, sizes, self.nranks, warmup, iters)
-        try:
-            self._spawn(trial_dir, "rank0", cmd, env)
-            status, reason = self._wait(started)
-        except BaseException:
-            self.kill()
-            raise
-        wall = time.monotonic() - started
-        rows, version = nccltests.parse_output((trial_dir / "rank0.out").read_text(errors="replace"))
+        results: list[Measurement] = []
+        binaries: list[str] = []
+        version: str | None = None
+        status: TrialStatus = "ok"
+        reason: str | None = None
         wanted = set(sizes)
-        results = [Measurement(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, correct=r.correct)
-                   for r in rows if r.size_bytes in wanted or not wanted]
-        if status == "ok" and not results:
-            status, reason = "error", "all_reduce_perf printed no result rows"
-        if status == "ok" and any(not s.correct for s in results):
-            status, reason = "wrong_result", "all_reduce_perf counted wrong values"
+        pids: dict[str, int] = {}  # collective -> pid of its binary (NCCL's log is named by it)
+        for name in collectives:
+            binary = nccltests.binary_for(self.nccl_tests, name)
+            perf = Path(binary).name
+            binaries.append(perf)
+            # all_reduce_perf's output keeps the name it always had; the others are named by binary.
+            out_name = "rank0" if name == "all_reduce" else perf
+            cmd = nccltests.command(binary, sizes, self.nranks, warmup, iters)
+            self._procs = []
+            try:
+                self._spawn(trial_dir, out_name, cmd, env)
+                pids[name] = self._procs[0].pid
+                status, reason = self._wait(started)
+            except BaseException:
+                self.kill()
+                raise
+            rows, seen = nccltests.parse_output((trial_dir / f"{out_name}.out").read_text(errors="replace"))
+            version = version or seen
+            got = [Measurement(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, correct=r.correct,
+                               collective=name) for r in rows if r.size_bytes in wanted or not wanted]
+            results += got
+            if status == "ok" and not got:
+                status, reason = "error", f"{perf} printed no result rows"
+            if status == "ok" and any(not m.correct for m in got):
+                status, reason = "wrong_result", f"{perf} counted wrong values"
+            if status != "ok":
+                reason = reason if reason and perf in reason else f"{perf}: {reason or status}"
+                break
+        wall = time.monotonic() - started
         result = TrialResult(status=status, reason=reason, sizes=results, wall_s=round(wall, 2),
-                             start={"engine": "nccl-tests", "nccl_version": version, "pid": self._procs[0].pid},
+                             start={"engine": "nccl-tests", "nccl_version": version, "binaries": binaries,
+                                    "pid": pids.get(collectives[0]) if collectives else None, "pids": pids},
                              log_dir=str(trial_dir))
         self._attach_nccl_log(trial_dir, result)
         return result
@@ -441,8 +462,16 @@ class Runner:
         chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
         parsed = parse_nccl_log(chosen.read_text(errors="replace"))
         result.nccl = summarize(parsed)
-        by_collective = {c: choices_by_size(parsed, func) for c in {m.collective for m in result.sizes}
-                         if (func := nccl_func(c)) is not None}
+        # nccl-tests runs one process per collective, each with its own log.
+        pids = result.start.get("pids") or {}
+        by_collective = {}
+        for c in {m.collective for m in result.sizes}:
+            func = nccl_func(c)
+            if func is None:
+                continue
+            own = trial_dir / f"nccl.{pids[c]}.log" if c in pids else None
+            log_of_c = parse_nccl_log(own.read_text(errors="replace")) if own and own.exists() else parsed
+            by_collective[c] = choices_by_size(log_of_c, func)
         result.sizes = [with_nccl_choice(m, by_collective.get(m.collective, {}).get(m.size_bytes))
                         for m in result.sizes]
         if parsed.errors and result.status == "ok":

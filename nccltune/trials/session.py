@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -38,12 +39,13 @@ class Engine:
     nccl_tests: str | None = None
 
 
-def resolve_engine(cfg: Config, node: Node) -> Engine:
+def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_reduce",)) -> Engine:
     """The measuring engine bench.engine names, with its interpreter (bench.python, else found).
+    For nccl-tests, the `*_perf` binary of each of `collectives` must be beside all_reduce_perf.
 
     Raises:
         InputError: nccl-tests asked for in the CPU demo (exit 78).
-        UnavailableError: all_reduce_perf, or an interpreter with torch, not found (exit 69).
+        UnavailableError: a `*_perf` binary, or an interpreter with torch, not found (exit 69).
     """
     if cfg.bench.engine != "nccl-tests":
         return Engine(find_worker_python(cfg.bench.python))
@@ -56,6 +58,13 @@ def resolve_engine(cfg: Config, node: Node) -> Engine:
     if binary is None:
         raise UnavailableError("all_reduce_perf (nccl-tests) not found in bench.nccl_tests_dir or on PATH",
                                hint="build nccl-tests, or set bench.engine: torch")
+    from .nccltests import binary_for
+
+    missing = [Path(path).name for path in (binary_for(binary, name) for name in collectives)
+               if not Path(path).exists()]
+    if missing:
+        raise UnavailableError(f"{', '.join(missing)} (nccl-tests) not found beside {binary}",
+                               hint="build every nccl-tests binary the profile measures, or set bench.engine: torch")
     return Engine(cfg.bench.python or sys.executable, binary)
 
 
@@ -73,8 +82,11 @@ class TrialSession:
 
     def __init__(self, store: Store, run_id: int, runner: Runner, sizes: Sequence[int], *, cfg: Config,
                  node: Node, progress: ProgressFn | None = None,
-                 expected_trials: Callable[[], int] | None = None) -> None:
+                 expected_trials: Callable[[], int] | None = None,
+                 collectives: Sequence[str] = ("all_reduce",)) -> None:
+        """`collectives`: what every trial measures, each over all `sizes`, in one worker run."""
         self.store = store
+        self.collectives = tuple(collectives)
         self.run_id = run_id
         self.runner = runner
         self.sizes = list(sizes)
@@ -86,6 +98,8 @@ class TrialSession:
         self.nccl_version: str | None = None
         self.torch_version: str | None = None
         self.method: str | None = None
+        # collective -> why the backend could not measure it, as the trials reported
+        self.not_measured: dict[str, str] = {}
         # Every trial with the candidate it ran, for what the trials say beyond their busbw
         # (which algorithm and protocol NCCL used per size).
         self.results: list[tuple[dict[str, str], TrialResult]] = []
@@ -96,7 +110,9 @@ class TrialSession:
         total = max(self.expected_trials(), self.seq)
         if self.progress:
             self.progress(self.seq, total, phase, label, None)
-        result = self.runner.run(env, self.sizes, warmup=self.warmup, iters=self.iters, label=label)
+        result = self.runner.run(env, self.sizes, warmup=self.warmup, iters=self.iters, label=label,
+                                 collectives=self.collectives)
+        self.not_measured.update(result.not_measured)
         self.nccl_version = self.nccl_version or result.nccl_version
         self.torch_version = self.torch_version or result.torch_version
         self.method = self.method or result.method
