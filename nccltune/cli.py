@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
+from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from .store import Store
 
 log = logging.getLogger(__name__)
+
+# Where a demo (`sweep --demo`, bringup.sh without GPUs) keeps its state, relative to the working directory.
+DEMO_STATE_DIR = "nccltune-demo"
 
 
 # A command ended by a signal exits 128 + its number, as shells report it.
@@ -57,6 +60,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
 
 
+def _demo_state(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo", action="store_true",
+                   help=f"read the CPU demo's state in ./{DEMO_STATE_DIR}/ (also the fallback when the state "
+                        "directory has no history and ./nccltune-demo/ has)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.",
@@ -69,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
     _common(topo)
     topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
+    topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                      help="the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
     topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the XML")
     topo.add_argument("--json", action="store_true", help="print one JSON document")
@@ -110,6 +121,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     env = sub.add_parser("env", help="print the published environment")
     _common(env)
+    _demo_state(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh")
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
@@ -118,6 +130,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     hist = sub.add_parser("history", help="past sweeps and verifications")
     _common(hist)
+    _demo_state(hist)
     hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
     hist.add_argument("--json", action="store_true")
@@ -155,6 +168,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _common(rep)
+    _demo_state(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     rep.add_argument("--json", action="store_true")
@@ -204,7 +218,7 @@ def dispatch(args: argparse.Namespace) -> int:
 def cmd_topo(args: argparse.Namespace) -> int:
     from .render import dumps, topology_doc, topology_text
     from .topology.paths import compute_paths
-    from .topology.source import load_topology
+    from .topology.source import load_topology, resolve_snapshot
 
     action = getattr(args, "topo_command", None)
     if action == "record":
@@ -213,11 +227,22 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return cmd_topo_diff(args)
     if action == "check":
         return cmd_topo_check(args)
-    topo = load_topology(args.input, with_nics=not args.no_nics)
+    source = args.input or (str(resolve_snapshot(args.demo if isinstance(args.demo, str) else None))
+                            if args.demo else None)
+    try:
+        topo = load_topology(source, with_nics=not args.no_nics)
+    except UnavailableError:
+        demo = None if source is not None else _demo_snapshot()
+        if demo is None:
+            raise
+        print(f"nccltune: cannot read this node ({sys.exc_info()[1]}); showing the CPU demo's recorded "
+              f"topology {demo} (--demo SNAPSHOT or --input FILE to choose)", file=sys.stderr)
+        source = demo
+        topo = load_topology(source, with_nics=not args.no_nics)
     paths = compute_paths(topo)
     from .topology.nodeclass import node_class, with_class_line
 
-    cls = node_class(load_topology(args.input) if args.no_nics else topo)  # NICs count for the class
+    cls = node_class(load_topology(source) if args.no_nics else topo)  # NICs count for the class
     if args.xml:
         from .topology.ncclxml import write_xml
 
@@ -234,6 +259,29 @@ def cmd_topo(args: argparse.Namespace) -> int:
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
+
+
+def _demo_snapshot() -> str | None:
+    """The recorded topology the newest run in ./nccltune-demo was measured on, if there is one."""
+    from .store import Store
+
+    path = Path(DEMO_STATE_DIR).resolve() / "history.db"
+    if not path.exists():
+        return None
+    try:
+        with Store(path) as store:
+            runs = store.runs(limit=1)
+    except (NccltuneError, OSError) as exc:
+        log.debug("cannot read %s: %s", path, exc)
+        return None
+    from .topology.source import resolve_snapshot
+
+    # A demo run names its topology "snapshot:<name or path> (CPU demo)".
+    source = str(runs[0].topology.get("source", "")) if runs else ""
+    if not source.startswith("snapshot:"):
+        return None
+    snapshot = resolve_snapshot(source.removeprefix("snapshot:").split(" (", 1)[0])
+    return str(snapshot) if snapshot.is_file() else None
 
 
 def cmd_topo_record(args: argparse.Namespace) -> int:
@@ -299,7 +347,7 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
     if args.state_dir:
         overrides["state_dir"] = str(Path(args.state_dir).resolve())
     elif demo:
-        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
     if getattr(args, "python", None):
         overrides["bench.python"] = args.python
     if getattr(args, "profile", None):
@@ -424,7 +472,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     trusted owner and mode, every line one nccltune writes, one generation throughout."""
     from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
 
-    cfg = load_cfg(args)
+    cfg = reading_cfg(args)
     got = read_set(cfg.publish_dir)
     if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
@@ -467,11 +515,37 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return EXIT_OK  # pragma: no cover - exec does not return
 
 
+def reading_cfg(args: argparse.Namespace) -> Config:
+    """The config of a command that only reads the state (history, report, env, topo's fallback).
+
+    `--demo` reads ./nccltune-demo. Without it and without `--state-dir`, a state directory that
+    has no history while ./nccltune-demo has one is the situation right after `bash bringup.sh`
+    on a machine without GPUs: the demo's state is read, and stderr says so, so the commands a
+    newcomer types next find what the sweep wrote.
+    """
+    demo = bool(getattr(args, "demo", False))
+    cfg = load_cfg(args, demo=demo)
+    if demo or args.state_dir:
+        return cfg
+    demo_dir = Path(DEMO_STATE_DIR).resolve()
+    if not cfg.state_path("history.db").exists() and (demo_dir / "history.db").exists():
+        print(f"nccltune: no history in {cfg.state_dir}; reading the CPU demo's state in {demo_dir} "
+              "(--state-dir DIR to choose another)", file=sys.stderr)
+        return with_state_dir(cfg, demo_dir)
+    return cfg
+
+
+def with_state_dir(cfg: Config, directory: Path) -> Config:
+    from .config import with_overrides
+
+    return with_overrides(cfg, state_dir=str(directory))
+
+
 def _history(args: argparse.Namespace) -> Store:
     """The results store of the configured state directory; CheckFailed when there is none yet."""
     from .store import Store
 
-    path = load_cfg(args).state_path("history.db")
+    path = reading_cfg(args).state_path("history.db")
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
     store = Store(path)
@@ -570,7 +644,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.state_dir:
         overrides["state_dir"] = str(Path(args.state_dir).resolve())
     elif args.demo:
-        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
     opts = DaemonOptions(config_path=Path(args.config) if args.config else None, overrides=overrides,
                          demo=args.demo, python=args.python, max_polls=args.max_polls,
                          poll_interval_s=args.poll_interval)
