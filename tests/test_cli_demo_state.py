@@ -40,6 +40,8 @@ def test_history_and_report_fall_back_to_the_demo_and_say_so(after_demo: Path) -
     rc, out, err = run("history", "--config", "config.yaml", "--json")
     assert rc == 0, err
     assert json.loads(out)["runs"]
+    rc, quiet_out, err = run("--quiet", "history", "--config", "config.yaml")
+    assert rc == 0 and quiet_out.strip() and err == "", "--quiet: warnings and errors only"
 
 
 def test_env_falls_back_and_demo_flag_reads_the_demo_without_a_note(after_demo: Path) -> None:
