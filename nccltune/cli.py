@@ -96,6 +96,9 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
                "exit 1 on drift beyond the threshold.", "nccltune verify --floor 300"),
     "install": ("Install the systemd units, the example config, the torchrun wrapper and the Slurm prolog, "
                 "and enable the service.", "nccltune install --dry-run"),
+    "uninstall": ("Remove what `nccltune install` wrote, by its manifest: files changed since stay (and are "
+                  "named); the state directory (history, published settings) is never touched.",
+                  "nccltune uninstall --dry-run"),
     "report": ("The last (or a given) sweep's table size by size, or a plot of bus bandwidth against size.",
                "nccltune report --plot busbw.png"),
     "export": ("This node's sweep measurements as one JSON document, the input of `nccltune fleet decide`.",
@@ -251,9 +254,18 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
-    ins.add_argument("--prefix", default="/", metavar="DIR", help="install below DIR (for images and tests)")
-    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl enable/daemon-reload")
+    ins.add_argument("--prefix", metavar="DIR",
+                     help="install below DIR (images, tests); implies --no-enable unless --enable")
+    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl daemon-reload/enable")
+    ins.add_argument("--enable", action="store_true", help="run systemctl even with --prefix")
     ins.add_argument("--binary", metavar="PATH", help="nccltune executable for ExecStart (default: this one)")
+    ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
+
+    uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")
+    _common(uns)
+    uns.add_argument("--prefix", metavar="DIR", help="uninstall below DIR; implies --no-disable")
+    uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
+    uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
 
     rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _common(rep)
@@ -792,13 +804,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_install(args: argparse.Namespace) -> int:
     from .install import install_units
 
-    done = install_units(Path(args.prefix), binary=args.binary, enable=not args.no_enable)
+    if args.enable and args.no_enable:
+        raise UsageError("nccltune install: --enable and --no-enable contradict each other")
+    # Below a prefix (an image, a test root) the running system's systemd is not the one to tell.
+    enable = args.enable or (args.prefix is None and not args.no_enable)
+    done = install_units(Path(args.prefix or "/"), binary=args.binary, enable=enable, dry_run=args.dry_run)
     for line in done:
         out(line)
     return EXIT_OK
 
 
-_HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install})
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    from .install import uninstall
+
+    done = uninstall(Path(args.prefix or "/"), disable=args.prefix is None and not args.no_disable,
+                     dry_run=args.dry_run)
+    for line in done:
+        out(line)
+    return EXIT_OK
+
+
+_HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install,
+                  "uninstall": cmd_uninstall})
 
 
 # -- one decision per class of node --------------------------------------------------------------------
