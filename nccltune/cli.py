@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                       help="the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
-    topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the XML")
+    topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
     topo.add_argument("--json", action="store_true", help="print one JSON document")
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
     rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
@@ -363,13 +363,13 @@ def cmd_topo(args: argparse.Namespace) -> int:
         write_xml(topo, Path(args.xml))
         log.info("wrote %s", args.xml)
     if args.json:
-        doc = topology_doc(topo, paths)
+        doc = topology_doc(topo, paths, with_nics=not args.no_nics)
         doc["node_class"] = cls.as_dict()
         if args.xml:
             doc["xml"] = str(args.xml)
         out(dumps(doc))
     else:
-        out(with_class_line(topology_text(topo, paths), topo, cls))
+        out(with_class_line(topology_text(topo, paths, with_nics=not args.no_nics), topo, cls))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
@@ -410,15 +410,18 @@ def cmd_topo_record(args: argparse.Namespace) -> int:
 
 def cmd_topo_diff(args: argparse.Namespace) -> int:
     from .render import dumps
-    from .topology.diff import diff_trees
+    from .topology.diff import diff_trees, summary_line
     from .topology.source import load_topology
 
     a = load_topology(args.a)
     b = load_topology(args.b)
     d = diff_trees(a.system, b.system)
+    summary = summary_line(d, a, b, args.a, args.b)
     if args.json:
-        out(dumps({"kind": "topology-diff", "a": args.a, "b": args.b, **d.as_dict()}))
+        out(dumps({"kind": "topology-diff", "a": args.a, "b": args.b, "summary": summary, **d.as_dict()}))
     else:
+        if summary:
+            out(summary)
         if d.same:
             out(f"No semantic difference between {args.a} and {args.b}.")
         for p in d.only_a:
