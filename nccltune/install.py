@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .atomicfile import atomic_write
 from .errors import InputError, NccltuneError, UnavailableError
+from .trust import check_file
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ def _read_manifest(prefix: Path) -> dict[str, str]:
     path = prefix / MANIFEST
     if not path.exists():
         return {}
+    # Uninstall deletes what the manifest names: one another user could edit is refused (78).
+    check_file(path, "install manifest")
     try:
         doc = json.loads(path.read_text())
         files = doc["files"]

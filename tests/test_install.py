@@ -183,3 +183,13 @@ def test_uninstall_without_prefix_disables_the_service_first(tmp_path: Path) -> 
     assert rc == 0, err
     assert calls.read_text().splitlines() == ["disable --now nccltune.service", "daemon-reload"]
     assert not (root / "etc/systemd/system/nccltune.service").exists()
+
+
+def test_uninstall_refuses_a_manifest_others_may_edit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0
+    manifest = root / "etc/nccltune/installed.json"
+    manifest.chmod(0o666)
+    rc, _out, err = uninstall("--prefix", root)
+    assert rc == 78 and "install manifest" in err and "world-writable" in err
+    assert (root / "etc/systemd/system/nccltune.service").exists()
