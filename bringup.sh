@@ -9,6 +9,37 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
+
+# After a sweep that ended well: where the CLI is and the commands to type next (on stderr, so
+# `--json` output stays one document). $1: the venv, $2: "--demo" or "", then the sweep's arguments.
+next_steps() {
+  local venv=$1 demo=$2 state=""
+  shift 2
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --plan) return 0 ;;  # nothing was measured yet
+      --state-dir) state=" --state-dir $(printf '%q' "${2:-}")"; shift ;;
+      --state-dir=*) state=" --state-dir $(printf '%q' "${1#--state-dir=}")" ;;
+    esac
+    shift
+  done
+  local cli="$PWD/$venv/bin/nccltune" where=$PWD
+  {
+    echo
+    echo "nccltune is installed at $cli"
+    echo "Next steps (from $where, or put $PWD/$venv/bin on PATH):"
+    echo "  $cli history$state            # the runs so far"
+    echo "  $cli report$state             # the sweep's table, size by size"
+    echo "  $cli topo${demo:+ $demo}               # the topology the sweep saw"
+    echo "  $cli doctor${demo:+ $demo}             # harmful NCCL settings and node problems"
+    if [ -n "$demo" ]; then
+      echo "(The demo's state is in $where/nccltune-demo; history, report and env read it by themselves"
+      echo " when the state directory has none, and say so.)"
+    else
+      echo "  sudo $cli install      # the systemd units, so the node stays tuned"
+    fi
+  } >&2
+}
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   venv=.venv-node
   if [ ! -x "$venv/bin/python" ]; then
@@ -39,7 +70,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
       chmod 0755 "$venv/bin/nccltune"
     fi
   fi
-  exec "$venv/bin/nccltune" sweep "$@"
+  "$venv/bin/nccltune" sweep "$@"
+  next_steps "$venv" "" "$@"
+  exit 0
 fi
 venv=.venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -51,4 +84,5 @@ if [ ! -x "$venv/bin/nccltune" ] || ! "$venv/bin/python" -c 'import torch, pynvm
   "$venv/bin/python" -m pip install -q -e .
 fi
 echo "No NVIDIA GPU here: running the CPU demo (gloo backend) over a recorded 2-GPU topology." >&2
-exec "$venv/bin/nccltune" sweep --demo "$@"
+"$venv/bin/nccltune" sweep --demo "$@"
+next_steps "$venv" --demo "$@"

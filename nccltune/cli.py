@@ -7,13 +7,14 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from . import __version__
-from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
+from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from .trials.launch import LaunchRequest
 
 log = logging.getLogger(__name__)
+
+# Where a demo (`sweep --demo`, bringup.sh without GPUs) keeps its state, relative to the working directory.
+DEMO_STATE_DIR = "nccltune-demo"
 
 
 # A command ended by a signal exits 128 + its number, as shells report it.
@@ -49,13 +53,94 @@ def _positive_int(text: str) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}", hint=_did_you_mean(self, message))
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """One suggestion for a mistyped subcommand, the closest of the parser's commands (difflib)."""
+    import difflib
+    import re
+
+    m = re.search(r"invalid choice: '?([^' ]+)'?", message)
+    if m is None:
+        return None
+    names = [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+             for name in action.choices]
+    close = difflib.get_close_matches(m.group(1), names, n=1)
+    return f"did you mean `{parser.prog} {close[0]}`?" if close else None
+
+
+# What each subcommand does and one example, shown by `nccltune COMMAND --help`.
+_DESCRIBED: dict[str, tuple[str, str]] = {
+    "topo": ("Show the topology NCCL will see on this node: GPUs, NICs, the path type between each pair "
+             "(the nvidia-smi topo -m matrix) and modelled bandwidths; optionally write NCCL's topology XML.",
+             "nccltune topo --xml /tmp/topo.xml"),
+    "topo record": ("Capture this node's NVML and sysfs readings as a snapshot that replays anywhere "
+                    "(--input, --demo, tests).", "nccltune topo record node.json --description '8x H100 SXM'"),
+    "topo check": ("Run a small NCCL job with NCCL_TOPO_FILE set to XML and report whether NCCL loaded it "
+                   "and what it saw.", "nccltune topo check /tmp/topo.xml"),
+    "topo diff": ("The semantic differences between two topologies (snapshots or NCCL XML); exit 1 when "
+                  "they differ.", "nccltune topo diff nodeA.json nodeB.xml"),
+    "sweep": ("Measure NCCL's defaults and the candidate settings this topology allows, choose the best "
+              "beyond noise, and publish it for jobs (nccl.sh, nccl.env, nccl.json).", "nccltune sweep --plan"),
+    "env": ("Print the published environment exactly as launchers read it, after checking the published set.",
+            "nccltune env --format env > /etc/default/nccl"),
+    "exec": ("Run a command with the published environment; variables already set in the calling "
+             "environment win.", "nccltune exec -- torchrun --nproc-per-node 8 train.py"),
+    "history": ("List past sweeps and verifications, or one run's trials.", "nccltune history --run 3"),
+    "daemon": ("The node service (systemd Type=notify): sweeps when the topology, the driver or NCCL "
+               "changes, verifies periodically, never while jobs hold the GPUs.",
+               "nccltune daemon --demo --max-polls 3"),
+    "doctor": ("Find harmful NCCL settings (environment, /etc/nccl.conf, published files) and node problems "
+               "on this topology; exit 1 on an error finding.", "nccltune doctor --json"),
+    "verify": ("A quick all-reduce with the published environment, compared with what the sweep measured; "
+               "exit 1 on drift beyond the threshold.", "nccltune verify --floor 300"),
+    "install": ("Install the systemd units, the example config, the torchrun wrapper and the Slurm prolog, "
+                "and enable the service.", "nccltune install --dry-run"),
+    "uninstall": ("Remove what `nccltune install` wrote, by its manifest: files changed since stay (and are "
+                  "named); the state directory (history, published settings) is never touched.",
+                  "nccltune uninstall --dry-run"),
+    "report": ("The last (or a given) sweep's table size by size, or a plot of bus bandwidth against size.",
+               "nccltune report --plot busbw.png"),
+    "export": ("This node's sweep measurements as one JSON document, the input of `nccltune fleet decide`.",
+               "nccltune export --out $(hostname).json"),
+    "fleet": ("Decisions for a class of identical nodes, from their exports.",
+              "nccltune fleet decide node*.json --out class.json"),
+    "fleet decide": ("Pool the exports of one node class into a class profile that `nccltune apply` publishes.",
+                     "nccltune fleet decide node1.json node2.json --out class.json"),
+    "apply": ("Publish a class profile on this node after checking that it was decided for this node's class.",
+              "nccltune apply /shared/profiles/"),
+}
+
+
+def _describe(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give every subcommand its description and example (one table above), recursively."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, child in action.choices.items():
+            key = f"{path} {name}".strip()
+            if key in _DESCRIBED:
+                description, example = _DESCRIBED[key]
+                child.description = textwrap.fill(description, 100)
+                child.epilog = f"example:\n  {example}"
+                child.formatter_class = argparse.RawDescriptionHelpFormatter
+            _describe(child, key)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="config file (default /etc/nccltune/config.yaml)")
     p.add_argument("--state-dir", metavar="DIR", help="state directory (default /var/lib/nccltune)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    # SUPPRESS: an unset flag here leaves the global one (before the command) in place.
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="warnings and errors only (no progress or notes on stderr)")
+
+
+def _demo_state(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo", action="store_true",
+                   help=f"read the CPU demo's state in ./{DEMO_STATE_DIR}/ (also the fallback when the state "
+                        "directory has no history and ./nccltune-demo/ has)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,34 +150,49 @@ def build_parser() -> argparse.ArgumentParser:
                "75 busy (lock held or GPUs in use), 78 bad config or input, 126/127 (exec) command not "
                "runnable/not found, 130 SIGINT, 143 SIGTERM. Without GPUs: `nccltune sweep --demo`.")
     parser.add_argument("--version", action="version", version=f"nccltune {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="warnings and errors only (no progress or notes on stderr)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
     _common(topo)
     topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
+    topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                      help="the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
-    topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the XML")
+    topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
     topo.add_argument("--json", action="store_true", help="print one JSON document")
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
     rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
     _common(rec)
-    rec.add_argument("out", metavar="OUT")
+    rec.add_argument("out", metavar="OUT", help="the snapshot file to write (JSON)")
     rec.add_argument("--description", help="one line saying what machine this is")
     chk = tsub.add_parser("check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
     _common(chk)
-    chk.add_argument("xml", metavar="XML")
-    chk.add_argument("--json", action="store_true")
+    chk.add_argument("xml", metavar="XML", help="the NCCL topology XML to try (e.g. from `nccltune topo --xml`)")
+    chk.add_argument("--json", action="store_true", help="print one JSON document")
     chk.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python or auto)")
     chk.add_argument("--dump", metavar="OUT", help="also keep NCCL's own re-dump of the topology here")
     dif = tsub.add_parser("diff", help="semantic differences between two topologies (snapshot or XML)")
     _common(dif)
-    dif.add_argument("a", metavar="A")
-    dif.add_argument("b", metavar="B")
-    dif.add_argument("--json", action="store_true")
+    dif.add_argument("a", metavar="A", help="the first topology: a snapshot, a bundled name or an NCCL XML")
+    dif.add_argument("b", metavar="B", help="the second topology, compared with A")
+    dif.add_argument("--json", action="store_true", help="print one JSON document")
 
     _add_sweep_parsers(sub)
     _add_fleet_parsers(sub)
+    _describe(parser)
     return parser
+
+
+def _enable_completion(parser: argparse.ArgumentParser) -> None:
+    """Shell completion where argcomplete is installed (the optional `completion` extra); a no-op
+    unless the shell asks for completions, and nothing at all without argcomplete."""
+    try:
+        import argcomplete  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
 
 
 def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -123,17 +223,21 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     env = sub.add_parser("env", help="print the published environment")
     _common(env)
-    env.add_argument("--format", choices=("sh", "env", "json"), default="sh")
+    _demo_state(env)
+    env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
+                     help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
     _common(ex)
-    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                    help="the command and its arguments, after --")
 
     hist = sub.add_parser("history", help="past sweeps and verifications")
     _common(hist)
+    _demo_state(hist)
     hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
-    hist.add_argument("--json", action="store_true")
+    hist.add_argument("--json", action="store_true", help="print one JSON document")
 
     dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
     _common(dm)
@@ -148,7 +252,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
     doc.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                      help="judge the bundled (or given) snapshot, for machines without GPUs")
-    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--json", action="store_true", help="print one JSON document")
 
     ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
                          "against the last sweep")
@@ -157,22 +261,33 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
     ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
-    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT")
+    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="verify the CPU demo's published setting (state in ./nccltune-demo)")
     ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
-    ver.add_argument("--python", metavar="PY")
-    ver.add_argument("--json", action="store_true")
+    ver.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    ver.add_argument("--json", action="store_true", help="print one JSON document")
 
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
-    ins.add_argument("--prefix", default="/", metavar="DIR", help="install below DIR (for images and tests)")
-    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl enable/daemon-reload")
+    ins.add_argument("--prefix", metavar="DIR",
+                     help="install below DIR (images, tests); implies --no-enable unless --enable")
+    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl daemon-reload/enable")
+    ins.add_argument("--enable", action="store_true", help="run systemctl even with --prefix")
     ins.add_argument("--binary", metavar="PATH", help="nccltune executable for ExecStart (default: this one)")
+    ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
+
+    uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")
+    _common(uns)
+    uns.add_argument("--prefix", metavar="DIR", help="uninstall below DIR; implies --no-disable")
+    uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
+    uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
 
     rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _common(rep)
+    _demo_state(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
-    rep.add_argument("--json", action="store_true")
+    rep.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -183,13 +298,16 @@ def _setup_logging(verbosity: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global QUIET
     parser = build_parser()
+    _enable_completion(parser)
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
         if args.command is None:
             parser.print_help()
             return EXIT_OK
-        _setup_logging(getattr(args, "verbose", 0))
+        QUIET = bool(args.quiet)
+        _setup_logging(-1 if QUIET else getattr(args, "verbose", 0))
         return dispatch(args)
     except NccltuneError as exc:
         print(f"nccltune: error: {exc}", file=sys.stderr)
@@ -202,6 +320,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_SIGINT
     except BrokenPipeError:
         return EXIT_OK
+
+
+# --quiet: warnings and errors only. Set once by main(); notes and progress on stderr look at it.
+QUIET = False
+
+
+def note(text: str) -> None:
+    """An informational line on stderr (what a command chose for the user), silenced by --quiet."""
+    if not QUIET:
+        print(f"nccltune: {text}", file=sys.stderr, flush=True)
 
 
 def out(text: str) -> None:
@@ -219,7 +347,7 @@ def dispatch(args: argparse.Namespace) -> int:
 def cmd_topo(args: argparse.Namespace) -> int:
     from .render import dumps, topology_doc, topology_text
     from .topology.paths import compute_paths
-    from .topology.source import load_topology
+    from .topology.source import load_topology, resolve_snapshot
 
     action = getattr(args, "topo_command", None)
     if action == "record":
@@ -228,27 +356,61 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return cmd_topo_diff(args)
     if action == "check":
         return cmd_topo_check(args)
-    topo = load_topology(args.input, with_nics=not args.no_nics)
+    source = args.input or (str(resolve_snapshot(args.demo if isinstance(args.demo, str) else None))
+                            if args.demo else None)
+    try:
+        topo = load_topology(source, with_nics=not args.no_nics)
+    except UnavailableError:
+        demo = None if source is not None else _demo_snapshot()
+        if demo is None:
+            raise
+        note(f"cannot read this node ({sys.exc_info()[1]}); showing the CPU demo's recorded "
+             f"topology {demo} (--demo SNAPSHOT or --input FILE to choose)")
+        source = demo
+        topo = load_topology(source, with_nics=not args.no_nics)
     paths = compute_paths(topo)
     from .topology.nodeclass import node_class, with_class_line
 
-    cls = node_class(load_topology(args.input) if args.no_nics else topo)  # NICs count for the class
+    cls = node_class(load_topology(source) if args.no_nics else topo)  # NICs count for the class
     if args.xml:
         from .topology.ncclxml import write_xml
 
         write_xml(topo, Path(args.xml))
         log.info("wrote %s", args.xml)
     if args.json:
-        doc = topology_doc(topo, paths)
+        doc = topology_doc(topo, paths, with_nics=not args.no_nics)
         doc["node_class"] = cls.as_dict()
         if args.xml:
             doc["xml"] = str(args.xml)
         out(dumps(doc))
     else:
-        out(with_class_line(topology_text(topo, paths), topo, cls))
+        out(with_class_line(topology_text(topo, paths, with_nics=not args.no_nics), topo, cls))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
+
+
+def _demo_snapshot() -> str | None:
+    """The recorded topology the newest run in ./nccltune-demo was measured on, if there is one."""
+    from .store import Store
+
+    path = Path(DEMO_STATE_DIR).resolve() / "history.db"
+    if not path.exists():
+        return None
+    try:
+        with Store(path) as store:
+            runs = store.runs(limit=1)
+    except (NccltuneError, OSError) as exc:
+        log.debug("cannot read %s: %s", path, exc)
+        return None
+    from .topology.source import resolve_snapshot
+
+    # A demo run names its topology "snapshot:<name or path> (CPU demo)".
+    source = str(runs[0].topology.get("source", "")) if runs else ""
+    if not source.startswith("snapshot:"):
+        return None
+    snapshot = resolve_snapshot(source.removeprefix("snapshot:").split(" (", 1)[0])
+    return str(snapshot) if snapshot.is_file() else None
 
 
 def cmd_topo_record(args: argparse.Namespace) -> int:
@@ -263,15 +425,18 @@ def cmd_topo_record(args: argparse.Namespace) -> int:
 
 def cmd_topo_diff(args: argparse.Namespace) -> int:
     from .render import dumps
-    from .topology.diff import diff_trees
+    from .topology.diff import diff_trees, summary_line
     from .topology.source import load_topology
 
     a = load_topology(args.a)
     b = load_topology(args.b)
     d = diff_trees(a.system, b.system)
+    summary = summary_line(d, a, b, args.a, args.b)
     if args.json:
-        out(dumps({"kind": "topology-diff", "a": args.a, "b": args.b, **d.as_dict()}))
+        out(dumps({"kind": "topology-diff", "a": args.a, "b": args.b, "summary": summary, **d.as_dict()}))
     else:
+        if summary:
+            out(summary)
         if d.same:
             out(f"No semantic difference between {args.a} and {args.b}.")
         for p in d.only_a:
@@ -314,7 +479,7 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
     if args.state_dir:
         overrides["state_dir"] = str(Path(args.state_dir).resolve())
     elif demo:
-        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
     if getattr(args, "python", None):
         overrides["bench.python"] = args.python
     if getattr(args, "profile", None):
@@ -338,7 +503,7 @@ class _Progress:
 
     def __init__(self, quiet: bool) -> None:
         self.tty = sys.stderr.isatty()
-        self.quiet = quiet
+        self.quiet = quiet or QUIET
         self.started = time.monotonic()
         self.walls: list[float] = []
 
@@ -485,7 +650,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     trusted owner and mode, every line one nccltune writes, one generation throughout."""
     from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
 
-    cfg = load_cfg(args)
+    cfg = reading_cfg(args)
     got = read_set(cfg.publish_dir)
     if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
@@ -528,11 +693,37 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return EXIT_OK  # pragma: no cover - exec does not return
 
 
+def reading_cfg(args: argparse.Namespace) -> Config:
+    """The config of a command that only reads the state (history, report, env, topo's fallback).
+
+    `--demo` reads ./nccltune-demo. Without it and without `--state-dir`, a state directory that
+    has no history while ./nccltune-demo has one is the situation right after `bash bringup.sh`
+    on a machine without GPUs: the demo's state is read, and stderr says so, so the commands a
+    newcomer types next find what the sweep wrote.
+    """
+    demo = bool(getattr(args, "demo", False))
+    cfg = load_cfg(args, demo=demo)
+    if demo or args.state_dir:
+        return cfg
+    demo_dir = Path(DEMO_STATE_DIR).resolve()
+    if not cfg.state_path("history.db").exists() and (demo_dir / "history.db").exists():
+        note(f"no history in {cfg.state_dir}; reading the CPU demo's state in {demo_dir} "
+             "(--state-dir DIR to choose another)")
+        return with_state_dir(cfg, demo_dir)
+    return cfg
+
+
+def with_state_dir(cfg: Config, directory: Path) -> Config:
+    from .config import with_overrides
+
+    return with_overrides(cfg, state_dir=str(directory))
+
+
 def _history(args: argparse.Namespace) -> Store:
     """The results store of the configured state directory; CheckFailed when there is none yet."""
     from .store import Store
 
-    path = load_cfg(args).state_path("history.db")
+    path = reading_cfg(args).state_path("history.db")
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
     store = Store(path)
@@ -631,11 +822,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.state_dir:
         overrides["state_dir"] = str(Path(args.state_dir).resolve())
     elif args.demo:
-        overrides["state_dir"] = str(Path("nccltune-demo").resolve())
+        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
     opts = DaemonOptions(config_path=Path(args.config) if args.config else None, overrides=overrides,
                          demo=args.demo, python=args.python, max_polls=args.max_polls,
                          poll_interval_s=args.poll_interval)
-    if args.verbose == 0:
+    if args.verbose == 0 and not QUIET:
         _setup_logging(1)  # a service logs what it does
     return Daemon(opts).run()
 
@@ -677,13 +868,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_install(args: argparse.Namespace) -> int:
     from .install import install_units
 
-    done = install_units(Path(args.prefix), binary=args.binary, enable=not args.no_enable)
+    if args.enable and args.no_enable:
+        raise UsageError("nccltune install: --enable and --no-enable contradict each other")
+    # Below a prefix (an image, a test root) the running system's systemd is not the one to tell.
+    enable = args.enable or (args.prefix is None and not args.no_enable)
+    done = install_units(Path(args.prefix or "/"), binary=args.binary, enable=enable, dry_run=args.dry_run)
     for line in done:
         out(line)
     return EXIT_OK
 
 
-_HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install})
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    from .install import uninstall
+
+    done = uninstall(Path(args.prefix or "/"), disable=args.prefix is None and not args.no_disable,
+                     dry_run=args.dry_run)
+    for line in done:
+        out(line)
+    return EXIT_OK
+
+
+_HANDLERS.update({"daemon": cmd_daemon, "doctor": cmd_doctor, "verify": cmd_verify, "install": cmd_install,
+                  "uninstall": cmd_uninstall})
 
 
 # -- one decision per class of node --------------------------------------------------------------------
@@ -701,7 +907,7 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     fsub = fl.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=_Parser, required=True)
     dec = fsub.add_parser("decide", help="pool the exports of one node class into a class profile")
     _common(dec)
-    dec.add_argument("exports", nargs="+", metavar="EXPORT")
+    dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
     dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
     dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
 

@@ -16,6 +16,7 @@ from .publish import read_published
 from .sweep.plan import ll128_auto
 from .sweep.space import CATALOGUE, level_of
 from .topology.fingerprint import topology_fingerprint
+from .topology.links import RANK
 from .topology.model import Topology
 from .topology.paths import PathMatrix
 from .trust import trusted_uids, writable_word
@@ -85,6 +86,15 @@ def diagnose(
     if nvlink_pairs and p2p_level and level_of(p2p_level[0]) == "LOC":
         f.append(Finding("error", "p2p-level-loc", f"NCCL_P2P_LEVEL={p2p_level[0]} (from {p2p_level[1]}) turns P2P "
                          "off between NVLink-connected GPUs", "unset NCCL_P2P_LEVEL"))
+    lost = [] if p2p_level is None else _p2p_pairs_lost(topo, paths, p2p_level[0])
+    # LOC on an NVLink node is the error above; the rest is what the level costs on this topology.
+    if p2p_level is not None and lost and not (nvlink_pairs and level_of(p2p_level[0]) == "LOC"):
+        f.append(Finding("warning", "p2p-level-off", f"NCCL_P2P_LEVEL={p2p_level[0]} (from {p2p_level[1]}) turns P2P "
+                         f"off for {len(lost)} GPU pair(s) that would use it by default ("
+                         + ", ".join(f"GPU{a}-GPU{b} {t}" for a, b, t in lost[:8])
+                         + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
+                         + "): their traffic goes through host memory instead",
+                         "unset NCCL_P2P_LEVEL (NCCL's default uses P2P up to PXB)"))
     shm = setting("NCCL_SHM_DISABLE")
     if shm and shm[0] == "1":
         f.append(Finding("warning", "shm-disabled", f"NCCL_SHM_DISABLE=1 (from {shm[1]}): pairs without P2P then "
@@ -158,20 +168,71 @@ def diagnose(
         if topo_file and not Path(topo_file).exists():
             f.append(Finding("error", "published-topo-missing", f"the published NCCL_TOPO_FILE {topo_file} is missing",
                              "run nccltune sweep"))
+    f += _calling_env_findings(env, published[0] if published is not None else {}, f)
+    # One finding per problem, naming every GPU it concerns, not one per GPU.
+    inactive = [f"GPU{g.index} ({g.bus_id}): only {g.nvlinks_active} of {g.nvlinks_total} NVLinks are active"
+                for g in topo.gpus if g.nvlinks_total and g.nvlinks_active < g.nvlinks_total]
+    if inactive:
+        f.append(Finding("error", "nvlink-inactive", "; ".join(inactive),
+                         "check the NVLink/NVSwitch fabric (nvidia-smi nvlink -s, fabric manager)"))
+    narrow = [f"GPU{g.index} ({g.bus_id}) runs PCIe x{g.pcie_cur_width} of x{g.pcie_max_width}"
+              for g in topo.gpus if g.pcie_max_width and g.pcie_cur_width and g.pcie_cur_width < g.pcie_max_width]
+    if narrow:
+        f.append(Finding("warning", "pcie-width", "; ".join(narrow), "reseat the card or check the riser/slot"))
+    slow: dict[tuple[int, int], list[str]] = {}
     for g in topo.gpus:
-        if g.nvlinks_total and g.nvlinks_active < g.nvlinks_total:
-            f.append(Finding("error", "nvlink-inactive", f"GPU{g.index} ({g.bus_id}): only {g.nvlinks_active} of "
-                             f"{g.nvlinks_total} NVLinks are active", "check the NVLink/NVSwitch fabric "
-                             "(nvidia-smi nvlink -s, fabric manager)"))
-        if g.pcie_max_width and g.pcie_cur_width and g.pcie_cur_width < g.pcie_max_width:
-            f.append(Finding("warning", "pcie-width", f"GPU{g.index} ({g.bus_id}) runs PCIe x{g.pcie_cur_width} of "
-                             f"x{g.pcie_max_width}", "reseat the card or check the riser/slot"))
         if g.pcie_max_gen and g.pcie_cur_gen and g.pcie_cur_gen < g.pcie_max_gen:
-            f.append(Finding("info", "pcie-gen", f"GPU{g.index} ({g.bus_id}) links at PCIe Gen{g.pcie_cur_gen} of "
-                             f"Gen{g.pcie_max_gen} (normal when idle; a problem under load)",
-                             "check again under load (nvidia-smi -q -d PCIE)"))
+            slow.setdefault((g.pcie_cur_gen, g.pcie_max_gen), []).append(f"GPU{g.index}")
+    if slow:
+        f.append(Finding("info", "pcie-gen", "; ".join(f"{', '.join(gpus)} link at PCIe Gen{cur} of Gen{top}"
+                                                      for (cur, top), gpus in sorted(slow.items()))
+                         + " (normal when idle; a problem under load)",
+                         "check again under load (nvidia-smi -q -d PCIE)"))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(f, key=lambda x: order[x.severity])
+
+
+# NCCL's default P2P level (paths.cc): P2P between two GPUs whose path is at most PXB.
+DEFAULT_P2P_LEVEL = "PXB"
+
+
+def _p2p_pairs_lost(topo: Topology, paths: PathMatrix, value: str) -> list[tuple[int, int, str]]:
+    """GPU pairs (a < b, path type) that use P2P by default but not under NCCL_P2P_LEVEL=value:
+    NCCL uses P2P where the path type is at most the level (paths.cc ncclTopoCheckP2p)."""
+    level = level_of(value)
+    if level is None:
+        return []  # an ignored value is the invalid-value finding
+    return [(a, b, _cell(p.type, p.nvlinks)) for (a, b), p in sorted(paths.gpu_gpu.items())
+            if a < b and (a, b) not in topo.p2p_refused
+            and RANK[level] < RANK[p.type] <= RANK[DEFAULT_P2P_LEVEL]]
+
+
+def _cell(path_type: str, nvlinks: int) -> str:
+    return f"NV{nvlinks}" if path_type == "NVL" and nvlinks else path_type
+
+
+def _calling_env_findings(env: Mapping[str, str], published: Mapping[str, str],
+                          found: list[Finding]) -> list[Finding]:
+    """Settings of the calling environment (not of nccl.conf: those are the node's own choice)
+    that slow every job down or take a decision away from NCCL. A value equal to the published
+    one is the tuning itself (a job that sourced nccl.sh), not a finding."""
+    f: list[Finding] = []
+    if env.get("CUDA_LAUNCH_BLOCKING") == "1":
+        f.append(Finding("warning", "cuda-launch-blocking", "CUDA_LAUNCH_BLOCKING=1 in the environment: every kernel "
+                         "launch waits for the kernel to finish, so computation and communication no longer "
+                         "overlap (a debugging setting)", "unset CUDA_LAUNCH_BLOCKING"))
+    reported = {x.code for x in found}
+    for name in ("NCCL_ALGO", "NCCL_PROTO"):
+        value = env.get(name)
+        if value is None or published.get(name) == value:
+            continue
+        if name == "NCCL_PROTO" and "explicit-ll128" in reported:
+            continue  # already said, more precisely
+        f.append(Finding("warning", f"forced-{name[5:].lower()}", f"{name}={value} in the environment forces "
+                         f"NCCL's {'algorithm' if name == 'NCCL_ALGO' else 'protocol'} for every size and every "
+                         "job started from here, and wins over the published tuning",
+                         f"unset {name} (nccltune sweep measures whether it helps on this node)"))
+    return f
 
 
 def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dict[str, object]] | None:

@@ -1,21 +1,41 @@
-"""`nccltune install`: put the systemd units in place and enable the service.
+"""`nccltune install` and `nccltune uninstall`: the systemd units, the example config and the
+launchers (the torchrun wrapper, the Slurm task prolog), and nothing else.
 
-The unit files ship in the source tree's `systemd/` folder (the config example in `examples/`);
-ExecStart is rewritten to the nccltune executable actually installed, so the unit never points at a
-path that does not exist.
+The files ship in the source tree's `systemd/`, `examples/` and `launchers/` folders (or their
+copies installed as package data). ExecStart is rewritten to the nccltune executable actually
+installed, so the unit never points at a path that does not exist. Install first makes a plan
+(what it would write and run): `--dry-run` prints it, otherwise it is carried out and a manifest
+of every file written, with its SHA-256, is kept in /etc/nccltune/installed.json. Uninstall removes
+only the files whose content is still what install wrote (an edited config or wrapper stays, and
+is named), never the state directory.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import NccltuneError, UnavailableError
-from .publish import atomic_write
+from .atomicfile import atomic_write
+from .errors import InputError, NccltuneError, UnavailableError
+from .trust import check_file
+
+log = logging.getLogger(__name__)
 
 UNITS = ("nccltune.service", "nccltune-sweep.service")
+# Where each launcher goes below the prefix, and the folder it ships in.
+LAUNCHERS = (
+    ("nccltune-torchrun", "usr/local/bin/nccltune-torchrun"),
+    ("slurm-prolog.sh", "etc/slurm/nccltune-task-prolog.sh"),
+)
+MANIFEST = "etc/nccltune/installed.json"
+ENABLE = (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "nccltune.service"])
+DISABLE = ["systemctl", "disable", "--now", "nccltune.service"]
 
 
 def shipped_dir(source: str, packaged: str) -> Path:
@@ -42,33 +62,143 @@ def systemd_quote(word: str) -> str:
     return word
 
 
-def install_units(prefix: Path, *, binary: str | None = None, enable: bool = True) -> list[str]:
+def sha256(data: str) -> str:
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Write:
+    """One file install writes: where, what, with which mode, and the line that reports it."""
+
+    path: Path
+    text: str
+    mode: int
+    note: str
+
+
+@dataclass
+class InstallPlan:
+    writes: list[Write] = field(default_factory=list)
+    commands: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def unit_text(name: str, exe: str) -> str:
+    """A shipped unit with ExecStart (not ExecReload's kill) pointing at `exe`."""
+    lines = []
+    for line in (units_dir() / name).read_text().splitlines():
+        for key in ("ExecStart=", "ExecReload="):
+            if line.startswith(key) and "nccltune" in line.split()[0]:
+                line = key + systemd_quote(exe) + line[len(key) + len(line[len(key):].split()[0]):]
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True) -> InstallPlan:
+    """What install writes and runs; writes nothing."""
     exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
+    plan = InstallPlan()
     target = prefix / "etc/systemd/system"
-    target.mkdir(parents=True, exist_ok=True)
-    done = []
     for name in UNITS:
-        text = (units_dir() / name).read_text()
-        lines = []
-        for line in text.splitlines():
-            for key in ("ExecStart=", "ExecReload="):
-                if line.startswith(key) and "nccltune" in line.split()[0]:
-                    line = key + systemd_quote(exe) + line[len(key) + len(line[len(key):].split()[0]):]
-            lines.append(line)
-        atomic_write(target / name, "\n".join(lines) + "\n")
-        done.append(f"installed {target / name} (ExecStart {exe})")
-    conf_dir = prefix / "etc/nccltune"
-    conf_dir.mkdir(parents=True, exist_ok=True)
+        plan.writes.append(Write(target / name, unit_text(name, exe), 0o644, f"(ExecStart {exe})"))
+    config = prefix / "etc/nccltune/config.yaml"
     example = shipped_dir("examples", "examples") / "config.yaml"
-    if example.exists() and not (conf_dir / "config.yaml").exists():
-        atomic_write(conf_dir / "config.yaml", example.read_text())
-        done.append(f"installed {conf_dir / 'config.yaml'} (all defaults; edit to taste)")
+    if example.exists() and not config.exists():
+        plan.writes.append(Write(config, example.read_text(), 0o644, "(all defaults; edit to taste)"))
+    launchers = shipped_dir("launchers", "launchers")
+    for source, where in LAUNCHERS:
+        plan.writes.append(Write(prefix / where, (launchers / source).read_text(), 0o755, ""))
+    prolog = prefix / LAUNCHERS[1][1]
+    plan.notes.append(f"for Slurm: TaskProlog=/{LAUNCHERS[1][1]} in slurm.conf (one TaskProlog per node: "
+                      f"call {prolog.name} from an existing one)")
     if enable:
-        if shutil.which("systemctl") is None:
-            raise NccltuneError("systemctl not found: enable the service by hand")
-        for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "nccltune.service"]):
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise NccltuneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
-            done.append(" ".join(cmd))
+        plan.commands.extend(list(c) for c in ENABLE)
+    return plan
+
+
+def _read_manifest(prefix: Path) -> dict[str, str]:
+    path = prefix / MANIFEST
+    if not path.exists():
+        return {}
+    # Uninstall deletes what the manifest names: one another user could edit is refused (78).
+    check_file(path, "install manifest")
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise TypeError("files is not an object of digests")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(str(path), f"not a manifest nccltune install wrote ({exc})",
+                         hint="remove the files by hand, then the manifest") from None
+    return {str(k): v for k, v in files.items()}
+
+
+def _run(cmd: list[str]) -> None:
+    if shutil.which(cmd[0]) is None:
+        raise NccltuneError(f"{cmd[0]} not found: run `{' '.join(cmd)}` by hand")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NccltuneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+
+
+def install_units(prefix: Path, *, binary: str | None = None, enable: bool = True,
+                  dry_run: bool = False) -> list[str]:
+    """Carry out (or, with `dry_run`, only describe) the install plan; one line per step."""
+    plan = plan_install(prefix, binary=binary, enable=enable)
+    if dry_run:
+        return ([f"would write {w.path} (mode {w.mode:04o}) {w.note}".rstrip() for w in plan.writes]
+                + [f"would write {prefix / MANIFEST} (what was written, for uninstall)"]
+                + [f"then: {n}" for n in plan.notes]
+                + [f"would run {' '.join(c)}" for c in plan.commands])
+    if enable and shutil.which("systemctl") is None:
+        raise NccltuneError("systemctl not found: enable the service by hand")
+    manifest = _read_manifest(prefix)
+    done = []
+    for w in plan.writes:
+        w.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(w.path, w.text, w.mode)
+        manifest[str(w.path)] = sha256(w.text)
+        done.append(f"installed {w.path} {w.note}".rstrip())
+    atomic_write(prefix / MANIFEST, json.dumps({"files": manifest}, indent=1, sort_keys=True) + "\n")
+    done.extend(f"then: {n}" for n in plan.notes)
+    for cmd in plan.commands:
+        _run(cmd)
+        done.append(" ".join(cmd))
+    return done
+
+
+def uninstall(prefix: Path, *, disable: bool = True, dry_run: bool = False) -> list[str]:
+    """Remove what install wrote, by its manifest: a file whose content changed since is kept and
+    named. The state directory (history, published settings) is never touched."""
+    manifest = _read_manifest(prefix)
+    if not manifest:
+        return [f"nothing to uninstall: no {prefix / MANIFEST}"]
+    verb = "would " if dry_run else ""
+    done = []
+    if disable:
+        if dry_run:
+            done.append(f"would run {' '.join(DISABLE)}")
+        else:
+            _run(DISABLE)
+            done.append(" ".join(DISABLE))
+    for name, digest in sorted(manifest.items()):
+        path = Path(name)
+        if not path.is_file() or path.is_symlink():
+            done.append(f"{path}: already gone")
+            continue
+        if sha256(path.read_text(errors="replace")) != digest:
+            done.append(f"kept {path}: changed since install")
+            continue
+        if not dry_run:
+            path.unlink()
+        done.append(f"{verb}remove {path}" if dry_run else f"removed {path}")
+    if not dry_run:
+        (prefix / MANIFEST).unlink()
+    done.append(f"{verb}remove {prefix / MANIFEST}" if dry_run else f"removed {prefix / MANIFEST}")
+    if disable:
+        if dry_run:
+            done.append("would run systemctl daemon-reload")
+        else:
+            _run(["systemctl", "daemon-reload"])
+            done.append("systemctl daemon-reload")
     return done

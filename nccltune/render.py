@@ -12,7 +12,7 @@ from .records import ReportRow
 from .store import RunRecord, TrialRecord
 from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
-from .topology.model import Topology
+from .topology.model import NicInfo, Topology
 from .topology.nicpaths import NicPaths, compute_nic_paths
 from .topology.paths import PathMatrix
 
@@ -36,7 +36,10 @@ def _cell(path_type: str, nvlinks: int) -> str:
     return f"NV{nvlinks}" if path_type == "NVL" and nvlinks else path_type
 
 
-def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
+def topology_doc(topo: Topology, paths: PathMatrix, *, with_nics: bool = True) -> dict[str, Any]:
+    """The topology as one JSON document; `paths` has GPU-GPU, GPU-NIC and NIC-NIC cells (NICs
+    in NCCL's tree only, none under `--no-nics`)."""
+    shown = {n.name for n in topo.nics if n.name in paths.nics} if with_nics else set()
     gpus = []
     for g in topo.gpus:
         gpus.append({
@@ -48,13 +51,17 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
             "mig_enabled": g.mig_enabled, "compute_processes": list(g.processes),
         })
     nics = [{"name": n.name, "kind": n.kind, "bus_id": n.bus_id, "speed_mbps": n.speed_mbps,
-             "numa_node": n.numa_node, "gdr": n.gdr} for n in topo.nics]
+             "numa_node": n.numa_node, "gdr": n.gdr} for n in topo.nics if n.name in shown]
     matrix: dict[str, dict[str, Any]] = {}
     for (a, b), p in paths.gpu_gpu.items():
         matrix.setdefault(f"GPU{a}", {})[f"GPU{b}"] = {
             "type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops, "nvlinks": p.nvlinks}
     for (a, name), p in paths.gpu_nic.items():
-        matrix.setdefault(f"GPU{a}", {})[name] = {"type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops}
+        if name in shown:
+            matrix.setdefault(f"GPU{a}", {})[name] = {"type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops}
+    for (x, y), p in paths.nic_nic.items():
+        if x in shown and y in shown:
+            matrix.setdefault(x, {})[y] = {"type": p.type, "bw_gbps": p.bw_gbps, "hops": p.hops}
     # Beside the raw types in `paths`, keyed the same way: what NCCL makes of each GPU-NIC path
     # (P2C, PXN through `via_gpu`, the GDR reroute), and the NIC it gives each GPU.
     nic_paths = compute_nic_paths(topo, paths)
@@ -82,9 +89,14 @@ def topology_doc(topo: Topology, paths: PathMatrix) -> dict[str, Any]:
     }
 
 
-def topology_text(topo: Topology, paths: PathMatrix) -> str:
-    """A matrix in the spirit of `nvidia-smi topo -m`, in NCCL's path types."""
-    cols = [f"GPU{g.index}" for g in topo.gpus] + [f"NIC{i}" for i in range(len(topo.nics))]
+def topology_text(topo: Topology, paths: PathMatrix, *, with_nics: bool = True) -> str:
+    """A matrix in the spirit of `nvidia-smi topo -m`, in NCCL's path types.
+
+    The NICs shown are those in NCCL's tree (none under `--no-nics`): a NIC the tree leaves out
+    has no path to show, only question marks.
+    """
+    nics = [n for n in topo.nics if n.name in paths.nics] if with_nics else []
+    cols = [f"GPU{g.index}" for g in topo.gpus] + [f"NIC{i}" for i in range(len(nics))]
     header = ["", *cols, "CPU Affinity", "NUMA Affinity"]
     rows = [header]
     for g in topo.gpus:
@@ -92,17 +104,19 @@ def topology_text(topo: Topology, paths: PathMatrix) -> str:
         for h in topo.gpus:
             p = paths.gpu_gpu.get((g.index, h.index))
             row.append("X" if g.index == h.index else _cell(p.type, p.nvlinks) if p else "?")
-        for n in topo.nics:
+        for n in nics:
             p = paths.gpu_nic.get((g.index, n.name))
             row.append(p.type if p else "?")
         row += [g.cpu_affinity or "N/A", str(g.numa_node) if g.numa_node is not None else "N/A"]
         rows.append(row)
-    for i, n in enumerate(topo.nics):
+    for i, n in enumerate(nics):
         row = [f"NIC{i}"]
         for g in topo.gpus:
             p = paths.gpu_nic.get((g.index, n.name))
             row.append(p.type if p else "?")
-        row += ["X" if j == i else "" for j in range(len(topo.nics))]
+        for j, m in enumerate(nics):
+            q = paths.nic_nic.get((n.name, m.name))
+            row.append("X" if j == i else q.type if q else "?")
         row += ["", str(n.numa_node) if n.numa_node is not None else "N/A"]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -113,41 +127,66 @@ def topology_text(topo: Topology, paths: PathMatrix) -> str:
     lines.append("")
     for g in topo.gpus:
         pcie = (f"PCIe Gen{g.pcie_max_gen} x{g.pcie_max_width}" if g.pcie_max_gen else "PCIe ?")
+        # Only the width: an idle GPU lowers its PCIe generation to save power, but a narrower
+        # link than the slot's (a riser, a badly seated card) stays narrow under load.
+        if g.pcie_cur_width and g.pcie_max_width and g.pcie_cur_width < g.pcie_max_width:
+            pcie += f" (running at x{g.pcie_cur_width})"
         nvl = f", NVLink {g.nvlinks_active}/{g.nvlinks_total} active" if g.nvlinks_total else ""
         lines.append(f"GPU{g.index}: {g.name or 'GPU'} {g.bus_id} sm{g.sm or '?'} {pcie}{nvl}")
-    for i, n in enumerate(topo.nics):
+    for i, n in enumerate(nics):
         speed = f"{n.speed_mbps / 1000:g} Gb/s" if n.speed_mbps else "speed unknown"
         lines.append(f"NIC{i}: {n.name} ({n.kind}, {n.bus_id or 'not PCI'}, {speed})")
-    bws = sorted({p.bw_gbps for (a, b), p in paths.gpu_gpu.items() if a != b})
-    if bws:
-        lines.append(f"GPU-GPU bandwidth as NCCL models it: {', '.join(f'{b:g}' for b in bws)} GB/s")
+    bw_line = _gpu_bandwidth_line(paths)
+    if bw_line:
+        lines.append(bw_line)
     lines.append(f"Fingerprint: {topology_fingerprint(topo)}")
-    if topo.nics:
+    if nics:
         lines.append("")
-        lines += _final_nic_lines(topo, compute_nic_paths(topo, paths))
+        lines += _final_nic_lines(topo, compute_nic_paths(topo, paths), nics)
     lines.append("")
     lines.append("Legend (NCCL path types): X self; NV# NVLink (direct or through NVSwitch), # links;")
     lines.append("  NVB NVLink through another GPU; PIX one PCIe switch; PXB several switches;")
-    lines.append("  PHB through a CPU host bridge; SYS across CPU sockets; P2C GPU over C2C to its CPU,")
+    lines.append("  PHB through a CPU host bridge (what nvidia-smi topo -m calls NODE, or PHB for the same")
+    lines.append("  bridge); SYS across CPU sockets; P2C GPU over C2C to its CPU,")
     lines.append("  NIC on that CPU; PXN to the NIC through GPU # over NVLink (PXN@#).")
     return "\n".join(lines)
 
 
-def _final_nic_lines(topo: Topology, nic_paths: NicPaths) -> list[str]:
+def _gpu_bandwidth_line(paths: PathMatrix, *, most_pairs: int = 6) -> str | None:
+    """The GPU-GPU bandwidths NCCL models, each with the pairs that have it ("all N pairs" when
+    one bandwidth covers every pair; at most `most_pairs` named, then how many more)."""
+    by_bw: dict[float, list[str]] = {}
+    for (a, b), p in sorted(paths.gpu_gpu.items()):
+        if a < b:
+            by_bw.setdefault(p.bw_gbps, []).append(f"GPU{a}-GPU{b}")
+    if not by_bw:
+        return None
+    parts = []
+    for bw, pairs in sorted(by_bw.items()):
+        if len(by_bw) == 1:
+            named = f"all {len(pairs)} pairs" if len(pairs) > 1 else pairs[0]
+        else:
+            named = ", ".join(pairs[:most_pairs]) + (f" and {len(pairs) - most_pairs} more"
+                                                     if len(pairs) > most_pairs else "")
+        parts.append(f"{bw:g} GB/s ({named})")
+    return "GPU-GPU bandwidth as NCCL models it: " + "; ".join(parts)
+
+
+def _final_nic_lines(topo: Topology, nic_paths: NicPaths, nics: Sequence[NicInfo]) -> list[str]:
     """The GPU-NIC matrix after NCCL's re-routing, and the NIC NCCL gives each GPU."""
     version = ".".join(map(str, nic_paths.options.nccl_version))
-    header = ["", *[f"NIC{i}" for i in range(len(topo.nics))]]
+    header = ["", *[f"NIC{i}" for i in range(len(nics))]]
     rows = [header]
     for g in topo.gpus:
         row = [f"GPU{g.index}"]
-        for n in topo.nics:
+        for n in nics:
             p = nic_paths.paths.get((g.index, n.name))
             row.append("?" if p is None else p.final_type + (f"@{p.via_gpu}" if p.via_gpu is not None else ""))
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [f"GPU-NIC paths as NCCL {version} uses them (P2C, PXN, GDR re-routing):"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
-    index = {n.name: i for i, n in enumerate(topo.nics)}
+    index = {n.name: i for i, n in enumerate(nics)}
     picks = [f"GPU{g}->NIC{index[c.nic]}" + (f" (+{len(c.channel_nics) - 1} more by channel)"
                                               if len(c.channel_nics) > 1 else "")
              for g, c in sorted(nic_paths.choice.items())]

@@ -19,7 +19,7 @@ from .errors import UnavailableError
 from .hw.nvml import read_nvml
 from .nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
 from .records import TrialResult
-from .topology.diff import TopoDiff, diff_trees
+from .topology.diff import Change, TopoDiff, diff_trees
 from .topology.ncclxml import load_xml
 from .trials.runner import Runner, find_worker_python
 
@@ -93,7 +93,7 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
         try:
             dump_diff = diff_trees(ours.system, load_xml(dump).system)
         except Exception as exc:
-            dump_diff = TopoDiff(changed=[f"NCCL's re-dump could not be read: {exc}"])
+            dump_diff = TopoDiff(changed=[Change(f"NCCL's re-dump could not be read: {exc}", "", None, None)])
     loaded = bool(log.topo_loaded) and not log.topo_open_error
     correct = None if not result.sizes else all(s.correct for s in result.sizes)
     passed, verdict = verdict_of(log, result)

@@ -320,3 +320,71 @@ def test_doctor_with_only_warnings_exits_0_and_prints_text(tmp_path: Path) -> No
     assert rc == 0, err
     assert "WARNING [debug-on]" in out
     assert "0 error(s), 1 warning(s)" in out
+
+
+# -- settings that turn P2P off, serialise kernels or take a choice away from NCCL -------------------
+
+
+def test_p2p_level_nvl_on_a_pcie_only_node_turns_p2p_off(tmp_path: Path) -> None:
+    f = one(run(topo(PCIE_ONLY), tmp_path, {"NCCL_P2P_LEVEL": "NVL"}), "p2p-level-off")
+    assert f.severity == "warning"
+    # The two PIX pairs lose P2P; the SYS pairs never had it by default.
+    assert "NCCL_P2P_LEVEL=NVL (from the environment) turns P2P off for 2 GPU pair(s)" in f.message
+    assert "GPU0-GPU1 PIX, GPU2-GPU3 PIX" in f.message and "SYS" not in f.message
+    assert "p2p-level-off" not in codes(run(topo(PCIE_ONLY), tmp_path, {"NCCL_P2P_LEVEL": "PIX"}))
+    # On NVLink the same level keeps P2P: nothing to say.
+    assert "p2p-level-off" not in codes(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "NVL"}))
+    # LOC on NVLink is the one error, not two findings.
+    assert codes(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "LOC"})).count("p2p-level-loc") == 1
+    assert "p2p-level-off" not in codes(run(topo(NVSWITCH), tmp_path, {"NCCL_P2P_LEVEL": "LOC"}))
+
+
+def test_p2p_level_from_nccl_conf_names_the_file(tmp_path: Path) -> None:
+    conf = conf_file(tmp_path, "NCCL_P2P_LEVEL=0\n")
+    f = one(run(topo(PCIE_ONLY), tmp_path, conf=[conf]), "p2p-level-off")
+    assert f"(from {conf})" in f.message
+
+
+def test_cuda_launch_blocking_warns(tmp_path: Path) -> None:
+    f = one(run(topo(NVSWITCH), tmp_path, {"CUDA_LAUNCH_BLOCKING": "1"}), "cuda-launch-blocking")
+    assert f.severity == "warning" and "unset CUDA_LAUNCH_BLOCKING" in f.fix
+    assert "cuda-launch-blocking" not in codes(run(topo(NVSWITCH), tmp_path, {"CUDA_LAUNCH_BLOCKING": "0"}))
+
+
+def test_forced_algo_and_proto_in_the_calling_environment_warn(tmp_path: Path) -> None:
+    findings = run(topo(NVSWITCH), tmp_path, {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"})
+    assert one(findings, "forced-algo").severity == "warning"
+    assert "NCCL_PROTO=Simple in the environment forces" in one(findings, "forced-proto").message
+    # From nccl.conf it is the node's own choice, not the calling environment's.
+    conf = conf_file(tmp_path, "NCCL_ALGO=Ring\n")
+    assert "forced-algo" not in codes(run(topo(NVSWITCH), tmp_path, conf=[conf]))
+    # LL128 is said once, by the LL128 finding.
+    assert "forced-proto" not in codes(run(topo(NVSWITCH), tmp_path, {"NCCL_PROTO": "LL128"}))
+
+
+def test_a_published_algo_in_the_environment_is_the_tuning_not_a_finding(tmp_path: Path) -> None:
+    t = topo(NVSWITCH)
+    publish_for(t, tmp_path / "pub", {"NCCL_ALGO": "Ring"})
+    findings = run(t, tmp_path, {"NCCL_ALGO": "Ring"}, publish_dir=tmp_path / "pub")
+    assert "forced-algo" not in codes(findings)
+
+
+def test_ib_disable_with_rdma_nics_is_one_finding(tmp_path: Path) -> None:
+    f = one(run(topo("dgx-a100-8gpu"), tmp_path, {"NCCL_IB_DISABLE": "1"}), "ib-disabled")
+    assert f.severity == "warning" and "mlx5_0" in f.message
+    assert "ib-disabled" not in codes(run(topo(NVSWITCH), tmp_path, {"NCCL_IB_DISABLE": "1"}))
+
+
+def test_problems_of_several_gpus_are_one_line_each(tmp_path: Path) -> None:
+    def narrow_and_down(snap: dict[str, Any]) -> None:
+        for gpu in snap["nvml"]["gpus"]:
+            gpu["pcie_cur_width"] = 8
+            gpu["nvlinks"][0]["active"] = False
+    t = load_topology(str(_edited(tmp_path, NVSWITCH, narrow_and_down)))
+    findings = run(t, tmp_path)
+    width = one(findings, "pcie-width")
+    assert "GPU0 (" in width.message and "GPU1 (" in width.message
+    down = one(findings, "nvlink-inactive")
+    assert "GPU0 (" in down.message and "GPU1 (" in down.message
+    slow = one(run(topo(PCIE_ONLY), tmp_path), "pcie-gen")  # the four GPUs were recorded idle, at Gen1
+    assert slow.message.startswith("GPU0, GPU1, GPU2, GPU3 link at PCIe Gen1 of Gen4")

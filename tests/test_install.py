@@ -85,7 +85,7 @@ def test_a_binary_path_is_written_as_systemd_reads_it(tmp_path: Path, path: str,
 def test_enable_without_systemctl_is_an_error_naming_it(tmp_path: Path) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
-    rc, _out, err = install("--prefix", tmp_path / "root", "--binary", "/opt/x/bin/nccltune",
+    rc, _out, err = install("--prefix", tmp_path / "root", "--enable", "--binary", "/opt/x/bin/nccltune",
                             env={"PATH": str(empty)})
     assert rc == 1
     assert "systemctl not found" in err
@@ -98,8 +98,98 @@ def test_enable_reloads_and_enables_the_service(tmp_path: Path) -> None:
     fake = bin_dir / "systemctl"
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     fake.chmod(0o755)
-    rc, out, err = install("--prefix", tmp_path / "root", "--binary", "/opt/x/bin/nccltune",
+    rc, out, err = install("--prefix", tmp_path / "root", "--enable", "--binary", "/opt/x/bin/nccltune",
                            env={"PATH": str(bin_dir)})
     assert rc == 0, err
     assert calls.read_text().splitlines() == ["daemon-reload", "enable --now nccltune.service"]
     assert out.splitlines()[-2:] == ["systemctl daemon-reload", "systemctl enable --now nccltune.service"]
+
+
+def fake_systemctl(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    fake = bin_dir / "systemctl"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}, calls
+
+
+def test_a_prefix_implies_no_systemctl_and_installs_the_launchers(tmp_path: Path) -> None:
+    env, calls = fake_systemctl(tmp_path)
+    root = tmp_path / "root"
+    rc, out, err = install("--prefix", root, "--binary", "/opt/x/bin/nccltune", env=env)
+    assert rc == 0, err
+    assert not calls.exists(), "systemctl ran for a prefix"
+    launchers = SOURCE.parent / "launchers"
+    wrapper = root / "usr/local/bin/nccltune-torchrun"
+    prolog = root / "etc/slurm/nccltune-task-prolog.sh"
+    assert wrapper.read_text() == (launchers / "nccltune-torchrun").read_text()
+    assert prolog.read_text() == (launchers / "slurm-prolog.sh").read_text()
+    assert wrapper.stat().st_mode & 0o777 == 0o755 and prolog.stat().st_mode & 0o777 == 0o755
+    assert f"installed {wrapper}" in out and "TaskProlog=/etc/slurm/nccltune-task-prolog.sh" in out
+
+
+def test_dry_run_writes_nothing_and_says_what_it_would_do(tmp_path: Path) -> None:
+    env, calls = fake_systemctl(tmp_path)
+    root = tmp_path / "root"
+    rc, out, err = install("--prefix", root, "--enable", "--dry-run", "--binary", "/opt/x/bin/nccltune", env=env)
+    assert rc == 0, err
+    assert not root.exists() and not calls.exists()
+    unit = root / "etc/systemd/system/nccltune.service"
+    assert f"would write {unit} (mode 0644) (ExecStart /opt/x/bin/nccltune)" in out
+    assert f"would write {root / 'usr/local/bin/nccltune-torchrun'} (mode 0755)" in out
+    assert out.splitlines()[-2:] == ["would run systemctl daemon-reload",
+                                     "would run systemctl enable --now nccltune.service"]
+
+
+def uninstall(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["uninstall", *(str(a) for a in args)])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_uninstall_removes_only_unchanged_files_and_never_the_state(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0
+    state = root / "var/lib/nccltune"
+    state.mkdir(parents=True)
+    (state / "history.db").write_text("x")
+    config = root / "etc/nccltune/config.yaml"
+    config.write_text("daemon:\n  quiet_period_s: 60\n")  # the operator's edit
+    rc, out, err = uninstall("--prefix", root, "--dry-run")
+    assert rc == 0, err
+    assert (root / "etc/systemd/system/nccltune.service").exists() and "would remove" in out
+    rc, out, err = uninstall("--prefix", root)
+    assert rc == 0, err
+    assert not (root / "etc/systemd/system/nccltune.service").exists()
+    assert not (root / "usr/local/bin/nccltune-torchrun").exists()
+    assert not (root / "etc/nccltune/installed.json").exists()
+    assert config.read_text() == "daemon:\n  quiet_period_s: 60\n"
+    assert f"kept {config}: changed since install" in out
+    assert (state / "history.db").read_text() == "x"
+    rc, out, _err = uninstall("--prefix", root)
+    assert rc == 0 and "nothing to uninstall" in out
+
+
+def test_uninstall_without_prefix_disables_the_service_first(tmp_path: Path) -> None:
+    env, calls = fake_systemctl(tmp_path)
+    root = tmp_path / "root"
+    assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0
+    # The manifest names absolute paths: uninstall at "/" finds it where this install put it.
+    with mock.patch("nccltune.install.MANIFEST", str(root / "etc/nccltune/installed.json").lstrip("/")):
+        rc, _out, err = uninstall(env=env)
+    assert rc == 0, err
+    assert calls.read_text().splitlines() == ["disable --now nccltune.service", "daemon-reload"]
+    assert not (root / "etc/systemd/system/nccltune.service").exists()
+
+
+def test_uninstall_refuses_a_manifest_others_may_edit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0
+    manifest = root / "etc/nccltune/installed.json"
+    manifest.chmod(0o666)
+    rc, _out, err = uninstall("--prefix", root)
+    assert rc == 78 and "install manifest" in err and "world-writable" in err
+    assert (root / "etc/systemd/system/nccltune.service").exists()

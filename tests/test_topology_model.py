@@ -165,7 +165,10 @@ def test_diff_treats_link_width_0_as_16() -> None:
     d = diff_trees(_dump(), _edited('link_width="0"', 'link_width="16"', 2))
     assert d.same and not d.filled and not d.changed
     d = diff_trees(_dump(), _edited('link_width="0"', 'link_width="8"'))
-    assert not d.same and d.changed == ["system/cpu[numaid=-1]/pci[0000:00:06.0] link_width: '0' -> '8'"]
+    assert not d.same
+    assert [str(c) for c in d.changed] == ["system/cpu[numaid=-1]/pci[0000:00:06.0] link_width: '0' -> '8'"]
+    assert d.as_dict()["changed"] == [{"path": "system/cpu[numaid=-1]/pci[0000:00:06.0]", "attribute": "link_width",
+                                       "a": "0", "b": "8"}]
 
 
 def test_diff_sums_nvswitch_links() -> None:
@@ -176,7 +179,8 @@ def test_diff_sums_nvswitch_links() -> None:
     assert d.same and not d.filled and not d.changed, d.as_dict()
     # One link less on GPU0 is a difference, reported with both totals.
     d = diff_trees(_dump(), _edited(one, split.replace('count="4"', 'count="3"', 1), 1))
-    assert d.changed == ["system/cpu[numaid=-1]/pci[0000:00:06.0]/gpu/nvlink[NVS] count: '18' -> '17'"]
+    assert [str(c) for c in d.changed] == [
+        "system/cpu[numaid=-1]/pci[0000:00:06.0]/gpu/nvlink[NVS] count: '18' -> '17'"]
 
 
 def test_diff_reports_a_changed_link_speed() -> None:
@@ -186,7 +190,8 @@ def test_diff_reports_a_changed_link_speed() -> None:
                 'subsystem_device="0x18bf" link_speed="16.0 GT/s PCIe"')
     d = diff_trees(_dump(), b)
     assert not d.same
-    assert d.changed == ["system/cpu[numaid=-1]/pci[0000:00:07.0] link_speed: '32.0 GT/s PCIe' -> '16.0 GT/s PCIe'"]
+    assert [str(c) for c in d.changed] == [
+        "system/cpu[numaid=-1]/pci[0000:00:07.0] link_speed: '32.0 GT/s PCIe' -> '16.0 GT/s PCIe'"]
     # Spellings NCCL reads alike are not a change: "32 GT/s" is Gen5 too.
     assert diff_trees(_dump(), _edited('link_speed="32.0 GT/s PCIe"', 'link_speed="32 GT/s"', 2)).same
 

@@ -145,8 +145,9 @@ def test_our_h200_file_matches_nccls_own_dump() -> None:
     d = diff_trees(ours, nccls)
     assert d.same, d.as_dict()
     assert d.only_a == d.only_b == d.changed == []
-    assert all(entry.split(" ", 1)[1].split("=", 1)[0] in FILLED_ATTRS for entry in d.filled), d.filled
-    filled = {(e.split(" ")[0].rsplit("/", 1)[-1], e.split(" ")[1].split("=")[0]) for e in d.filled}
+    assert all(entry.attribute in FILLED_ATTRS for entry in d.filled), d.filled
+    assert all(str(e).split(" ", 1)[1].split("=", 1)[0] == e.attribute for e in d.filled), "the text line"
+    filled = {(e.path.rsplit("/", 1)[-1], e.attribute) for e in d.filled}
     assert filled == {("gpu", "gdr")} | {("net[eth0]", k)
                                            for k in ("latency", "speed", "port", "guid", "maxconn", "gdr")}
 

@@ -11,16 +11,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .links import pci_lane_rate
-from .model import CLASS_NVSWITCH, XNode
+from .model import CLASS_NVSWITCH, Topology, XNode
 from .ncclxml import FILLED_ATTRS, VOLATILE_ATTRS
+
+
+@dataclass(frozen=True)
+class Change:
+    """One attribute of one element that differs: its value in A and in B (None: absent there).
+
+    `str()` is the line `topo diff` prints; JSON documents carry `as_dict()`, never that line.
+    An empty `attribute` is a problem of the whole file (`path` says it), not of one attribute.
+    """
+
+    path: str
+    attribute: str
+    a: str | None
+    b: str | None
+
+    def __str__(self) -> str:
+        if not self.attribute:
+            return self.path
+        if self.a is not None and self.b is not None:
+            return f"{self.path} {self.attribute}: {self.a!r} -> {self.b!r}"
+        side, value = ("a", self.a) if self.a is not None else ("b", self.b)
+        return f"{self.path} {self.attribute}={value!r} only in {side}"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"path": self.path, "attribute": self.attribute, "a": self.a, "b": self.b}
 
 
 @dataclass
 class TopoDiff:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    filled: list[str] = field(default_factory=list)
+    changed: list[Change] = field(default_factory=list)
+    filled: list[Change] = field(default_factory=list)
 
     @property
     def same(self) -> bool:
@@ -28,7 +53,27 @@ class TopoDiff:
 
     def as_dict(self) -> dict[str, object]:
         return {"same": self.same, "only_a": self.only_a, "only_b": self.only_b,
-                "changed": self.changed, "filled": self.filled}
+                "changed": [c.as_dict() for c in self.changed], "filled": [c.as_dict() for c in self.filled]}
+
+
+def node_type(topo: Topology) -> str:
+    """What kind of node a topology is, in a few words: GPU count and model, NVLink, NICs. Two
+    files of the same kind of node (a snapshot and its XML) say the same words."""
+    names = sorted({g.name or "GPU" for g in topo.gpus})
+    nvlink = bool(topo.system.iter("nvlink"))
+    return (f"{len(topo.gpus)}x {'/'.join(names)}" + (", NVLink" if nvlink else ", PCIe only")
+            + f", {len(topo.nics)} NIC(s)")
+
+
+def summary_line(d: TopoDiff, a: Topology, b: Topology, name_a: str, name_b: str) -> str | None:
+    """The line `topo diff` starts with when A and B are different kinds of node (None otherwise):
+    what each is and how much differs, before the element-by-element list."""
+    type_a, type_b = node_type(a), node_type(b)
+    if type_a == type_b:
+        return None
+    return (f"Different node types: {name_a} is {type_a}, {name_b} is {type_b}; "
+            f"{len(d.only_a)} element(s) only in {name_a}, {len(d.only_b)} only in {name_b}, "
+            f"{len(d.changed)} attribute(s) differ.")
 
 
 def _identity(node: XNode) -> str:
@@ -112,10 +157,9 @@ def diff_trees(a: XNode, b: XNode) -> TopoDiff:
         for key in sorted(set(aa) | set(ab)):
             if key in aa and key in ab:
                 if aa[key] != ab[key]:
-                    d.changed.append(f"{path} {key}: {ca[path][1].attrs.get(key)!r} -> {cb[path][1].attrs.get(key)!r}")
+                    d.changed.append(Change(path, key, ca[path][1].attrs.get(key), cb[path][1].attrs.get(key)))
             else:
-                side = "a" if key in aa else "b"
-                value = (ca if side == "a" else cb)[path][1].attrs.get(key)
-                entry = f"{path} {key}={value!r} only in {side}"
+                entry = Change(path, key, ca[path][1].attrs.get(key) if key in aa else None,
+                               cb[path][1].attrs.get(key) if key in ab else None)
                 (d.filled if key in FILLED_ATTRS else d.changed).append(entry)
     return d

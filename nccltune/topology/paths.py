@@ -11,7 +11,7 @@ the choice (so a PCIe switch path can beat a slower NVLink-through-a-GPU path of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .links import (
     LOC_BW,
@@ -271,6 +271,9 @@ class PathMatrix:
     gpu_nic: dict[tuple[int, str], Path]
     gpus: list[int]
     nics: list[str]
+    # NIC name pairs (the matrix's NIC-NIC cells, as nvidia-smi topo -m shows them): the path from
+    # the second NIC's search to the first; NCCL itself routes no NIC-to-NIC traffic.
+    nic_nic: dict[tuple[str, str], Path] = field(default_factory=dict)
 
     def types_between_gpus(self, refused: set[tuple[int, int]] = frozenset()) -> set[str]:  # type: ignore[assignment]
         return {p.type for (a, b), p in self.gpu_gpu.items() if a < b and (a, b) not in refused}
@@ -286,6 +289,7 @@ def compute_paths(topo: Topology) -> PathMatrix:
     graph = PathGraph(topo)
     gpu_gpu: dict[tuple[int, int], Path] = {}
     gpu_nic: dict[tuple[int, str], Path] = {}
+    nic_nic: dict[tuple[str, str], Path] = {}
     for jdx, other in sorted(graph.gpu_keys.items()):
         paths = graph.paths_from(other)
         for idx, key in graph.gpu_keys.items():
@@ -297,4 +301,7 @@ def compute_paths(topo: Topology) -> PathMatrix:
         paths = graph.paths_from(nkey, base_bw=net_bw, base_hops=1)
         for idx, key in graph.gpu_keys.items():
             gpu_nic[(idx, name)] = paths.get(key, Path("DIS", 0.0, 0))
-    return PathMatrix(gpu_gpu, gpu_nic, sorted(graph.gpu_keys), list(graph.nic_keys))
+        for other, okey in graph.nic_keys.items():
+            if other != name:
+                nic_nic[(other, name)] = paths.get(okey, Path("DIS", 0.0, 0))
+    return PathMatrix(gpu_gpu, gpu_nic, sorted(graph.gpu_keys), list(graph.nic_keys), nic_nic)
