@@ -158,7 +158,7 @@ def test_malformed_exports_are_refused_with_file_and_element(fleet: dict[str, An
 
 def _node_copy(fleet: dict[str, Any], tmp_path: Path, i: int = 0) -> Path:
     state = tmp_path / "state"
-    shutil.copytree(fleet["nodes"][i]["state"], state)
+    shutil.copytree(fleet["nodes"][i]["state"], state, symlinks=True)
     return state
 
 
