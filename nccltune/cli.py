@@ -483,7 +483,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                             if args.demo else cfg.topology.snapshot)
     topo = load_topology(source)
     findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
-                        conf_files=default_conf_files(os.environ))
+                        conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
     out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
     return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
 

@@ -103,6 +103,7 @@ _VARIABLE_HINT = "variable names are NCCL_... or TORCH_NCCL_..., in capitals"
 Backend = Literal["auto", "nccl", "gloo"]
 Engine = Literal["torch", "nccl-tests"]
 Strategy = Literal["staged", "exhaustive"]
+TunerPlugin = Literal["auto", "nccltune", "keep"]
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -283,6 +284,15 @@ class TopologyConfig:
 
 
 @dataclass(frozen=True)
+class TunerConfig:
+    """nccltune's NCCL tuner plugin and its per-size table."""
+
+    # auto: use it unless NCCL_TUNER_PLUGIN is already set (a site's tuner, a net plugin's), then keep
+    # that one; nccltune: replace an existing tuner (said loudly); keep: never set NCCL_TUNER_PLUGIN.
+    plugin: TunerPlugin = "auto"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with load_config or with_overrides, which validate it;
     constructing it directly (in tests) trusts the values given."""
@@ -293,6 +303,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    tuner: TunerConfig = field(default_factory=TunerConfig)
     # The file it came from (None: built-in defaults), and the line of every key written there,
     # by dotted key ("bench.iters", "sweep.pin.NCCL_PROTO", "sweep.exclude[0]" and also
     # "sweep.exclude.NCCL_ALGO"), so that checks made elsewhere can still name file:line.
