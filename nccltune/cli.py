@@ -330,7 +330,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
     if args.plan:
         plan, search = pipe.plan()
-        trials = search.estimate_trials()
+        trials = pipe.estimate_trials(plan, search)
         seconds = pipe.estimate_seconds(plan, trials)
         if args.json:
             out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile)))

@@ -9,6 +9,7 @@ line's flags were folded into it (cli.py) before the pipeline sees it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -26,13 +27,14 @@ from .errors import InputError
 from .lock import SweepLock
 from .names import DEMO_LABEL, format_size
 from .node import Node, load_node, require_idle
-from .planning import POLICY_VAR, check_profile, estimate_seconds, make_plan, settings, weights
+from .planning import POLICY_VAR, check_profile, estimate_seconds, estimate_trials, make_plan, settings, weights
 from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
+from .tablestage import TableOutcome, TablePublication, TableStage, tuner_env
 from .topology.ncclxml import render_xml
 from .trials.runner import Runner, TrialAborted
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
@@ -70,6 +72,8 @@ class SweepReport:
     summary: str = ""
     profile: str | None = None
     method: str | None = None  # how the trials measured: placement and timing
+    table: TableOutcome | None = None  # the per-size stage (tuner table); None: not planned
+    published_table: dict[str, str] = field(default_factory=dict)  # what the publish stage did with it
 
 
 class SweepPipeline:
@@ -100,9 +104,13 @@ class SweepPipeline:
     def plan(self) -> tuple[Plan, Search]:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
         plan = make_plan(self.cfg, self.node(), self.env)
-        search = Search(plan, settings(self.cfg), lambda e, p, lbl: None,
+        search = Search(plan, settings(self.cfg, plan), lambda e, p, lbl: None,
                         common={"NCCL_TOPO_FILE": "<topology file>"}, weights=weights(self.cfg, plan))
         return plan, search
+
+    def estimate_trials(self, plan: Plan, search: Search) -> int:
+        """Every trial the sweep makes: the search's, the per-size candidates' and the final check's."""
+        return estimate_trials(self.cfg, plan, search)
 
     def estimate_seconds(self, plan: Plan, trials: int) -> float:
         return estimate_seconds(plan, trials, self.cfg, self.node())
@@ -134,11 +142,15 @@ class _Sweep:
         self.xml_text = ""  # rendered as the session opens, where a failure closes the run
         self.trial_xml = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}" / "ncclTopology.xml"
         self.search: Search | None = None
+        self.table: TableOutcome | None = None
+        self.published_table: dict[str, str] = {}
+        self._tuning_fp: str | None = None
 
     def run(self, started: float) -> SweepReport:
         session = self._open_session()
         try:
             result = self._search(session)
+            result = self._per_size(session, result)
             choice = choose(result, self.plan, self.cfg.topology_file, session.results, self.node.demo)
             published = self._publish(choice, session)
             session.finish("ok", self._summary(choice, session), chosen_env=choice.env,
@@ -168,7 +180,8 @@ class _Sweep:
             raise
         return TrialSession(self.store, self.run_id, runner, self.plan.sizes, cfg=self.cfg, node=self.node,
                             progress=self.pipe.progress,
-                            expected_trials=lambda: self.search.estimate_trials() if self.search else 0)
+                            expected_trials=lambda: (estimate_trials(self.cfg, self.plan, self.search)
+                                                     if self.search else 0))
 
     def _base_env(self) -> dict[str, str]:
         """The calling environment with the config's pins set and sweep.unpin's variables removed."""
@@ -191,10 +204,34 @@ class _Sweep:
             return result.busbw(), result.nccl
 
         # The policy values ride along with every candidate: a finished trial shows torch takes them.
-        common = {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
-        self.search = Search(self.plan, settings(self.cfg), measure, common=common,
+        common = self._common()
+        self.search = Search(self.plan, settings(self.cfg, self.plan), measure, common=common,
                              weights=weights(self.cfg, self.plan))
         return self.search.run()
+
+    def _common(self) -> dict[str, str]:
+        return {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
+
+    def tuning_fp(self) -> str:
+        """The tuning fingerprint (once per sweep): in the provenance and in the tuner table."""
+        if self._tuning_fp is None:
+            # The daemon compares this with what it computes from its own probe of the worker's
+            # NCCL, so both sides take the version from the same place.
+            self._tuning_fp = tuning_fingerprint(
+                self.cfg, self.node.fingerprint,
+                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo)
+        return self._tuning_fp
+
+    def _per_size(self, session: TrialSession, result: SearchResult) -> SearchResult:
+        """Stage 4b: the per-size candidates, the tuner table and the final check of the whole result
+        (tablestage). Without the table planned, the search's own result stands."""
+        if self.plan.per_size is None or not self.plan.per_size.active:
+            return result
+        stage = TableStage(self.cfg, self.plan, session, work_dir=self.trial_xml.parent, common=self._common(),
+                           nranks=self.node.nranks, fingerprint=self.tuning_fp(), demo=self.node.demo)
+        self.table = stage.run(result)
+        finalists = [f for f in (self.table.whole, self.table.env_only) if f is not None]
+        return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
         """Every file a launcher reads: the environment files, the nccl.conf block and, when the
@@ -206,22 +243,47 @@ class _Sweep:
             backend=self.node.backend, demo=self.node.demo, profile=self.cfg.sweep.profile,
             gains={format_size(r.size_bytes): r.ratio for r in choice.rows if r.ratio},
             note=(DEMO_LABEL if self.node.demo else None),
-            # The daemon compares this with what it computes from its own probe of the worker's
-            # NCCL, so both sides take the version from the same place.
-            tuning_fingerprint=tuning_fingerprint(
-                self.cfg, self.node.fingerprint,
-                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo))
+            tuning_fingerprint=self.tuning_fp())
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
-        published = publish(self.cfg.publish_dir, choice.env, prov)
+        env = dict(choice.env)
+        pub = self.table.publication if self.table else None
+        if pub is not None and self.table is not None and self.table.chosen is self.table.whole:
+            env = self._publish_table(env, pub)
+        published = publish(self.cfg.publish_dir, env, prov)
         if self.cfg.nccl_conf is not None:
-            update_nccl_conf(self.cfg.nccl_conf, choice.env, prov)
+            update_nccl_conf(self.cfg.nccl_conf, env, prov)
         return published
 
+    def _publish_table(self, env: dict[str, str], pub: TablePublication) -> dict[str, str]:
+        """The tuner table's part of the publish stage, until the published set carries it: the table
+        and the plugin are copied next to the published files under names holding the tuning
+        fingerprint, and the every-job variables point at those copies. The single-node part
+        (pub.single_node_env) is left out of what every job sources until published files have a
+        scope; it stays in the run's summary."""
+        for name in (*pub.every_job_env, *pub.single_node_env):
+            env.pop(name, None)
+        out_dir = self.cfg.publish_dir
+        out_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        table = out_dir / f"nccltune-tuner-table-{pub.fingerprint}.txt"
+        plugin = out_dir / f"libnccl-tuner-nccltune-{pub.fingerprint}.so"
+        atomic_write(plugin, pub.plugin_path.read_bytes(), mode=0o755)
+        atomic_write(table, pub.table_text)
+        every_job = tuner_env(plugin, table, pub.fingerprint)
+        self.published_table = {**every_job, "single_node_env_not_published": " ".join(
+            f"{k}={v}" for k, v in sorted(pub.single_node_env.items()))}
+        return {**env, **every_job}
+
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
-        return {"chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
-                "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
-                "failed": session.failed, "plan_pruned": len(self.plan.pruned)}
+        out: dict[str, Any] = {"chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
+               "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
+               "failed": session.failed, "plan_pruned": len(self.plan.pruned)}
+        if self.table is not None:
+            # The table's text lies in the run's directory (table_path); the store keeps the path.
+            out["tuner_table"] = {**self.table.as_dict(), "published": self.published_table or None}
+        elif self.plan.per_size is not None:
+            out["tuner_table"] = {"status": self.plan.per_size.inactive_text}
+        return out
 
     def _report(self, result: SearchResult, choice: Choice, published: PublishedFiles, session: TrialSession,
                 started: float) -> SweepReport:
@@ -231,7 +293,8 @@ class _Sweep:
             topology_file=str(self.cfg.topology_file) if choice.uses_topology_file else None,
             nccl_version=session.nccl_version, torch_version=session.torch_version, trials=session.seq,
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
-            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method)
+            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method, table=self.table,
+            published_table=dict(self.published_table))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

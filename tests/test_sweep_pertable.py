@@ -141,8 +141,10 @@ def test_candidates_follow_the_topology() -> None:
     without, pruned = algo_proto_candidates(ll128=False, nranks=2)
     assert len(without) == 4 and all(c.proto != "ll128" for c in without)
     assert any(p.what == "ll128" for p in pruned)
-    assert [c.channels for c in channel_candidates(16)] == [8, 32]
+    assert [c.channels for c in channel_candidates(24)] == [12, 32]  # the 2x H200 node's defaults: 24
+    assert [c.channels for c in channel_candidates(16)] == [8, 24]
     assert [c.channels for c in channel_candidates(48)] == [24, 64]
+    assert [c.channels for c in channel_candidates(64)] == [32]
     assert channel_candidates(None) == []
     assert SizeCandidate("ring", "ll128", 0).env() == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128"}
     assert SizeCandidate(channels=8).env() == {"NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}
