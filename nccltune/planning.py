@@ -62,7 +62,7 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str]) -> Plan:
         sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks,
     )
     plan_per_size(plan, node.topo, node.paths, inactive_reason=tuner_inactive_reason(cfg, env, node.demo, plan),
-                  user_variables=list(cfg.sweep.variables), demo=node.demo)
+                  user_variables=list(cfg.sweep.variables), demo=node.demo, exclude=list(cfg.sweep.exclude))
     return plan
 
 

@@ -200,11 +200,13 @@ def table_lines(table: TableOutcome) -> list[str]:
     if table.default_channels:
         lines.append(f"  NCCL's defaults use {table.default_channels} channels")
     if table.spans:
+        last = max(sp.max_bytes for sp in table.spans)
         for sp in table.spans:
             ch = f", {sp.cell.channels} channels" if sp.cell.channels else ""
-            lines.append(f"  {format_size(sp.min_bytes)}..{format_size(sp.max_bytes)} "
-                         f"(measured {', '.join(format_size(x) for x in sp.sizes)}): "
-                         f"{sp.cell.algo}/{sp.cell.proto}{ch}")
+            # Ranges end below the next one's start; the last ends at the largest measured size.
+            end = f"{format_size(sp.max_bytes)}]" if sp.max_bytes == last else f"{format_size(sp.max_bytes + 1)})"
+            lines.append(f"  [{format_size(sp.min_bytes)}, {end} (measured "
+                         f"{', '.join(format_size(x) for x in sp.sizes)}): {sp.cell.algo}/{sp.cell.proto}{ch}")
     elif table.choice is not None:
         lines.append("  no entries: no candidate beat NCCL's defaults beyond the noise at any size")
     if table.choice is not None and table.choice.single_node_env:

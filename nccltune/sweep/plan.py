@@ -241,7 +241,7 @@ def build_plan(
 
 
 def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_reason: str | None,
-                  user_variables: Sequence[str], demo: bool) -> PerSizePlan:
+                  user_variables: Sequence[str], demo: bool, exclude: Sequence[str] = ()) -> PerSizePlan:
     """Add the per-size candidates to the plan (or say why there are none). When the table is active,
     the catalogue's algorithm, protocol and channel values leave the whole-environment search (the
     per-size candidates measure them, in pairs), unless the config names them in sweep.variables."""
@@ -259,10 +259,21 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
         candidates = []
         pruned.append(PrunedCandidate("algorithm/protocol", f"{' and '.join(pinned_ap)} pinned: the environment "
                                       "always wins over a tuner"))
-    channels = not any(n in plan.pinned for n in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"))
-    if not channels:
+    elif any(n in exclude for n in ("NCCL_ALGO", "NCCL_PROTO")):
+        candidates = []
+        pruned.append(PrunedCandidate("algorithm/protocol", "excluded by config (sweep.exclude)"))
+    channel_vars = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+    channels = not any(n in plan.pinned or n in exclude for n in channel_vars)
+    if any(n in plan.pinned for n in channel_vars):
         pruned.append(PrunedCandidate("channels", "NCCL_MIN/MAX_NCHANNELS pinned: the communicator's channel count "
                                       "is fixed, and a table can only ask for up to it"))
+    elif not channels:
+        pruned.append(PrunedCandidate("channels", "excluded by config (sweep.exclude)"))
+    if not candidates and not channels:
+        why = "; ".join(f"{p.what}: {p.reason}" for p in pruned if p.what in ("algorithm/protocol", "channels"))
+        plan.per_size = PerSizePlan(False, f"nothing left to measure per size ({why})", pruned=pruned)
+        plan.notes.append(plan.per_size.inactive_text)
+        return plan.per_size
     ps = PerSizePlan(True, None, candidates, channels, pruned, measured_with_nccl=not demo)
     if demo:
         ps.notes.append("CPU demo: the table is computed and shown, not measured with NCCL (gloo cannot load "
