@@ -529,10 +529,12 @@ def _is_null(node: _Node) -> bool:
 def _suggest(key: str, prefix: str, cls: type) -> str:
     """A 'did you mean' for an unknown key: a close name here, or the same name in another section."""
     here = list(_schema(cls))
-    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {_join(prefix, close[0])}?"
+    # The exact name in another section first: `iters` at the top level means bench.iters, however
+    # close it happens to look to a section name here.
     elsewhere = [name for name in setting_names() if name.rsplit(".", 1)[-1] == key]
+    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
+    if close and not elsewhere:
+        return f"did you mean {_join(prefix, close[0])}?"
     if not elsewhere:
         leaves = {name.rsplit(".", 1)[-1]: name for name in setting_names()}
         near = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)

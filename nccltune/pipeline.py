@@ -34,7 +34,7 @@ from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
-from .tablestage import TableOutcome, TablePublication, TableStage, tuner_env
+from .tablestage import TableOutcome, TablePublication, TableStage, publish_table_files
 from .topology.ncclxml import render_xml
 from .trials.runner import Runner, TrialAborted
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
@@ -256,23 +256,9 @@ class _Sweep:
         return published
 
     def _publish_table(self, env: dict[str, str], pub: TablePublication) -> dict[str, str]:
-        """The tuner table's part of the publish stage, until the published set carries it: the table
-        and the plugin are copied next to the published files under names holding the tuning
-        fingerprint, and the every-job variables point at those copies. The single-node part
-        (pub.single_node_env) is left out of what every job sources until published files have a
-        scope; it stays in the run's summary."""
-        for name in (*pub.every_job_env, *pub.single_node_env):
-            env.pop(name, None)
-        out_dir = self.cfg.publish_dir
-        out_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        table = out_dir / f"nccltune-tuner-table-{pub.fingerprint}.txt"
-        plugin = out_dir / f"libnccl-tuner-nccltune-{pub.fingerprint}.so"
-        atomic_write(plugin, pub.plugin_path.read_bytes(), mode=0o755)
-        atomic_write(table, pub.table_text)
-        every_job = tuner_env(plugin, table, pub.fingerprint)
-        self.published_table = {**every_job, "single_node_env_not_published": " ".join(
-            f"{k}={v}" for k, v in sorted(pub.single_node_env.items()))}
-        return {**env, **every_job}
+        """The tuner table's part of the publish stage (tablestage.publish_table_files)."""
+        env, self.published_table = publish_table_files(self.cfg.publish_dir, env, pub)
+        return env
 
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
         out: dict[str, Any] = {"chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
