@@ -83,7 +83,7 @@ class TablePublication:
 class TableOutcome:
     """The per-size stage's result, for the choice, the report and the store."""
 
-    status: str  # "active", "per-size tuner table not active: <reason>" or DEMO_STATUS
+    status: str  # "active", "active, no entries: ...", "per-size tuner table not active: <reason>" or DEMO_STATUS
     choice: PerSizeChoice | None = None
     table: TunerTable | None = None
     table_text: str | None = None
@@ -159,6 +159,11 @@ class TableStage:
             out.status = DEMO_STATUS
             out.notes.append("the table is computed from gloo trials and never loaded: nothing from it is "
                              "claimed as a gain")
+            out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
+            out.chosen = _pick(None, out.env_only)
+            return out
+        if not table.entries and not choice.single_node_env:
+            out.status = "active, no entries: NCCL's defaults won at every size"
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
             out.chosen = _pick(None, out.env_only)
             return out
