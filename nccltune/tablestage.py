@@ -37,6 +37,7 @@ from .store import Phase
 from .sweep.pertable import (
     Measured,
     PerSizeChoice,
+    Seen,
     Span,
     channel_candidates,
     choose_per_size,
@@ -217,17 +218,18 @@ class TableStage:
                 return int(r.nccl["coll_channels"])
         return None
 
-    def _default_used(self) -> dict[int, tuple[str, str]]:
+    def _default_used(self) -> dict[int, Seen]:
+        """What the defaults used per size over their good trials (debuglog.prevailing decides)."""
         seen: dict[int, list[SizeChoice]] = {}
         for env, r in self.session.results:
             if not env and r.ok:
                 for m in r.sizes:
                     if m.algo and m.proto:
-                        seen.setdefault(m.size_bytes, []).append(SizeChoice(m.algo, m.proto))
+                        seen.setdefault(m.size_bytes, []).append(SizeChoice(m.algo, m.proto, m.channels))
         out = {}
         for size, choices in seen.items():
             got = prevailing(choices)
-            cell = _cell_names(got.algo, got.proto) if got else None
+            cell = _seen(got.algo, got.proto, got.channels) if got else None
             if cell is not None:
                 out[size] = cell
         return out
@@ -267,16 +269,16 @@ _LOG_ALGOS = {"ring": "ring", "tree": "tree", "nvls": "nvls", "pat": "pat", "nvl
 _LOG_PROTOS = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
 
 
-def _cell_names(algo: str, proto: str) -> tuple[str, str] | None:
+def _seen(algo: str, proto: str, channels: int | None) -> Seen | None:
     a, p = _LOG_ALGOS.get(algo.lower().replace("_", "")), _LOG_PROTOS.get(proto.lower())
-    return (a, p) if a and p else None
+    return Seen(a, p, channels) if a and p else None
 
 
-def _used(result: TrialResult) -> dict[int, tuple[str, str]]:
+def _used(result: TrialResult) -> dict[int, Seen]:
     """What NCCL's log showed per size, in the table's spelling (RING/LL128 -> ring/ll128)."""
     out = {}
     for m in result.sizes:
-        cell = _cell_names(m.algo, m.proto) if m.algo and m.proto else None
+        cell = _seen(m.algo, m.proto, m.channels) if m.algo and m.proto else None
         if cell is not None:
             out[m.size_bytes] = cell
     return out

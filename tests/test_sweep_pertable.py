@@ -10,6 +10,7 @@ from tuner_harness import cost_table, init, load, table_env
 
 from nccltune.sweep.pertable import (
     Measured,
+    Seen,
     SizeCandidate,
     algo_proto_candidates,
     channel_candidates,
@@ -33,11 +34,11 @@ def stats(values: dict[int, float], noise_pct: float = 1.0, n: int = 3) -> dict[
 
 
 BASE = stats({s: 100.0 for s in SIZES})
-DEFAULT_USED = {s: ("ring", "ll" if s < MIB else "simple") for s in SIZES}
+DEFAULT_USED = {s: Seen("ring", "ll" if s < MIB else "simple") for s in SIZES}
 
 
 def choose(*measured: Measured, default_channels: int | None = 16,
-           default_used: dict[int, tuple[str, str]] | None = None) -> object:
+           default_used: dict[int, Seen] | None = None) -> object:
     return choose_per_size(BASE, measured, default_used=DEFAULT_USED if default_used is None else default_used,
                            default_channels=default_channels, min_gain_pct=1.0, max_regression_pct=2.0)
 
@@ -95,7 +96,7 @@ def test_size_ranges_split_at_the_geometric_midpoint() -> None:
 
 def test_fewer_channels_go_into_the_table() -> None:
     eight = SizeCandidate(channels=8)
-    used = {s: ("ring", "ll") for s in SIZES}
+    used = {s: Seen("ring", "ll") for s in SIZES}
     m = Measured(eight, stats({64 * KIB: 110.0, 256 * KIB: 110.0, MIB: 95.0, 4 * MIB: 95.0, 16 * MIB: 95.0},
                               noise_pct=0.0, n=1), used)
     c = choose(m)
@@ -106,22 +107,38 @@ def test_fewer_channels_go_into_the_table() -> None:
 
 def test_more_channels_than_the_defaults_stay_a_single_node_variable() -> None:
     more = SizeCandidate(channels=32)
-    used = {s: ("ring", "simple") for s in SIZES}
+    used = {s: Seen("ring", "simple") for s in SIZES}
     m = Measured(more, stats({64 * KIB: 95.0, 256 * KIB: 95.0, MIB: 110.0, 4 * MIB: 112.0, 16 * MIB: 100.0},
                              noise_pct=0.0, n=1), used)
     c = choose(m)
     assert c.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}  # type: ignore[attr-defined]
     table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
     # The table never asks for 32 (NCCL would cap it); every size outside the win is held at the defaults'
-    # 16 channels with what the defaults used there, and the won sizes are left to the raised count.
+    # 16 channels with what the defaults used there, and the won sizes are left to NCCL at the raised count.
     assert all(e.channels != 32 for e in table.entries)
     by_size = {s: table.choice("allreduce", s, 1, 2, 2) for s in SIZES}
-    for s in (MIB, 4 * MIB):
-        e = by_size[s]
-        assert e is not None and e.channels == 0
+    assert by_size[MIB] is None and by_size[4 * MIB] is None  # NCCL with 32 channels, as measured
     for s in (64 * KIB, 256 * KIB, 16 * MIB):
         e = by_size[s]
-        assert e is not None and e.channels == 16 and (e.algo, e.proto) == DEFAULT_USED[s]
+        assert e is not None and e.channels == 16 and (e.algo, e.proto) == DEFAULT_USED[s][:2]
+
+
+def test_pinned_counts_are_the_ones_nccls_log_showed_at_that_size() -> None:
+    # NCCL used 4 of the defaults' 16 channels at 64 KiB; under a raise the table pins 64 KiB to 4,
+    # not 16, since a tuner's count replaces NCCL's own reduction for small messages.
+    default_used = {s: Seen("ring", "ll", 4 if s == 64 * KIB else 16) for s in SIZES}
+    m = Measured(SizeCandidate(channels=32), stats({64 * KIB: 95.0, 256 * KIB: 95.0, MIB: 120.0, 4 * MIB: 95.0,
+                                                    16 * MIB: 95.0}, noise_pct=0.0, n=1))
+    c = choose(m, default_used=default_used)
+    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    got = {s: e.channels for s in SIZES if (e := table.choice("allreduce", s, 1, 2, 2)) is not None}
+    assert got == {64 * KIB: 4, 256 * KIB: 16, 4 * MIB: 16, 16 * MIB: 16}
+    # Without a raise, a lower count that won is capped by what NCCL's log showed it used.
+    low = Measured(SizeCandidate(channels=8), stats({s: 120.0 for s in SIZES}, noise_pct=0.0, n=1),
+                   {s: Seen("ring", "ll", 2 if s == 64 * KIB else 8) for s in SIZES})
+    c = choose(low)
+    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    assert [(e.min_bytes, e.channels) for e in table.entries][:2] == [(64 * KIB, 2), (128 * KIB, 8)]
 
 
 def test_a_raise_without_the_defaults_log_is_dropped() -> None:
@@ -155,7 +172,7 @@ def _mixed_choice() -> object:
                                                      16 * MIB: 90.0}, noise_pct=0.0, n=1))
     b = Measured(SizeCandidate(channels=8), stats({64 * KIB: 90.0, 256 * KIB: 90.0, MIB: 90.0, 4 * MIB: 90.0,
                                                    16 * MIB: 120.0}, noise_pct=0.0, n=1),
-                 {s: ("ring", "simple") for s in SIZES})
+                 {s: Seen("ring", "simple") for s in SIZES})
     return choose(a, b)
 
 

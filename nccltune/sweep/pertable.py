@@ -12,11 +12,14 @@ asks for at the communicator's channel count, fixed at init, which already inclu
 NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS. A table can therefore lower the channel count for a size,
 never raise it. When a size's winner needed more channels than the defaults use (say
 NCCL_MIN_NCHANNELS=32 won between 1 MiB and 512 MiB), that part stays an environment variable,
-measured on one node and so published for single-node jobs only. Raising the communicator's count
-changes every size, so the table then pins every other covered size back to the count it was
-measured with: the defaults' count (with the algorithm and protocol NCCL's log showed for the
-defaults there) or the lower count that won. A size whose pin cannot be written (NCCL's log did not
-say what the defaults used there) makes the raise unsafe, so it is dropped and noted.
+measured on one node and so published for single-node jobs only. The raised sizes get no entry
+(NCCL with the raised count is what was measured there). Raising the communicator's count changes
+every size, so the table then pins every other covered size back to what it was measured with:
+the algorithm, protocol and channel count NCCL's log showed for the defaults there, or for the
+candidate that won there. (A count in the table replaces the one NCCL would pick for the size, which
+is below the communicator's count for small messages, so the logged count is the one pinned.) A
+size whose pin cannot be written (NCCL's log did not say) makes the raise unsafe, so it is dropped
+and noted. Multi-node jobs get neither the raise nor an entry: the table is for this shape only.
 
 Size ranges: each measured size stands for the sizes up to the geometric midpoint of its
 neighbours (the midpoint itself belongs to the upper size), and the table covers only the measured
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..names import format_size
 from ..tuner.table import TableEntry, TunerTable
@@ -109,6 +113,15 @@ def channel_candidates(default_channels: int | None, max_channels: int = 64) -> 
     return [SizeCandidate(channels=c) for c in counts]
 
 
+class Seen(NamedTuple):
+    """What NCCL's log showed a trial used at one size: algorithm and protocol in the table's spelling,
+    and the channel count where the log gave it."""
+
+    algo: str
+    proto: str
+    channels: int | None = None
+
+
 @dataclass(frozen=True)
 class Measured:
     """One candidate's trial: per size its statistics and what NCCL's log showed it used (algorithm,
@@ -116,7 +129,7 @@ class Measured:
 
     candidate: SizeCandidate
     stats: Mapping[int, SizeStats]
-    used: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    used: Mapping[int, Seen] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,7 +163,7 @@ class PerSizeChoice:
 
 
 def choose_per_size(baseline: Mapping[int, SizeStats], measured: Sequence[Measured], *,
-                    default_used: Mapping[int, tuple[str, str]], default_channels: int | None,
+                    default_used: Mapping[int, Seen], default_channels: int | None,
                     min_gain_pct: float, max_regression_pct: float) -> PerSizeChoice:
     """Per size, the candidate that beats the defaults by most beyond the noise (select.judge on that
     size alone), then the table cells and the environment part those wins need."""
@@ -198,12 +211,16 @@ def choose_per_size(baseline: Mapping[int, SizeStats], measured: Sequence[Measur
 
 
 def _cells(sizes: Sequence[int], wins: Mapping[int, SizeWin],
-           used: Mapping[SizeCandidate, Mapping[int, tuple[str, str]]], default_used: Mapping[int, tuple[str, str]],
+           used: Mapping[SizeCandidate, Mapping[int, Seen]], default_used: Mapping[int, Seen],
            default_channels: int | None, *, raise_to: int,
            notes: list[str]) -> dict[int, Cell] | None:
     """The table's cell per size. Without a raise only won sizes get one (a channel-only winner needs
     NCCL's log to say which algorithm and protocol it ran). With a raise every size gets one, or
-    None when some size cannot be pinned."""
+    None when some size cannot be pinned.
+
+    A channel count written into the table replaces the one NCCL would pick for that size (it
+    otherwise uses fewer channels for small messages than the communicator has), so a pinned count
+    is the one NCCL's log showed at that size where it said, else the count the trial ran with."""
     out: dict[int, Cell] = {}
     for size in sizes:
         w = wins.get(size)
@@ -213,24 +230,29 @@ def _cells(sizes: Sequence[int], wins: Mapping[int, SizeWin],
             d = default_used.get(size)
             if d is None or not default_channels:
                 return None
-            out[size] = Cell(d[0], d[1], default_channels)
+            out[size] = Cell(d.algo, d.proto, d.channels or default_channels)
             continue
         c = w.candidate
-        # Under a raised environment count the raise's own sizes take it (0), a lower count that won is
-        # asked for, and a size that won at the defaults' count is pinned to that count.
-        pinned = 0 if c.channels == raise_to else (c.channels or default_channels or 0)
-        channels = pinned if raise_to else c.channels
+        if raise_to and c.channels == raise_to:
+            # The raise's own sizes: NCCL with the raised count is what was measured there, no entry.
+            continue
+        seen = used.get(c, {}).get(size)
+        logged = seen.channels if seen is not None else None
+        if raise_to:
+            # Every other size is pinned to the count it was measured with.
+            channels = logged or c.channels or default_channels or 0
+        else:
+            channels = min(c.channels, logged) if c.channels and logged else c.channels
         if c.algo and c.proto:
             out[size] = Cell(c.algo, c.proto, channels)
             continue
-        seen = used.get(c, {}).get(size)
         if seen is None:
             if raise_to:
                 return None
             notes.append(f"{c.label} won at {format_size(size)}, but NCCL's log did not show which algorithm and "
                          "protocol it used there: no table entry for that size")
             continue
-        out[size] = Cell(seen[0], seen[1], channels)
+        out[size] = Cell(seen.algo, seen.proto, channels)
     return out
 
 
