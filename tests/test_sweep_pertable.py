@@ -215,3 +215,19 @@ def test_the_rendered_table_parses_and_the_plugin_applies_it_per_size(tmp_path: 
 def test_the_table_carries_the_node_shape(nranks: int) -> None:
     table = to_table(_mixed_choice(), fingerprint=FP, nranks=nranks)  # type: ignore[arg-type]
     assert {(e.nnodes, e.nranks, e.ranks_per_node) for e in table.entries} == {(1, nranks, nranks)}
+
+
+def test_the_report_shows_the_entries_and_the_sizes_they_cover() -> None:
+    from nccltune.render import table_lines
+    from nccltune.tablestage import TableOutcome
+
+    c = _mixed_choice()
+    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    out = TableOutcome("active", c, table, render_table(table), None, spans(c), default_channels=16)  # type: ignore[arg-type]
+    lines = table_lines(out)
+    assert lines[0] == "Tuner table: active"
+    assert "  [64KiB, 512KiB) (measured 64KiB, 256KiB): tree/ll" in lines
+    assert "  [8MiB, 16MiB] (measured 16MiB): ring/simple, 8 channels" in lines
+    doc = out.as_dict()
+    assert [e["sizes"] for e in doc["entries"]] == [[64 * KIB, 256 * KIB], [16 * MIB]]  # type: ignore[index]
+    assert doc["published"] is False
