@@ -18,7 +18,7 @@ from .sweep.space import CATALOGUE, level_of
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
 from .topology.paths import PathMatrix
-from .tuner.build import LIBRARY_NAME
+from .tuner.build import is_own_tuner
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).
@@ -65,7 +65,7 @@ def existing_tuner(env: Mapping[str, str], conf_files: list[Path]) -> tuple[str,
             if value is not None:
                 got = (value, str(path))
                 break
-    if got is None or Path(got[0]).name == LIBRARY_NAME or got[0] == "nccltune":
+    if got is None or is_own_tuner(got[0]):
         return None
     return got
 

@@ -34,10 +34,11 @@ from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
-from .tablestage import TableOutcome, TablePublication, TableStage, publish_table_files
+from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TablePublication, TableStage, publish_table_files
 from .topology.ncclxml import render_xml
 from .trials.runner import Runner, TrialAborted
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
+from .tuner.build import is_own_tuner
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,11 @@ class _Sweep:
             base_env.pop(name, None)
         # A published NCCL_TOPO_FILE from an earlier sweep must not leak into the baseline.
         base_env.pop("NCCL_TOPO_FILE", None)
+        # Nor nccltune's own published tuner and table (a foreign tuner stays: it is the site's default).
+        if is_own_tuner(base_env.get("NCCL_TUNER_PLUGIN", "none")):
+            base_env.pop("NCCL_TUNER_PLUGIN", None)
+        for name in (TABLE_ENV, FINGERPRINT_ENV):
+            base_env.pop(name, None)
         return base_env
 
     def _search(self, session: TrialSession) -> SearchResult:

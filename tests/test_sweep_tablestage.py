@@ -196,3 +196,14 @@ def test_the_publish_stage_copies_the_table_and_plugin_and_keeps_the_single_node
     assert plugin_copy.read_bytes() == built.path.read_bytes()
     assert parse_table(table_copy.read_text(), str(table_copy)).fingerprint == fp
     assert validate_env(env) == dict(sorted(env.items()))  # publishable as it is
+
+
+def test_nccltunes_own_published_tuner_is_neither_foreign_nor_a_pin() -> None:
+    own = {**ENV, "NCCL_TUNER_PLUGIN": "/var/lib/nccltune/libnccl-tuner-nccltune-0123456789abcdef.so",
+           "NCCLTUNE_TUNER_TABLE": "/var/lib/nccltune/nccltune-tuner-table-0123456789abcdef.txt",
+           "NCCLTUNE_TUNER_FINGERPRINT": "0123456789abcdef"}
+    assert existing_tuner(own, []) is None
+    pipe, _ = _plan(Config(), own)
+    plan = pipe.plan()[0]
+    assert plan.per_size is not None and plan.per_size.active
+    assert not {"NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT"} & set(plan.pinned)

@@ -24,6 +24,7 @@ from ..names import TUNED_NAME_STARTS
 from ..topology.model import Topology
 from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
 from ..topology.paths import RANK, PathMatrix
+from ..tuner.build import is_own_tuner
 from .pertable import PrunedCandidate, SizeCandidate, algo_proto_candidates
 from .space import CATALOGUE, MANAGED, level_of
 
@@ -66,6 +67,8 @@ CHANNEL_NOTE = ("Channel values that cannot change NCCL's channel count are drop
                 "many channels NCCL uses.")
 
 
+# nccltune's own tuner table variables: what an earlier sweep published, never a pin.
+OWN_TUNER_VARS = ("NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
 # The variables a per-size candidate sets: measured per size, not as whole-environment candidates.
 PER_SIZE_VARS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
 PER_SIZE_REASON = "measured per size as (algorithm, protocol, channels) candidates for the tuner table"
@@ -174,7 +177,7 @@ def build_plan(
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
         if name.startswith(TUNED_NAME_STARTS) and name not in unpin:
-            if name in MANAGED:
+            if name in MANAGED or name in OWN_TUNER_VARS or (name == "NCCL_TUNER_PLUGIN" and is_own_tuner(value)):
                 continue
             tun = CATALOGUE.get(name)
             warning = tun.validate(value) if tun else (
