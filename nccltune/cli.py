@@ -593,7 +593,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request)
     if args.plan:
         plan, search = pipe.plan()
-        trials = search.estimate_trials()
+        trials = pipe.estimate_trials(plan, search)
         seconds = pipe.estimate_seconds(plan, trials)
         if args.json:
             out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan))))
@@ -842,7 +842,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                             if args.demo else cfg.topology.snapshot)
     topo = load_topology(source)
     findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
-                        conf_files=default_conf_files(os.environ))
+                        conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
     out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
     return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
 

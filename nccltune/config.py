@@ -108,6 +108,7 @@ _VARIABLE_HINT = "variable names are NCCL_... or TORCH_NCCL_..., in capitals"
 Backend = Literal["auto", "nccl", "gloo"]
 Engine = Literal["torch", "nccl-tests"]
 Strategy = Literal["staged", "exhaustive"]
+TunerPlugin = Literal["auto", "nccltune", "keep"]
 
 # One configured profile: message size -> weight (the sizes of all_reduce, the original form),
 # or collective -> {message size -> weight}.
@@ -305,6 +306,15 @@ class TopologyConfig:
 
 
 @dataclass(frozen=True)
+class TunerConfig:
+    """nccltune's NCCL tuner plugin and its per-size table."""
+
+    # auto: use it unless NCCL_TUNER_PLUGIN is already set (a site's tuner, a net plugin's), then keep
+    # that one; nccltune: replace an existing tuner (said loudly); keep: never set NCCL_TUNER_PLUGIN.
+    plugin: TunerPlugin = "auto"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with load_config or with_overrides, which validate it;
     constructing it directly (in tests) trusts the values given."""
@@ -315,6 +325,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    tuner: TunerConfig = field(default_factory=TunerConfig)
     # The file it came from (None: built-in defaults), and the line of every key written there,
     # by dotted key ("bench.iters", "sweep.pin.NCCL_PROTO", "sweep.exclude[0]" and also
     # "sweep.exclude.NCCL_ALGO"), so that checks made elsewhere can still name file:line.
@@ -563,10 +574,12 @@ def _is_null(node: _Node) -> bool:
 def _suggest(key: str, prefix: str, cls: type) -> str:
     """A 'did you mean' for an unknown key: a close name here, or the same name in another section."""
     here = list(_schema(cls))
-    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {_join(prefix, close[0])}?"
+    # The exact name in another section first: `iters` at the top level means bench.iters, however
+    # close it happens to look to a section name here.
     elsewhere = [name for name in setting_names() if name.rsplit(".", 1)[-1] == key]
+    close = difflib.get_close_matches(key, here, n=1, cutoff=0.6)
+    if close and not elsewhere:
+        return f"did you mean {_join(prefix, close[0])}?"
     if not elsewhere:
         leaves = {name.rsplit(".", 1)[-1]: name for name in setting_names()}
         near = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)

@@ -20,6 +20,7 @@ from .topology.links import RANK
 from .topology.model import Topology
 from .topology.paths import PathMatrix
 from .trust import trusted_uids, writable_word
+from .tuner.build import is_own_tuner
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).
@@ -53,6 +54,41 @@ def read_conf_file(path: Path) -> dict[str, str]:
     return out
 
 
+def existing_tuner(env: Mapping[str, str], conf_files: list[Path]) -> tuple[str, str] | None:
+    """NCCL_TUNER_PLUGIN as NCCL would see it, when it names a tuner other than nccltune's:
+    (value, where it came from: "the environment" or the conf file). NCCL reads the environment
+    first and a conf file only fills what the environment leaves unset."""
+    got: tuple[str, str] | None = None
+    if "NCCL_TUNER_PLUGIN" in env:
+        got = (env["NCCL_TUNER_PLUGIN"], "the environment")
+    else:
+        for path in conf_files:
+            value = read_conf_file(path).get("NCCL_TUNER_PLUGIN")
+            if value is not None:
+                got = (value, str(path))
+                break
+    if got is None or is_own_tuner(got[0]):
+        return None
+    return got
+
+
+def tuner_finding(existing: tuple[str, str] | None, mode: str) -> Finding | None:
+    """What doctor (and the plan) say about a tuner that is already set, under config tuner.plugin."""
+    if existing is None:
+        return None
+    value, source = existing
+    if value.lower() == "none":
+        what = f"NCCL_TUNER_PLUGIN=none (from {source}) turns NCCL's tuner plugins off"
+    else:
+        what = f"NCCL_TUNER_PLUGIN={value} (from {source}) already names a tuner"
+    if mode == "nccltune":
+        return Finding("warning", "tuner-plugin-replaced", f"{what}; tuner.plugin is nccltune, so nccltune's "
+                       "published environment REPLACES it with its own tuner", "set tuner.plugin: auto or keep "
+                       "to keep the existing tuner")
+    return Finding("info", "tuner-plugin-kept", f"{what}; tuner.plugin is {mode}, so it is kept and nccltune's "
+                   "per-size tuner table is not active", "set tuner.plugin: nccltune to use nccltune's table instead")
+
+
 def diagnose(
     topo: Topology,
     paths: PathMatrix,
@@ -61,8 +97,12 @@ def diagnose(
     publish_dir: Path,
     conf_files: list[Path],
     topologyd_file: Path = Path(NVIDIA_TOPOLOGYD_FILE),
+    tuner_mode: str = "auto",
 ) -> list[Finding]:
     f: list[Finding] = []
+    tuner = tuner_finding(existing_tuner(env, conf_files), tuner_mode)
+    if tuner is not None:
+        f.append(tuner)
     nvlink_pairs = [(a, b) for (a, b), p in paths.gpu_gpu.items() if a < b and p.type in ("NVL", "NVB")]
     conf: dict[str, tuple[str, Path]] = {}
     for path in conf_files:

@@ -9,6 +9,7 @@ line's flags were folded into it (cli.py) before the pipeline sees it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -26,7 +27,16 @@ from .errors import InputError
 from .lock import SweepLock
 from .names import DEMO_LABEL
 from .node import Node, load_node, require_idle
-from .planning import POLICY_VAR, Workload, check_profile, estimate_seconds, make_plan, settings, workload
+from .planning import (
+    POLICY_VAR,
+    Workload,
+    check_profile,
+    estimate_seconds,
+    estimate_trials,
+    make_plan,
+    settings,
+    workload,
+)
 from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
@@ -34,12 +44,14 @@ from .store import Phase, RunStatus, Store
 from .sweep.plan import JobShape, Plan
 from .sweep.select import Key, key_label
 from .sweep.strategy import Search, SearchResult
+from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TablePublication, TableStage, publish_table_files
 from .topology.ncclxml import render_xml
 from .topology.nodeclass import node_class
 from .trials.launch import LaunchRequest
 from .trials.runner import RANK_RECORD, Runner, TrialAborted, reap_leftover_ranks
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
+from .tuner.build import is_own_tuner
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
@@ -76,6 +88,8 @@ class SweepReport:
     method: str | None = None  # how the trials measured: placement and timing
     collectives: tuple[str, ...] = ("all_reduce",)  # what every trial measured
     not_measured: dict[str, str] = field(default_factory=dict)  # the profile's others: collective -> why
+    table: TableOutcome | None = None  # the per-size stage (tuner table); None: not planned
+    published_table: dict[str, str] = field(default_factory=dict)  # what the publish stage did with it
 
 
 class SweepPipeline:
@@ -113,13 +127,17 @@ class SweepPipeline:
     def plan(self) -> tuple[Plan, Search]:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
         plan = make_plan(self.cfg, self.node(), self.env, self.job_shape())
-        search = Search(plan, settings(self.cfg), lambda e, p, lbl: None,
+        search = Search(plan, settings(self.cfg, plan), lambda e, p, lbl: None,
                         common={"NCCL_TOPO_FILE": "<topology file>"}, weights=self.workload(plan).weights)
         return plan, search
 
     def workload(self, plan: Plan) -> Workload:
         """What sweep.profile measures over the plan's sizes: collectives, weights, what cannot be measured."""
         return workload(self.cfg, self.node(), plan.sizes)
+
+    def estimate_trials(self, plan: Plan, search: Search) -> int:
+        """Every trial the sweep makes: the search's, the per-size candidates' and the final check's."""
+        return estimate_trials(self.cfg, plan, search)
 
     def estimate_seconds(self, plan: Plan, trials: int) -> float:
         return estimate_seconds(plan, trials, self.cfg, self.node(), len(self.workload(plan).collectives))
@@ -161,11 +179,15 @@ class _Sweep:
         self.trial_xml = Path(self.cfg.state_dir) / "runs" / f"{self.run_id:05d}" / "ncclTopology.xml"
         self.search: Search | None = None
         self.workload = workload(self.cfg, node, plan.sizes)
+        self.table: TableOutcome | None = None
+        self.published_table: dict[str, str] = {}
+        self._tuning_fp: str | None = None
 
     def run(self, started: float) -> SweepReport:
         session = self._open_session()
         try:
             result = self._search(session)
+            result = self._per_size(session, result)
             choice = choose(result, self.plan, self.cfg.topology_file, session.results, self.node.demo)
             published = self._publish(choice, session) if self.launch is None else None
             summary = self._summary(choice, session)
@@ -204,7 +226,8 @@ class _Sweep:
             raise
         return TrialSession(self.store, self.run_id, runner, self.plan.sizes, cfg=self.cfg, node=self.node,
                             progress=self.pipe.progress, collectives=self.workload.collectives,
-                            expected_trials=lambda: self.search.estimate_trials() if self.search else 0)
+                            expected_trials=lambda: (estimate_trials(self.cfg, self.plan, self.search)
+                                                     if self.search else 0))
 
     def _base_env(self) -> dict[str, str]:
         """The calling environment with the config's pins set and sweep.unpin's variables removed."""
@@ -214,6 +237,11 @@ class _Sweep:
             base_env.pop(name, None)
         # A published NCCL_TOPO_FILE from an earlier sweep must not leak into the baseline.
         base_env.pop("NCCL_TOPO_FILE", None)
+        # Nor nccltune's own published tuner and table (a foreign tuner stays: it is the site's default).
+        if is_own_tuner(base_env.get("NCCL_TUNER_PLUGIN", "none")):
+            base_env.pop("NCCL_TUNER_PLUGIN", None)
+        for name in (TABLE_ENV, FINGERPRINT_ENV):
+            base_env.pop(name, None)
         return base_env
 
     def _search(self, session: TrialSession) -> SearchResult:
@@ -227,9 +255,34 @@ class _Sweep:
             return result.busbw_by_key(), result.nccl
 
         # The policy values ride along with every candidate: a finished trial shows torch takes them.
-        common = {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
-        self.search = Search(self.plan, settings(self.cfg), measure, common=common, weights=self.workload.weights)
+        common = self._common()
+        self.search = Search(self.plan, settings(self.cfg, self.plan), measure, common=common,
+                             weights=self.workload.weights)
         return self.search.run()
+
+    def _common(self) -> dict[str, str]:
+        return {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
+
+    def tuning_fp(self) -> str:
+        """The tuning fingerprint (once per sweep): in the provenance and in the tuner table."""
+        if self._tuning_fp is None:
+            # The daemon compares this with what it computes from its own probe of the worker's
+            # NCCL, so both sides take the version from the same place.
+            self._tuning_fp = tuning_fingerprint(
+                self.cfg, self.node.fingerprint,
+                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo)
+        return self._tuning_fp
+
+    def _per_size(self, session: TrialSession, result: SearchResult) -> SearchResult:
+        """Stage 4b: the per-size candidates, the tuner table and the final check of the whole result
+        (tablestage). Without the table planned, the search's own result stands."""
+        if self.plan.per_size is None or not self.plan.per_size.active:
+            return result
+        stage = TableStage(self.cfg, self.plan, session, work_dir=self.trial_xml.parent, common=self._common(),
+                           nranks=self.node.nranks, fingerprint=self.tuning_fp(), demo=self.node.demo)
+        self.table = stage.run(result)
+        finalists = [f for f in (self.table.whole, self.table.env_only) if f is not None]
+        return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
         """Every file a launcher reads: the environment files, the nccl.conf block and, when the
@@ -241,24 +294,36 @@ class _Sweep:
             backend=self.node.backend, demo=self.node.demo, profile=self.cfg.sweep.profile,
             gains={key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio},
             note=(DEMO_LABEL if self.node.demo else None),
-            # The daemon compares this with what it computes from its own probe of the worker's
-            # NCCL, so both sides take the version from the same place.
-            tuning_fingerprint=tuning_fingerprint(
-                self.cfg, self.node.fingerprint,
-                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo))
+            tuning_fingerprint=self.tuning_fp())
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
-        published = publish(self.cfg.publish_dir, choice.env, prov,
+        env = dict(choice.env)
+        pub = self.table.publication if self.table else None
+        if pub is not None and self.table is not None and self.table.chosen is self.table.whole:
+            env = self._publish_table(env, pub)
+        published = publish(self.cfg.publish_dir, env, prov,
                             topology_xml=self.xml_text if choice.uses_topology_file else None)
         if self.cfg.nccl_conf is not None:
-            update_nccl_conf(self.cfg.nccl_conf, choice.env, prov)
+            update_nccl_conf(self.cfg.nccl_conf, env, prov)
         return published
 
+    def _publish_table(self, env: dict[str, str], pub: TablePublication) -> dict[str, str]:
+        """The tuner table's part of the publish stage (tablestage.publish_table_files)."""
+        env, self.published_table = publish_table_files(self.cfg.publish_dir, env, pub)
+        return env
+
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
-        return {"chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
-                "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
-                "failed": session.failed, "plan_pruned": len(self.plan.pruned),
-                "collectives": list(self.workload.collectives), "not_measured": self._not_measured(session)}
+        out: dict[str, Any] = {
+            "chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
+            "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
+            "failed": session.failed, "plan_pruned": len(self.plan.pruned),
+            "collectives": list(self.workload.collectives), "not_measured": self._not_measured(session)}
+        if self.table is not None:
+            # The table's text lies in the run's directory (table_path); the store keeps the path.
+            out["tuner_table"] = {**self.table.as_dict(), "published": self.published_table or None}
+        elif self.plan.per_size is not None:
+            out["tuner_table"] = {"status": self.plan.per_size.inactive_text}
+        return out
 
     def _not_measured(self, session: TrialSession) -> dict[str, str]:
         """The profile's collectives without numbers, with why: known before the trials, or as the
@@ -274,7 +339,8 @@ class _Sweep:
             nccl_version=session.nccl_version, torch_version=session.torch_version, trials=session.seq,
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
             summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
-            collectives=self.workload.collectives, not_measured=self._not_measured(session))
+            collectives=self.workload.collectives, not_measured=self._not_measured(session), table=self.table,
+            published_table=dict(self.published_table))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

@@ -3,19 +3,25 @@ by policy, which sizes count how much, and about how long it will take."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import collectives as coll
 from .config import Config, profile_collectives
+from .doctor import default_conf_files, existing_tuner
 from .errors import InputError
 from .node import Node, iterations, size_ladder
 from .publish import preflight
 from .sweep import profiles
-from .sweep.plan import JobShape, Plan, build_plan
+from .sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from .sweep.select import Key
 from .sweep.space import CATALOGUE, unknown_variable_hint
-from .sweep.strategy import Settings
+from .sweep.strategy import Search, Settings
+from .tuner.build import find_compiler
+
+log = logging.getLogger(__name__)
 
 # Published by policy beside every tuning, never swept (torch's reaction to a failed collective).
 POLICY_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -58,11 +64,37 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
     # What could not be published is found now, before the first trial (and by --plan).
     preflight(cfg.publish_dir, {**policy, **cfg.sweep.pin},
               {n: f"{cfg.path or 'config'}:{cfg.lines.get(f'sweep.pin.{n}')}" for n in cfg.sweep.pin})
-    return build_plan(
+    plan = build_plan(
         node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=list(cfg.sweep.unpin),
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
         sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks, shape=shape,
     )
+    inactive = ("the tuner table is measured for one node's own ranks; this sweep is for another job shape"
+                if shape is not None and shape.crosses_nic else tuner_inactive_reason(cfg, env, node.demo, plan))
+    plan_per_size(plan, node.topo, node.paths, inactive_reason=inactive,
+                  user_variables=list(cfg.sweep.variables), demo=node.demo, exclude=list(cfg.sweep.exclude))
+    return plan
+
+
+def tuner_inactive_reason(cfg: Config, env: Mapping[str, str], demo: bool, plan: Plan) -> str | None:
+    """Why the per-size tuner table cannot be used on this node under this config, or None.
+
+    A tuner already named by NCCL_TUNER_PLUGIN (environment or NCCL's conf files) is kept under
+    tuner.plugin auto, and replaced, with a note, under tuner.plugin nccltune."""
+    mode = cfg.tuner.plugin
+    if mode == "keep":
+        return "tuner.plugin is keep: nccltune never sets NCCL_TUNER_PLUGIN"
+    existing = existing_tuner(env, default_conf_files(env))
+    if existing is not None:
+        value, source = existing
+        if mode == "auto":
+            return (f"NCCL_TUNER_PLUGIN={value} (from {source}) is already set and kept (tuner.plugin: auto; "
+                    "set tuner.plugin: nccltune to replace it)")
+        plan.notes.append(f"WARNING: NCCL_TUNER_PLUGIN={value} (from {source}) is REPLACED by nccltune's tuner "
+                          "(tuner.plugin: nccltune)")
+    if not demo and find_compiler() is None:
+        return "no C compiler (cc, gcc or clang) on PATH to build the plugin"
+    return None
 
 
 def _custom(cfg: Config) -> dict[str, dict[str, dict[int, float]]]:
@@ -111,12 +143,35 @@ def weights(cfg: Config, plan: Plan) -> dict[Key, float]:
     return profiles.weights(cfg.sweep.profile, plan.sizes, _custom(cfg))
 
 
-def settings(cfg: Config) -> Settings:
-    """The search's settings from the sweep section."""
+def settings(cfg: Config, plan: Plan | None = None) -> Settings:
+    """The search's settings from the sweep section.
+
+    With the per-size table active, the whole-environment search only screens (no combining, no
+    finalist round): its best screened setting joins the per-size result, and the final check
+    (tablestage) measures both against the defaults, interleaved, in place of the finalist round."""
     s = cfg.sweep
-    return Settings(baseline_repeats=s.baseline_repeats, finalist_repeats=s.finalist_repeats,
-                    max_finalists=s.max_finalists, min_gain_pct=s.min_gain_pct,
-                    max_regression_pct=s.max_regression_pct, exhaustive=s.strategy == "exhaustive")
+    out = Settings(baseline_repeats=s.baseline_repeats, finalist_repeats=s.finalist_repeats,
+                   max_finalists=s.max_finalists, min_gain_pct=s.min_gain_pct,
+                   max_regression_pct=s.max_regression_pct, exhaustive=s.strategy == "exhaustive")
+    if plan is not None and plan.per_size is not None and plan.per_size.active and not out.exhaustive:
+        out = dataclasses.replace(out, finalist_repeats=0, max_combine=0)
+    return out
+
+
+def final_check_trials(cfg: Config, plan: Plan) -> int:
+    """Trials of the final check: the whole result and the environment part alone (one of them on the
+    CPU demo, where the table is not loaded), and the defaults, each sweep.finalist_repeats times."""
+    ps = plan.per_size
+    if ps is None or not ps.active:
+        return 0
+    candidates = 2 if ps.measured_with_nccl else 1
+    return cfg.sweep.finalist_repeats * (candidates + 1)
+
+
+def estimate_trials(cfg: Config, plan: Plan, search: Search) -> int:
+    """Every trial of the sweep: the search's, the per-size candidates' and the final check's."""
+    ps = plan.per_size
+    return search.estimate_trials() + (ps.trial_count() if ps else 0) + final_check_trials(cfg, plan)
 
 
 def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectives: int = 1) -> float:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from .pipeline import SweepReport
     from .planning import Workload
     from .sweep.plan import Plan
+    from .tablestage import TableOutcome
     from .topocheck import TopoCheck
     from .verify import VerifyResult
 
@@ -238,6 +239,57 @@ def workload_lines(w: Workload) -> list[str]:
     return lines
 
 
+def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
+    ps = plan.per_size
+    if ps is None:
+        return None
+    return {"active": ps.active, "status": None if ps.active else ps.inactive_text,
+            "candidates": [{"label": c.label, "env": c.env()} for c in ps.candidates],
+            "channels": "half and double the defaults' channel count (from the baseline)" if ps.channels else None,
+            "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
+            "pruned": [{"what": p.what, "reason": p.reason} for p in ps.pruned], "notes": ps.notes}
+
+
+def per_size_plan_text(plan: Plan) -> list[str]:
+    ps = plan.per_size
+    if ps is None:
+        return []
+    if not ps.active:
+        return ["", f"Per size: {ps.inactive_text}"]
+    lines = ["", "Per size (one trial each over every size, judged size by size, for the tuner table):"]
+    lines.extend(f"  {c.label}: {' '.join(f'{k}={v}' for k, v in c.env().items())}" for c in ps.candidates)
+    if ps.channels:
+        lines.append("  channels: half and double the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
+                     "set after the baseline)")
+    lines.extend(f"  not measured: {p.what}: {p.reason}" for p in ps.pruned)
+    lines.extend(f"  {n}" for n in ps.notes)
+    return lines
+
+
+def table_lines(table: TableOutcome) -> list[str]:
+    """The tuner table beside the environment: its status, entries and the sizes each covers."""
+    lines = [f"Tuner table: {table.status}"]
+    if table.default_channels:
+        lines.append(f"  NCCL's defaults use {table.default_channels} channels")
+    if table.spans:
+        last = max(sp.max_bytes for sp in table.spans)
+        for sp in table.spans:
+            ch = f", {sp.cell.channels} channels" if sp.cell.channels else ""
+            # Ranges end below the next one's start; the last ends at the largest measured size.
+            end = f"{format_size(sp.max_bytes)}]" if sp.max_bytes == last else f"{format_size(sp.max_bytes + 1)})"
+            lines.append(f"  [{format_size(sp.min_bytes)}, {end} (measured "
+                         f"{', '.join(format_size(x) for x in sp.sizes)}): {sp.cell.algo}/{sp.cell.proto}{ch}")
+    elif table.choice is not None:
+        lines.append("  no entries: no candidate beat NCCL's defaults beyond the noise at any size")
+    if table.choice is not None and table.choice.single_node_env:
+        lines.append("  single-node jobs only: " + " ".join(f"{k}={v}" for k, v in
+                                                          sorted(table.choice.single_node_env.items())))
+    if table.table_path:
+        lines.append(f"  table file: {table.table_path}")
+    lines.extend(f"  {n}" for n in table.notes)
+    return lines
+
+
 def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
              workload: Workload | None = None) -> dict[str, Any]:
     return {
@@ -255,6 +307,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
         "policy": plan.policy,
         "notes": plan.notes,
+        "per_size": per_size_plan_doc(plan),
         "estimate": {"trials": trials, "seconds": round(seconds, 1)},
         **(workload_doc(workload) if workload is not None else {}),
     }
@@ -288,6 +341,7 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
     for name, values in plan.variables.items():
         lines.append(f"  {name}: {', '.join(values)}")
     lines.append("  NCCL_TOPO_FILE: nccltune's topology file for this node")
+    lines.extend(per_size_plan_text(plan))
     if plan.pinned:
         lines.append("")
         lines.append("Pinned (never swept, never removed; --unpin NAME to sweep one anyway):")
@@ -339,7 +393,16 @@ def sweep_doc(report: SweepReport) -> dict[str, Any]:
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
+        "tuner_table": _table_doc(report),
     }
+
+
+def _table_doc(report: SweepReport) -> dict[str, Any] | None:
+    if report.table is not None:
+        return {**report.table.as_dict(), "text": report.table.table_text,
+                "published": report.published_table or None}
+    ps = report.plan.per_size
+    return {"status": ps.inactive_text} if ps is not None else None
 
 
 def fmt_bw(gbps: float) -> str:
@@ -409,6 +472,14 @@ def sweep_text(report: SweepReport) -> str:
         lines.append(f"Published (generation {p.generation}): {p.sh_path}, {p.env_path}, {p.json_path}")
         for name, value in sorted(report.chosen_env.items()):
             lines.append(f"  {name}={value}")
+    if report.table is not None:
+        lines.extend(table_lines(report.table))
+        if report.published_table:
+            lines.append("  published with the environment above: "
+                         + " ".join(f"{k}={v}" for k, v in sorted(report.published_table.items())
+                                    if k.startswith(("NCCL_", "NCCLTUNE_"))))
+    elif report.plan.per_size is not None and not report.plan.per_size.active:
+        lines.append(report.plan.per_size.inactive_text)
     if report.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     return "\n".join(lines)

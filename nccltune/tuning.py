@@ -24,4 +24,8 @@ def tuning_fingerprint(cfg: Config, topology_fp: str, nccl_version: str | None, 
         "async_error_handling": s.async_error_handling,
         "sizes": [cfg.bench.min_bytes, cfg.bench.max_bytes, cfg.bench.factor],
     }
+    if cfg.tuner.plugin != "auto":
+        # Whether the tuner table is used changes what is published; the default leaves earlier
+        # fingerprints as they were.
+        facts["tuner_plugin"] = cfg.tuner.plugin
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

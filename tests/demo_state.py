@@ -35,6 +35,9 @@ BASE_CONFIG: dict[str, Any] = {
     # keeps the daemon's verify from asking for re-sweeps in the middle of a test.
     "daemon": {"quiet_period_s": 0, "drift_threshold_pct": 90},
     "publish": {"metrics_dir": "metrics"},
+    # The environment-only sweep these tests rely on; the per-size table has its own demo sweep
+    # (test_sweep_tablestage.py).
+    "tuner": {"plugin": "keep"},
 }
 SWEEP_S = 180.0  # generous bound for one demo sweep on a loaded 2-core machine
 

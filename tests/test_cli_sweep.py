@@ -111,7 +111,10 @@ def test_plan_on_the_pcie_snapshot_prunes_by_topology(tmp_path: Path) -> None:
                    "--state-dir", tmp_path / "state")
     assert doc["profile"] == "large"
     assert doc["measure"]["NCCL_P2P_LEVEL"] == ["LOC", "SYS"]
-    assert "LL128" not in doc["measure"]["NCCL_PROTO"]
+    # Protocols are measured per size (for the tuner table) here: never LL128 on this PCIe node.
+    assert "LL128" not in doc["measure"].get("NCCL_PROTO", [])
+    assert doc["per_size"]["active"] and doc["per_size"]["candidates"]
+    assert all(c["env"].get("NCCL_PROTO") != "LL128" for c in doc["per_size"]["candidates"])
     assert "NCCL_NVLS_ENABLE" not in doc["measure"]
     reasons = {(p["name"], p["value"]): p["reason"] for p in doc["pruned"]}
     assert "default" in reasons[("NCCL_P2P_LEVEL", "PXB")]

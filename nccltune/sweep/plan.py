@@ -24,6 +24,8 @@ from ..names import TUNED_NAME_STARTS
 from ..topology.model import Topology
 from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
 from ..topology.paths import RANK, PathMatrix
+from ..tuner.build import is_own_tuner
+from .pertable import PrunedCandidate, SizeCandidate, algo_proto_candidates
 from .space import CATALOGUE, MANAGED, level_of
 
 NVLINK_TYPES = ("NVL", "NVB")
@@ -61,6 +63,39 @@ class JobShape:
 SINGLE_NODE_NET_REASON = ("single-node sweep: all-reduce between local GPUs never crosses a NIC, so network "
                           "settings cannot change the result")
 SOCKET_KNOBS = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")
+CHANNEL_NOTE = ("Channel values that cannot change NCCL's channel count are dropped once the baseline shows how "
+                "many channels NCCL uses.")
+
+
+# nccltune's own tuner table variables: what an earlier sweep published, never a pin.
+OWN_TUNER_VARS = ("NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
+# The variables a per-size candidate sets: measured per size, not as whole-environment candidates.
+PER_SIZE_VARS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+PER_SIZE_REASON = "measured per size as (algorithm, protocol, channels) candidates for the tuner table"
+
+
+@dataclass
+class PerSizePlan:
+    """The per-size part of a plan: whether the tuner table is active, and what is measured for it.
+
+    Channel candidates are half and double the channel count NCCL's defaults use, known only once
+    the baseline's NCCL log shows it."""
+
+    active: bool
+    reason: str | None = None  # why it is not active
+    candidates: list[SizeCandidate] = field(default_factory=list)
+    channels: bool = False  # whether channel candidates follow the baseline
+    pruned: list[PrunedCandidate] = field(default_factory=list)
+    measured_with_nccl: bool = True  # False on the CPU demo: the table is computed, never loaded
+    notes: list[str] = field(default_factory=list)
+
+    def trial_count(self) -> int:
+        """Trials of the per-size candidates (the channel pair counted as two)."""
+        return len(self.candidates) + (2 if self.channels else 0) if self.active else 0
+
+    @property
+    def inactive_text(self) -> str:
+        return f"per-size tuner table not active: {self.reason}"
 
 
 @dataclass
@@ -75,6 +110,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     default_p2p_level: str = "PXB"
     shape: JobShape = field(default_factory=JobShape)
+    per_size: PerSizePlan | None = None
 
     def screening_count(self) -> int:
         return sum(len(v) for v in self.variables.values())
@@ -141,7 +177,7 @@ def build_plan(
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
         if name.startswith(TUNED_NAME_STARTS) and name not in unpin:
-            if name in MANAGED:
+            if name in MANAGED or name in OWN_TUNER_VARS or (name == "NCCL_TUNER_PLUGIN" and is_own_tuner(value)):
                 continue
             tun = CATALOGUE.get(name)
             warning = tun.validate(value) if tun else (
@@ -203,9 +239,56 @@ def build_plan(
         if keep:
             plan.variables[name] = keep
     if "NCCL_MIN_NCHANNELS" in plan.variables or "NCCL_MAX_NCHANNELS" in plan.variables:
-        plan.notes.append("Channel values that cannot change NCCL's channel count are dropped once the "
-                          "baseline shows how many channels NCCL uses.")
+        plan.notes.append(CHANNEL_NOTE)
     return plan
+
+
+def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_reason: str | None,
+                  user_variables: Sequence[str], demo: bool, exclude: Sequence[str] = ()) -> PerSizePlan:
+    """Add the per-size candidates to the plan (or say why there are none). When the table is active,
+    the catalogue's algorithm, protocol and channel values leave the whole-environment search (the
+    per-size candidates measure them, in pairs), unless the config names them in sweep.variables."""
+    if inactive_reason is None and plan.nranks < 2:
+        inactive_reason = "one rank: NCCL consults no tuner"
+    if inactive_reason is None and plan.shape.crosses_nic:
+        inactive_reason = "the table is measured for one node's shape only"
+    if inactive_reason is not None:
+        plan.per_size = PerSizePlan(False, inactive_reason)
+        plan.notes.append(plan.per_size.inactive_text)
+        return plan.per_size
+    candidates, pruned = algo_proto_candidates(ll128=ll128_auto(topo, paths), nranks=plan.nranks)
+    pinned_ap = [n for n in ("NCCL_ALGO", "NCCL_PROTO") if n in plan.pinned]
+    if pinned_ap:
+        candidates = []
+        pruned.append(PrunedCandidate("algorithm/protocol", f"{' and '.join(pinned_ap)} pinned: the environment "
+                                      "always wins over a tuner"))
+    elif any(n in exclude for n in ("NCCL_ALGO", "NCCL_PROTO")):
+        candidates = []
+        pruned.append(PrunedCandidate("algorithm/protocol", "excluded by config (sweep.exclude)"))
+    channel_vars = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+    channels = not any(n in plan.pinned or n in exclude for n in channel_vars)
+    if any(n in plan.pinned for n in channel_vars):
+        pruned.append(PrunedCandidate("channels", "NCCL_MIN/MAX_NCHANNELS pinned: the communicator's channel count "
+                                      "is fixed, and a table can only ask for up to it"))
+    elif not channels:
+        pruned.append(PrunedCandidate("channels", "excluded by config (sweep.exclude)"))
+    if not candidates and not channels:
+        why = "; ".join(f"{p.what}: {p.reason}" for p in pruned if p.what in ("algorithm/protocol", "channels"))
+        plan.per_size = PerSizePlan(False, f"nothing left to measure per size ({why})", pruned=pruned)
+        plan.notes.append(plan.per_size.inactive_text)
+        return plan.per_size
+    ps = PerSizePlan(True, None, candidates, channels, pruned, measured_with_nccl=not demo)
+    if demo:
+        ps.notes.append("CPU demo: the table is computed and shown, not measured with NCCL (gloo cannot load "
+                        "NCCL's tuner plugin)")
+    for name in PER_SIZE_VARS:
+        if name in plan.variables and name not in user_variables:
+            for value in plan.variables.pop(name):
+                plan.pruned.append(Pruned(name, value, PER_SIZE_REASON))
+    if not any(n in plan.variables for n in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")):
+        plan.notes = [n for n in plan.notes if n != CHANNEL_NOTE]
+    plan.per_size = ps
+    return ps
 
 
 def _prune_value(name: str, value: str, default: str | None, paths: PathMatrix, refused: set[tuple[int, int]],

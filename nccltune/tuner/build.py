@@ -29,6 +29,12 @@ SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,un
 COMPILE_TIMEOUT_S = 120
 
 
+def is_own_tuner(value: str) -> bool:
+    """Whether an NCCL_TUNER_PLUGIN value names nccltune's plugin (as built, or a published copy named
+    libnccl-tuner-nccltune-<fingerprint>.so), not a site's tuner."""
+    return value == "nccltune" or Path(value).name.startswith(LIBRARY_NAME.removesuffix(".so"))
+
+
 @dataclass(frozen=True)
 class BuildResult:
     """What build_plugin did: the library's path when it built, otherwise why the table is not active."""
