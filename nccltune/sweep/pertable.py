@@ -176,8 +176,10 @@ def choose_per_size(baseline: Mapping[int, SizeStats], measured: Sequence[Measur
             st = m.stats.get(size)
             if st is None or base.median <= 0:
                 continue
+            # A screening decision: one run per candidate; the final check judges the table with
+            # the bar for its number of runs.
             v = judge({size: st}, {size: base}, {size: 1.0}, min_gain_pct=min_gain_pct,
-                      max_regression_pct=max_regression_pct)
+                      max_regression_pct=max_regression_pct, require_support=False)
             ratio = st.median / base.median
             if v.eligible and (best is None or ratio > best.ratio):
                 best = SizeWin(size, m.candidate, ratio, v.reason)

@@ -304,9 +304,14 @@ class Verdict(Generic[K]):
 
 
 def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict[K]:
+          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True,
+          require_support: bool = True) -> Verdict[K]:
     """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
-    a regression of any collective at any size it weighs refuses the candidate."""
+    a regression of any collective at any size it weighs refuses the candidate.
+
+    `require_support=False` is for screening only (one run per candidate, as the per-size stage
+    measures them): the noise rules apply, the bar for the number of runs does not, because every
+    screened winner is measured again in a final check that must pass with it."""
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
@@ -335,7 +340,7 @@ def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Map
         worst = min(regressions, key=lambda r: r[1])
         return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {key_label(worst[0])}: "
                               f"x{worst[1]:.3f})")
-    if require_gain and supported is None:
+    if require_gain and require_support and supported is None:
         # No bar can be set: one run bounds nothing, and a bar from the other side's spread alone
         # would assume the candidate varies as the defaults do.
         who = f"{runs[0]} finalist sample" if runs[0] < 2 else f"{runs[1]} sample of the defaults"
@@ -351,7 +356,7 @@ def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Map
                               f"the minimum of {threshold:.2f}%")
     confident = (f"{supported or 0.0:+.2f}% at {100 * CONFIDENCE:.0f}% confidence with {runs[0]} runs against "
                  f"{runs[1]} of the defaults")
-    if require_gain and (supported or 0.0) <= 0.0:
+    if require_gain and require_support and (supported or 0.0) <= 0.0:
         return verdict(False, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, but {confident}: "
                               "too few runs for a spread that large")
     return verdict(True, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, {confident}")
