@@ -319,7 +319,8 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
 
 
 class _Progress:
-    """A live progress line on a terminal; one line per trial otherwise (the journal)."""
+    """A live progress line on a terminal; one line per trial otherwise (the journal). Always on
+    stderr, so that `--json` keeps stdout for its one document and still shows the sweep moving."""
 
     def __init__(self, quiet: bool) -> None:
         self.tty = sys.stderr.isatty()
@@ -363,7 +364,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
-    progress = _Progress(quiet=args.json)
+    progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
     if args.plan:
         plan, search = pipe.plan()
