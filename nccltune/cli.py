@@ -18,7 +18,7 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 if TYPE_CHECKING:
     from .config import Config
     from .records import TrialResult
-    from .store import Store
+    from .store import Store, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -383,8 +383,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
         _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
-    out(dumps(sweep_doc(report)) if args.json else sweep_text(report))
+    out(dumps(sweep_doc(report, _run_trials(cfg, report.run_id))) if args.json else sweep_text(report))
     return EXIT_OK
+
+
+def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
+    """The stored trials of a run this command just made (for the document's failed-trial codes)."""
+    from .store import Store
+
+    if run_id is None:
+        return []
+    with Store(cfg.state_path("history.db")) as store:
+        return list(store.trials(run_id))
 
 
 def _write_metrics(cfg: Config, fingerprint: str) -> None:

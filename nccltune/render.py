@@ -1,4 +1,13 @@
-"""Rendering helpers for the command line: tables and JSON documents. No I/O besides strings."""
+"""Rendering helpers for the command line: tables and JSON documents. No I/O besides strings.
+
+Every JSON document has a schema in the repository's `schemas/` directory (`<kind>.schema.json`)
+and follows two rules there, so that a consumer parses one shape:
+
+- a per-size row (sweep, report, history, verify) starts with `size_bytes` and `collective`, and
+  names a quantity the same way everywhere (`*_busbw_gbps`, `*_noise_pct`, `time_us`);
+- numbers are rounded by what their key measures (`ROUNDING`): GB/s (10^9 bytes per second) to
+  3 decimals, percentages and microseconds and seconds to 2, ratios and weights to 4.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .names import DEMO_LABEL, format_size
-from .records import ReportRow
+from .records import ALL_REDUCE, Measurement, ReportRow
 from .store import RunRecord, TrialRecord
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import Topology
@@ -24,9 +33,42 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
 
 SCHEMA_VERSION = 1
 
+# Key suffix -> decimals: the one rounding rule of every JSON document (see the module docstring).
+ROUNDING: tuple[tuple[str, int], ...] = (("_gbps", 3), ("_pct", 2), ("_us", 2), ("_s", 2), ("ratio", 4),
+                                         ("weight", 4))
+
+
+def _digits(key: str | None) -> int | None:
+    if key is None:
+        return None
+    return next((d for suffix, d in ROUNDING if key.endswith(suffix)), None)
+
+
+def rounded(value: Any, digits: int | None = None) -> Any:
+    """`value` with every float rounded by the key it sits under (`ROUNDING`); a map or list under
+    such a key (busbw by size) takes its key's rule. Integers, strings and unruled keys stay as they are."""
+    if isinstance(value, float):
+        return round(value, digits) if digits is not None else value
+    if isinstance(value, dict):
+        return {k: rounded(v, _digits(k) if _digits(k) is not None else digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
 
 def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2, sort_keys=False)
+    return json.dumps(rounded({"schema_version": SCHEMA_VERSION, **doc}), indent=2, sort_keys=False)
+
+
+def size_row(size_bytes: int, collective: str, **fields: Any) -> dict[str, Any]:
+    """One per-size row of a JSON document: `size_bytes` and `collective` first, then its numbers."""
+    return {"size_bytes": size_bytes, "collective": collective, **fields}
+
+
+def report_row(row: ReportRow) -> dict[str, Any]:
+    """A sweep's report row (sweep, report, history documents)."""
+    fields = {k: v for k, v in row.as_dict().items() if k not in ("size_bytes", "collective")}
+    return size_row(row.size_bytes, row.collective, **fields)
 
 
 def _cell(path_type: str, nvlinks: int) -> str:
@@ -230,7 +272,15 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
     return "\n".join(lines)
 
 
-def sweep_doc(report: SweepReport) -> dict[str, Any]:
+def failed_trials(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """The trials that did not end ok: `code` is the trial's status (timeout, crashed, ...), stable
+    for automation; `reason` is the prose."""
+    return [{"seq": t.seq, "label": t.label, "code": t.status, "reason": t.reason or t.status}
+            for t in trials if t.status != "ok"]
+
+
+def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[str, Any]:
+    """`trials`: the run's stored trials, for the failed ones' codes."""
     pub = report.published
     return {
         "kind": "sweep",
@@ -244,12 +294,12 @@ def sweep_doc(report: SweepReport) -> dict[str, Any]:
         "method": report.method,
         "profile": report.profile,
         "trials": report.trials,
-        "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
+        "failed_trials": failed_trials(trials),
         "wall_s": report.wall_s,
         "chosen": report.chosen_label,
         "published_env": report.chosen_env,
         "summary": report.summary,
-        "sizes": [r.as_dict() for r in report.rows],
+        "sizes": [report_row(r) for r in report.rows],
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
@@ -308,12 +358,25 @@ def sweep_text(report: SweepReport) -> str:
     return "\n".join(lines)
 
 
+def _summary(run: RunRecord) -> dict[str, Any] | None:
+    """The run's stored summary, its report rows (a sweep's) in the one row shape."""
+    if run.summary is None or not run.rows:
+        return run.summary
+    return {**run.summary, "rows": [report_row(r) for r in run.rows]}
+
+
 def _run_dict(run: RunRecord) -> dict[str, Any]:
     return {"id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
             "finished_at": run.finished_at, "fingerprint": run.fingerprint, "backend": run.backend,
             "demo": run.demo, "profile": run.profile, "nccltune_version": run.nccltune_version,
-            "summary": run.summary, "chosen_env": run.chosen_env,
+            "summary": _summary(run), "chosen_env": run.chosen_env,
             "published_generation": run.published_generation}
+
+
+def measurement_row(m: Measurement) -> dict[str, Any]:
+    """One size of one trial, as history and the import show it."""
+    return size_row(m.size_bytes, m.collective, time_us=m.time_us, algbw_gbps=m.algbw_gbps,
+                    busbw_gbps=m.busbw_gbps, algo=m.algo, proto=m.proto, channels=m.channels, correct=m.correct)
 
 
 def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None) -> dict[str, Any]:
@@ -321,9 +384,7 @@ def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None)
     if trials is not None:
         doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
                           "reason": t.reason, "wall_s": t.wall_s,
-                          "measurements": [{"size_bytes": m.size_bytes, "busbw_gbps": m.busbw_gbps,
-                                            "time_us": m.time_us, "algo": m.algo, "proto": m.proto,
-                                            "correct": m.correct} for m in t.measurements]}
+                          "measurements": [measurement_row(m) for m in t.measurements]}
                          for t in trials]
     return doc
 
@@ -351,7 +412,7 @@ def trials_text(run: RunRecord, trials: Sequence[TrialRecord]) -> str:
 
 def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None) -> dict[str, Any]:
     return {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
-            "sizes": [r.as_dict() for r in run.rows], "plot": plot, "trials": len(trials)}
+            "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
 
 
 def report_text(run: RunRecord) -> str:
@@ -427,10 +488,11 @@ def doctor_text(topo: Topology, findings: Sequence[Finding]) -> str:
 
 
 def verify_doc(r: VerifyResult) -> dict[str, Any]:
-    return {"kind": "verify", "passed": r.passed, "reason": r.reason, "demo": r.demo,
+    return {"kind": "verify", "passed": r.passed, "code": r.code, "reason": r.reason, "demo": r.demo,
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
-            "sizes": [vars(row) for row in r.rows]}
+            "sizes": [size_row(row.size_bytes, ALL_REDUCE, **{k: v for k, v in vars(row).items() if k != "size_bytes"})
+                      for row in r.rows]}
 
 
 def verify_text(r: VerifyResult) -> str:

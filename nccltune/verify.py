@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .config import Config
 from .errors import BusyError, CheckFailed
@@ -39,6 +40,10 @@ class VerifyRow:
     ok: bool
 
 
+# The verdict as a stable word beside the prose `reason` (the verify schema lists them).
+VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation"]
+
+
 @dataclass
 class VerifyResult:
     passed: bool
@@ -52,6 +57,7 @@ class VerifyResult:
     expectation: str = ""
     nccl_version: str | None = None
     notes: list[str] = field(default_factory=list)
+    code: VerifyCode = "passed"
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -149,21 +155,25 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(size, got_bw, exp[0] if exp else None, allowed, drift, ok))
         unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
+        code: VerifyCode = "passed"
         if not best:
+            code = "all_trials_failed"
             passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
         elif unmeasured:
             # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
+            code = "not_measured"
             passed, reason = False, (f"{', '.join(format_size(r.size_bytes) for r in unmeasured)}: not measured"
                                      + (f" ({failures[0]})" if failures else ""))
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
+            code = "below_expectation"
             passed, reason = False, (f"{format_size(worst.size_bytes)}: {worst.measured_gbps:.2f} GB/s is "
                                      f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"
         session.finish("ok" if passed else "failed",
-                       {"passed": passed, "reason": reason, "expectation": expectation,
+                       {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
                         "rows": [vars(r) for r in rows], "env_source": source})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
-                        nccl_version=nccl_version)
+                        nccl_version=nccl_version, code=code)
