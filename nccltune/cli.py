@@ -383,7 +383,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
         _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
-    out(dumps(sweep_doc(report, _run_trials(cfg, report.run_id))) if args.json else sweep_text(report))
+    stored = _run_trials(cfg, report.run_id)
+    out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
     return EXIT_OK
 
 
@@ -542,7 +543,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         out(dumps(report_doc(run, trials, plot=args.plot)))
     else:
-        out(report_text(run))
+        out(report_text(run, trials))
         if args.plot:
             out(f"Plot written to {args.plot}")
     return EXIT_OK

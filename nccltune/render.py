@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .names import DEMO_LABEL, format_size
@@ -315,25 +316,82 @@ def fmt_bw(gbps: float) -> str:
     return f"{gbps:.3g}"
 
 
-def rows_text(rows: Sequence[ReportRow]) -> list[str]:
-    table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
+# The worker (and all_reduce_perf as nccltune runs it) sums float32 elements.
+ELEMENT_TYPE, ELEMENT_BYTES = "float", 4
+TABLE_UNITS = "# size in bytes, count in elements, time in us, algbw and busbw in GB/s (1 GB/s = 1e9 B/s)"
+
+
+@dataclass(frozen=True)
+class SizeFacts:
+    """What the trials of a run say at one size beyond the report row's medians: busbw over algbw
+    (the collective's factor, 2(n-1)/n for an all-reduce) and how many results were wrong."""
+
+    bus_factor: float | None
+    wrong_defaults: int
+    wrong_tuned: int
+
+
+def size_facts(trials: Sequence[TrialRecord], chosen: str | None) -> dict[tuple[str, int], SizeFacts]:
+    """(collective, size) -> SizeFacts from a run's trials. Wrong results count for the defaults in
+    trials that ran NCCL's defaults, for the published setting in trials whose label names `chosen`."""
+    factors: dict[tuple[str, int], float] = {}
+    wrong: dict[tuple[str, int], list[int]] = {}
+    for t in trials:
+        is_default = not t.env
+        is_tuned = is_default if chosen == "NCCL defaults" else chosen is not None and chosen in t.label
+        for m in t.measurements:
+            key = (m.collective, m.size_bytes)
+            if m.algbw_gbps > 0 and m.busbw_gbps > 0:
+                factors.setdefault(key, m.busbw_gbps / m.algbw_gbps)
+            counts = wrong.setdefault(key, [0, 0])
+            if not m.correct:
+                counts[0] += is_default
+                counts[1] += is_tuned
+    return {k: SizeFacts(factors.get(k), *wrong.get(k, [0, 0])) for k in set(factors) | set(wrong)}
+
+
+def _side(size_bytes: int, busbw_gbps: float, facts: SizeFacts | None) -> list[str]:
+    """time (us), algbw, busbw of one side of a row, from its median busbw and the size's factor."""
+    factor = facts.bus_factor if facts else None
+    if not factor or busbw_gbps <= 0:
+        return ["-", "-", fmt_bw(busbw_gbps)]
+    algbw = busbw_gbps / factor
+    return [f"{size_bytes / (algbw * 1e3):.2f}", fmt_bw(algbw), fmt_bw(busbw_gbps)]
+
+
+def rows_text(rows: Sequence[ReportRow], trials: Sequence[TrialRecord] = (), chosen: str | None = None) -> list[str]:
+    """The report as all_reduce_perf lays a run out, per size: size, count, type, then time, algbw,
+    busbw and #wrong for NCCL's defaults and for the published setting (medians of the repeats),
+    then their ratio, the defaults' noise and the algorithm/protocol NCCL used on each side.
+    Time and algbw follow from the median busbw by the factor the trials measured at that size."""
+    facts = size_facts(trials, chosen)
+    table = [["size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
+              "ratio", "noise", "NCCL default -> tuned"]]
     for r in rows:
+        f = facts.get((r.collective, r.size_bytes))
         table.append([
-            format_size(r.size_bytes) + ("" if r.weight else " (not in profile)"),
-            fmt_bw(r.default_busbw_gbps), f"±{r.default_noise_pct:.1f}%",
-            fmt_bw(r.tuned_busbw_gbps), f"{r.ratio:.3f}",
-            f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}",
+            str(r.size_bytes), str(r.size_bytes // ELEMENT_BYTES), ELEMENT_TYPE,
+            *_side(r.size_bytes, r.default_busbw_gbps, f), str(f.wrong_defaults if f else 0),
+            *_side(r.size_bytes, r.tuned_busbw_gbps, f), str(f.wrong_tuned if f else 0),
+            f"{r.ratio:.3f}", f"±{r.default_noise_pct:.1f}%",
+            f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}"
+            + ("" if r.weight else f" ({format_size(r.size_bytes)} not in profile)"),
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    numeric = (1, 2, 3, 4)
-    lines = []
-    for row in table:
-        cells = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
+    left = len(table[0]) - 1  # the last column is text
+    lines = [TABLE_UNITS]
+    defaults_w = sum(widths[3:7]) + 6
+    tuned_w = sum(widths[7:11]) + 6
+    pad = sum(widths[:3]) + 6
+    lines.append("#" + " " * (pad - 1) + "NCCL defaults".center(defaults_w) + "  " + "published".center(tuned_w))
+    for i, row in enumerate(table):
+        cells = [c.rjust(w) if j < left else c for j, (c, w) in enumerate(zip(row, widths, strict=True))]
+        line = "  ".join(cells).rstrip()
+        lines.append(("#" + line[1:]) if i == 0 and line.startswith(" ") else line)
     return lines
 
 
-def sweep_text(report: SweepReport) -> str:
+def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
     lines = []
     if report.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
@@ -343,7 +401,7 @@ def sweep_text(report: SweepReport) -> str:
     lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
                  f"(all-reduce, float32 sum, {report.method or 'no trial measured'})")
     lines.append("")
-    lines.extend(rows_text(report.rows))
+    lines.extend(rows_text(report.rows, trials, report.chosen_label))
     lines.append("")
     for label, reason in report.failed_trials:
         lines.append(f"Failed: {label}: {reason}")
@@ -415,13 +473,13 @@ def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None) 
             "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
 
 
-def report_text(run: RunRecord) -> str:
+def report_text(run: RunRecord, trials: Sequence[TrialRecord] = ()) -> str:
     s = run.summary or {}
     lines = []
     if run.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
-    lines.extend(rows_text(run.rows))
+    lines.extend(rows_text(run.rows, trials, str(s.get("chosen") or "") or None))
     lines.append(str(s.get("summary", "")))
     return "\n".join(lines)
 
