@@ -158,6 +158,20 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     rep.add_argument("--json", action="store_true")
+    _add_compare_parser(sub)
+
+
+def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size",
+                         description="Compare run B with run A (ids from `nccltune history`), size by size. Exit 1 "
+                                     "when B is slower than A beyond the noise at any size.",
+                         epilog="example: nccltune compare 12 15 --side defaults")
+    _common(cmp)
+    cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
+    cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
+    cmp.add_argument("--side", choices=("published", "defaults"), default="published",
+                     help="compare the published setting's trials (default) or NCCL's defaults'")
+    cmp.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -563,7 +577,21 @@ def _verify_report_text(run: object) -> str:
     return "\n".join(lines)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare_runs
+    from .render import compare_doc, compare_text, dumps
+
+    with _history(args) as store:
+        try:
+            comparison = compare_runs(store, args.a, args.b, args.side)
+        except KeyError as exc:
+            raise UsageError(f"no run {exc.args[0]} in the history", hint="see `nccltune history`") from None
+    out(dumps(compare_doc(comparison)) if args.json else compare_text(comparison))
+    return 1 if comparison.slower else EXIT_OK
+
+
 _HANDLERS.update({
+    "compare": cmd_compare,
     "sweep": cmd_sweep,
     "env": cmd_env,
     "exec": cmd_exec,

@@ -25,6 +25,7 @@ from .topology.nicpaths import NicPaths, compute_nic_paths
 from .topology.paths import PathMatrix
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
+    from .compare import RunComparison
     from .doctor import Finding
     from .node import Node
     from .pipeline import SweepReport
@@ -565,4 +566,31 @@ def verify_text(r: VerifyResult) -> str:
         drift = f"{row.drift_pct:+.1f}%" if row.drift_pct is not None else "-"
         lines.append(f"  {format_size(row.size_bytes):>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
                      f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
+    return "\n".join(lines)
+
+
+def compare_doc(c: RunComparison) -> dict[str, Any]:
+    return {"kind": "compare", "a_run": c.a_run, "b_run": c.b_run, "side": c.side,
+            "slower": len(c.slower),
+            "sizes": [size_row(s.size_bytes, s.collective, a_busbw_gbps=s.a_busbw_gbps, b_busbw_gbps=s.b_busbw_gbps,
+                               change_pct=s.change_pct, noise_pct=s.noise_pct, verdict=s.verdict)
+                      for s in c.sizes]}
+
+
+def compare_text(c: RunComparison) -> str:
+    lines = [f"Run {c.b_run} against run {c.a_run} ({'NCCL defaults' if c.side == 'defaults' else 'published setting'},"
+             " median busbw; 1 GB/s = 1e9 B/s)"]
+    table = [["collective", "size", f"run {c.a_run}", f"run {c.b_run}", "change", "noise", "verdict"]]
+    for s in c.sizes:
+        table.append([s.collective, str(s.size_bytes),
+                      fmt_bw(s.a_busbw_gbps) if s.a_busbw_gbps is not None else "-",
+                      fmt_bw(s.b_busbw_gbps) if s.b_busbw_gbps is not None else "-",
+                      f"{s.change_pct:+.1f}%" if s.change_pct is not None else "-", f"±{s.noise_pct:.1f}%", s.verdict])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        cells = [cell.rjust(w) if 0 < i < 6 else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    slower = c.slower
+    lines.append(f"{len(slower)} size(s) slower beyond the noise" if slower else "No size slower beyond the noise.")
     return "\n".join(lines)

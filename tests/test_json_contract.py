@@ -27,7 +27,7 @@ from nccltune.render import ROUNDING, dumps, topocheck_doc
 from nccltune.topocheck import TopoCheck
 
 SCHEMAS = REPO / "schemas"
-KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env")
+KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare")
 ROW_LISTS = ("sizes", "rows", "measurements")
 
 
