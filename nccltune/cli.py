@@ -146,6 +146,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
     ver.add_argument("--python", metavar="PY")
     ver.add_argument("--json", action="store_true")
+    ver.add_argument("--baseline", type=int, metavar="RUN",
+                     help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
 
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
@@ -647,7 +649,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     cfg = load_cfg(args, demo=bool(args.demo))
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, force=args.force)
+                        threshold_pct=args.threshold, force=args.force, baseline_run=args.baseline)
     _write_metrics(cfg, result.fingerprint)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1

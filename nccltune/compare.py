@@ -153,3 +153,13 @@ def upgrade_check(store: Store, run: RunRecord) -> UpgradeCheck | None:
 
 def _names(v: tuple[str | None, str | None, str | None]) -> str:
     return f"NCCL {v[0] or '?'}, driver {v[1] or '?'}, torch {v[2] or '?'}"
+
+
+def baseline_slower(store: Store, baseline_id: int, run_id: int, side: Side) -> str | None:
+    """Why run `run_id` (a verification) is slower than run `baseline_id` beyond the noise, or None."""
+    slower = compare_runs(store, baseline_id, run_id, side).slower
+    if not slower:
+        return None
+    worst = min(slower, key=lambda s: s.change_pct or 0.0)
+    return (f"{len(slower)} size(s) slower than run {baseline_id} beyond the noise (worst {worst.size_bytes} B: "
+            f"{-(worst.change_pct or 0.0):.1f}% slower, noise {worst.noise_pct:.1f}%)")

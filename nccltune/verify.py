@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .compare import baseline_slower
 from .config import Config
-from .errors import BusyError, CheckFailed
+from .errors import BusyError, CheckFailed, UsageError
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
@@ -41,7 +42,7 @@ class VerifyRow:
 
 
 # The verdict as a stable word beside the prose `reason` (the verify schema lists them).
-VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation"]
+VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "slower_than_baseline"]
 
 
 @dataclass
@@ -98,11 +99,15 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
 def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float | None = None,
                use_current: bool = False, threshold_pct: float | None = None, force: bool = False,
                node: Node | None = None, repeats: int = 2,
-               abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
+               abort_check: Callable[[], str | None] | None = None, baseline_run: int | None = None) -> VerifyResult:
     """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
 
+    `baseline_run` (a run id): also fail when this measurement is slower than that run's (its
+    published setting, or its defaults with `use_current`) beyond the noise of both, at any size.
+
     Raises: CheckFailed when there is nothing to compare against; BusyError when GPUs are in use
-    or a sweep (or another verify) is measuring: trials side by side would skew both."""
+    or a sweep (or another verify) is measuring: trials side by side would skew both; UsageError
+    when `baseline_run` is not in the history."""
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
@@ -124,6 +129,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
         expected, expectation = _expectations(store, node, floor_gbps, use_current, sizes)
+        if baseline_run is not None and store.run(baseline_run) is None:
+            raise UsageError(f"--baseline {baseline_run}: no such run in the history", hint="see `nccltune history`")
         engine = resolve_engine(cfg, node)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
@@ -171,6 +178,10 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                                      f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"
+        if passed and baseline_run is not None:
+            slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
+            if slower:
+                code, passed, reason = "slower_than_baseline", False, slower
         session.finish("ok" if passed else "failed",
                        {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
                         "rows": [vars(r) for r in rows], "env_source": source})
