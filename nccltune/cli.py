@@ -17,6 +17,7 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
+    from .doctor import Finding
     from .records import TrialResult
     from .store import Store, TrialRecord
 
@@ -400,8 +401,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress.done()
         _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
     stored = _run_trials(cfg, report.run_id)
+    _upgrade_gate(cfg, report.run_id)
     out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
     return EXIT_OK
+
+
+def _upgrade_gate(cfg: Config, run_id: int | None) -> None:
+    """After a sweep: warn (stderr, the journal) where it is slower than the last sweep of the
+    previous NCCL/driver/torch versions beyond noise."""
+    from .compare import upgrade_check
+    from .store import Store
+
+    with Store(cfg.state_path("history.db")) as store:
+        run = store.run(run_id) if run_id is not None else None
+        if run is not None and run.status == "ok":
+            upgrade_check(store, run)
 
 
 def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
@@ -633,8 +647,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     topo = load_topology(source)
     findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
                         conf_files=default_conf_files(os.environ))
+    findings += _upgrade_findings(cfg, topo)
     out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
     return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def _upgrade_findings(cfg: Config, topo: object) -> list[Finding]:
+    """The upgrade gate's finding from this node's history, where there is one."""
+    from .doctor import upgrade_findings
+    from .store import Store
+    from .topology.fingerprint import topology_fingerprint
+    from .topology.model import Topology
+
+    path = cfg.state_path("history.db")
+    if not path.exists() or not isinstance(topo, Topology):
+        return []
+    try:
+        with Store(path) as store:
+            return upgrade_findings(store, topology_fingerprint(topo))
+    except (OSError, NccltuneError) as exc:
+        log.warning("cannot read the history for the upgrade check: %s", exc)
+        return []
 
 
 def dumps_doc(doc: dict[str, object]) -> str:

@@ -129,10 +129,11 @@ class UpgradeCheck:
                 + [("published", s) for s in self.published.slower])
 
 
-def upgrade_check(store: Store, run: RunRecord) -> UpgradeCheck | None:
+def upgrade_check(store: Store, run: RunRecord, *, warn: bool = True) -> UpgradeCheck | None:
     """When `run` (an ok sweep) measured under other NCCL/driver/torch versions than the last ok
     sweep of its topology before it: NCCL's new defaults against the old defaults, and the new
-    published result against the old one. None when there is no such earlier sweep."""
+    published result against the old one. None when there is no such earlier sweep. With `warn`,
+    each regression is a warning in the log (the journal, under systemd)."""
     after = versions(run)
     earlier = [r for r in store.runs(limit=None, kind="sweep")
                if r.fingerprint == run.fingerprint and r.status == "ok" and r.id < run.id]
@@ -143,7 +144,7 @@ def upgrade_check(store: Store, run: RunRecord) -> UpgradeCheck | None:
         check = UpgradeCheck(run.id, previous.id, before, after,
                              compare_runs(store, previous.id, run.id, "defaults"),
                              compare_runs(store, previous.id, run.id, "published"))
-        for side, s in check.regressions:
+        for side, s in check.regressions if warn else ():
             log.warning("after the upgrade (%s -> %s), %s at %d B (%s) is %.1f%% slower than run %d, beyond "
                         "the noise of %.1f%%", _names(before), _names(after), side, s.size_bytes, s.collective,
                         -(s.change_pct or 0.0), previous.id, s.noise_pct)

@@ -123,3 +123,19 @@ def test_compare_command_exits_1_on_a_slower_run_and_its_json_has_a_schema(histo
     assert rc == 0 and "No size slower beyond the noise." in out and "1 GB/s = 1e9 B/s" in out
     rc, _, err = _cli("compare", a, 99, "--state-dir", state)
     assert rc == 2 and "no run 99" in err
+
+
+def test_upgrade_regression_is_a_doctor_finding_and_a_metric(history: tuple[Path, list[int]]) -> None:
+    from nccltune.doctor import upgrade_findings
+    from nccltune.metrics import render, snapshot_from_store
+
+    state, (a, b) = history
+    with Store(state / "history.db") as store:
+        findings = upgrade_findings(store, "0123456789abcdef")
+        assert upgrade_findings(store, "fedcba9876543210") == []  # another topology: nothing measured before
+        text = render(snapshot_from_store(store, fingerprint="0123456789abcdef"))
+    assert [(f.severity, f.code) for f in findings] == [("warning", "upgrade-regression")]
+    assert "NCCL 2.21.5 -> 2.26.2" in findings[0].message and f"compare {a} {b}" in findings[0].fix
+    series = [ln for ln in text.splitlines() if ln.startswith("nccltune_upgrade_regression{")]
+    labels = 'collective="all_reduce",setting="default",size_bytes="1048576"'
+    assert series == [f"nccltune_upgrade_regression{{{labels}}} -0.3"]
