@@ -18,8 +18,9 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, Usage
 
 if TYPE_CHECKING:
     from .config import Config
+    from .doctor import Finding
     from .records import TrialResult
-    from .store import Store
+    from .store import Store, TrialRecord
     from .trials.launch import LaunchRequest
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
     ver.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
     ver.add_argument("--json", action="store_true", help="print one JSON document")
+    ver.add_argument("--baseline", type=int, metavar="RUN",
+                     help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
 
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
@@ -288,6 +291,20 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
     rep.add_argument("--json", action="store_true", help="print one JSON document")
+    _add_compare_parser(sub)
+
+
+def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size",
+                         description="Compare run B with run A (ids from `nccltune history`), size by size. Exit 1 "
+                                     "when B is slower than A beyond the noise at any size.",
+                         epilog="example: nccltune compare 12 15 --side defaults")
+    _common(cmp)
+    cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
+    cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
+    cmp.add_argument("--side", choices=("published", "defaults"), default="published",
+                     help="compare the published setting's trials (default) or NCCL's defaults'")
+    cmp.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -499,7 +516,8 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
 
 
 class _Progress:
-    """A live progress line on a terminal; one line per trial otherwise (the journal)."""
+    """A live progress line on a terminal; one line per trial otherwise (the journal). Always on
+    stderr, so that `--json` keeps stdout for its one document and still shows the sweep moving."""
 
     def __init__(self, quiet: bool) -> None:
         self.tty = sys.stderr.isatty()
@@ -589,7 +607,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
-    progress = _Progress(quiet=args.json)
+    progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request)
     if args.plan:
         plan, search = pipe.plan()
@@ -608,8 +626,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
         _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
-    out(dumps(sweep_doc(report)) if args.json else sweep_text(report))
+    stored = _run_trials(cfg, report.run_id)
+    _upgrade_gate(cfg, report.run_id)
+    out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
     return EXIT_OK
+
+
+def _upgrade_gate(cfg: Config, run_id: int | None) -> None:
+    """After a sweep: warn (stderr, the journal) where it is slower than the last sweep of the
+    previous NCCL/driver/torch versions beyond noise."""
+    from .compare import upgrade_check
+    from .store import Store
+
+    with Store(cfg.state_path("history.db")) as store:
+        run = store.run(run_id) if run_id is not None else None
+        if run is not None and run.status == "ok":
+            upgrade_check(store, run)
+
+
+def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
+    """The stored trials of a run this command just made (for the document's failed-trial codes)."""
+    from .store import Store
+
+    if run_id is None:
+        return []
+    with Store(cfg.state_path("history.db")) as store:
+        return list(store.trials(run_id))
 
 
 def _write_metrics(cfg: Config, fingerprint: str) -> None:
@@ -783,7 +825,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         out(dumps(report_doc(run, trials, plot=args.plot)))
     else:
-        out(report_text(run))
+        out(report_text(run, trials))
         if args.plot:
             out(f"Plot written to {args.plot}")
     return EXIT_OK
@@ -803,7 +845,21 @@ def _verify_report_text(run: object) -> str:
     return "\n".join(lines)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare_runs
+    from .render import compare_doc, compare_text, dumps
+
+    with _history(args) as store:
+        try:
+            comparison = compare_runs(store, args.a, args.b, args.side)
+        except KeyError as exc:
+            raise UsageError(f"no run {exc.args[0]} in the history", hint="see `nccltune history`") from None
+    out(dumps(compare_doc(comparison)) if args.json else compare_text(comparison))
+    return 1 if comparison.slower else EXIT_OK
+
+
 _HANDLERS.update({
+    "compare": cmd_compare,
     "sweep": cmd_sweep,
     "env": cmd_env,
     "exec": cmd_exec,
@@ -843,8 +899,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     topo = load_topology(source)
     findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
                         conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
+    findings += _upgrade_findings(cfg, topo)
     out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
     return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def _upgrade_findings(cfg: Config, topo: object) -> list[Finding]:
+    """The upgrade gate's finding from this node's history, where there is one."""
+    from .doctor import upgrade_findings
+    from .store import Store
+    from .topology.fingerprint import topology_fingerprint
+    from .topology.model import Topology
+
+    path = cfg.state_path("history.db")
+    if not path.exists() or not isinstance(topo, Topology):
+        return []
+    try:
+        with Store(path) as store:
+            return upgrade_findings(store, topology_fingerprint(topo))
+    except (OSError, NccltuneError) as exc:
+        log.warning("cannot read the history for the upgrade check: %s", exc)
+        return []
 
 
 def dumps_doc(doc: dict[str, object]) -> str:
@@ -859,7 +934,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     cfg = load_cfg(args, demo=bool(args.demo))
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, force=args.force)
+                        threshold_pct=args.threshold, force=args.force, baseline_run=args.baseline)
     _write_metrics(cfg, result.fingerprint)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .compare import upgrade_check
 from .publish import read_published
+from .store import Store
 from .sweep.plan import ll128_auto
 from .sweep.space import CATALOGUE, level_of
 from .topology.fingerprint import topology_fingerprint
@@ -314,3 +316,22 @@ def default_conf_files(env: Mapping[str, str]) -> list[Path]:
     """NCCL's order: NCCL_CONF_FILE (2.23+) or ~/.nccl.conf, then /etc/nccl.conf."""
     first = env.get("NCCL_CONF_FILE") or (str(Path(env.get("HOME", "/root")) / ".nccl.conf"))
     return [Path(first), Path("/etc/nccl.conf")]
+
+
+def upgrade_findings(store: Store, fingerprint: str) -> list[Finding]:
+    """The upgrade gate as a finding: the latest ok sweep of this topology, under another NCCL,
+    driver or torch than the sweep before it, is slower there beyond noise (defaults or published)."""
+    run = store.latest_run(fingerprint, kind="sweep", status="ok")
+    check = upgrade_check(store, run, warn=False) if run is not None else None
+    if check is None or not check.regressions:
+        return []
+    side, worst = min(check.regressions, key=lambda r: r[1].change_pct or 0.0)
+    names = ("NCCL", "driver", "torch")
+    changed = ", ".join(f"{n} {a or '?'} -> {b or '?'}"
+                        for n, a, b in zip(names, check.before, check.after, strict=True) if a != b)
+    return [Finding("warning", "upgrade-regression",
+                    f"after the upgrade ({changed}), sweep {check.run_id} is slower than sweep {check.previous_run_id} "
+                    f"beyond noise at {len(check.regressions)} size(s) (worst: {side} at {worst.size_bytes} B "
+                    f"{worst.collective}, {-(worst.change_pct or 0.0):.1f}%)",
+                    f"nccltune compare {check.previous_run_id} {check.run_id} --side defaults; pin the previous "
+                    "versions or re-tune, and gate jobs with nccltune verify --baseline RUN")]

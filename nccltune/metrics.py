@@ -29,6 +29,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .compare import upgrade_check
 from .errors import InputError, NccltuneError
 from .publish import read_published
 from .store import RunKind, RunRecord, RunStatus, Store
@@ -104,6 +105,9 @@ class Snapshot:
     # (collective, size_bytes) -> measured/expected - 1, and the drift verify allowed there (positive)
     verify_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
     verify_allowed_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (collective, size_bytes, "default"|"published") -> new over old busbw minus 1, at the sizes the
+    # latest ok sweep is slower than the last sweep of the previous NCCL/driver/torch beyond noise
+    upgrade_regression: dict[tuple[str, int, str], float] = field(default_factory=dict)
     doctor: Mapping[str, int] | None = None  # severity -> count; None: not known to the writer
     topology_changes_total: int | None = None  # a daemon process's own count
     live: LiveState | None = None
@@ -191,6 +195,7 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
                 snap.noise_ratio[key] = round(float(row["default_noise_pct"]) / 100.0, 6)
             if row.get("ratio") is not None:
                 snap.tuned_ratio[key] = float(row["ratio"])
+        snap.upgrade_regression = upgrade_regressions(store, ok)
     verify = _latest_finished(store, fingerprint, "verify", ("ok", "failed"))
     if verify is not None:
         snap.last_verify_ts = _unix(verify.finished_at)
@@ -209,6 +214,15 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         snap.driver_version = live.driver_version or snap.driver_version
         snap.nccl_version = live.nccl_version or snap.nccl_version
     return snap
+
+
+def upgrade_regressions(store: Store, run: RunRecord) -> dict[tuple[str, int, str], float]:
+    """The upgrade gate's regressions of sweep `run`, for `nccltune_upgrade_regression`."""
+    check = upgrade_check(store, run, warn=False)
+    if check is None:
+        return {}
+    return {(s.collective, s.size_bytes, "default" if side == "defaults" else "published"):
+            round((s.change_pct or 0.0) / 100.0, 6) for side, s in check.regressions}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +291,10 @@ class _SnapshotCollector(Collector):
                          "latest ok sweep (relative)",
                          [({**labels, "setting": "default"}, v) for labels, v in per_size(s.noise_ratio)])
         yield from gauge("nccltune_tuned_ratio", "published over default bus bandwidth", per_size(s.tuned_ratio))
+        yield from gauge("nccltune_upgrade_regression", "latest ok sweep over the last sweep of the previous "
+                         "NCCL/driver/torch versions, minus 1, where slower beyond the noise of both",
+                         [({"collective": c, "size_bytes": str(size), "setting": which}, v)
+                          for (c, size, which), v in sorted(s.upgrade_regression.items())])
         yield from one("nccltune_last_verify_timestamp_seconds", "end of the latest verify (unix time)",
                        s.last_verify_ts)
         yield from one("nccltune_last_verify_success", "1 if the latest verify passed", s.last_verify_success)

@@ -1,14 +1,24 @@
-"""Rendering helpers for the command line: tables and JSON documents. No I/O besides strings."""
+"""Rendering helpers for the command line: tables and JSON documents. No I/O besides strings.
+
+Every JSON document has a schema in the repository's `schemas/` directory (`<kind>.schema.json`)
+and follows two rules there, so that a consumer parses one shape:
+
+- a per-size row (sweep, report, history, verify) starts with `size_bytes` and `collective`, and
+  names a quantity the same way everywhere (`*_busbw_gbps`, `*_noise_pct`, `time_us`);
+- numbers are rounded by what their key measures (`ROUNDING`): GB/s (10^9 bytes per second) to
+  3 decimals, percentages and microseconds and seconds to 2, ratios and weights to 4.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .collectives import COLLECTIVES
 from .names import DEMO_LABEL, format_size
-from .records import ReportRow
+from .records import ALL_REDUCE, Measurement, ReportRow
 from .store import RunRecord, TrialRecord
 from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
@@ -17,6 +27,7 @@ from .topology.nicpaths import NicPaths, compute_nic_paths
 from .topology.paths import PathMatrix
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
+    from .compare import RunComparison
     from .doctor import Finding
     from .node import Node
     from .pipeline import SweepReport
@@ -28,9 +39,42 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
 
 SCHEMA_VERSION = 1
 
+# Key suffix -> decimals: the one rounding rule of every JSON document (see the module docstring).
+ROUNDING: tuple[tuple[str, int], ...] = (("_gbps", 3), ("_pct", 2), ("_us", 2), ("_s", 2), ("ratio", 4),
+                                         ("weight", 4))
+
+
+def _digits(key: str | None) -> int | None:
+    if key is None:
+        return None
+    return next((d for suffix, d in ROUNDING if key.endswith(suffix)), None)
+
+
+def rounded(value: Any, digits: int | None = None) -> Any:
+    """`value` with every float rounded by the key it sits under (`ROUNDING`); a map or list under
+    such a key (busbw by size) takes its key's rule. Integers, strings and unruled keys stay as they are."""
+    if isinstance(value, float):
+        return round(value, digits) if digits is not None else value
+    if isinstance(value, dict):
+        return {k: rounded(v, _digits(k) if _digits(k) is not None else digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
 
 def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2, sort_keys=False)
+    return json.dumps(rounded({"schema_version": SCHEMA_VERSION, **doc}), indent=2, sort_keys=False)
+
+
+def size_row(size_bytes: int, collective: str, **fields: Any) -> dict[str, Any]:
+    """One per-size row of a JSON document: `size_bytes` and `collective` first, then its numbers."""
+    return {"size_bytes": size_bytes, "collective": collective, **fields}
+
+
+def report_row(row: ReportRow) -> dict[str, Any]:
+    """A sweep's report row (sweep, report, history documents)."""
+    fields = {k: v for k, v in row.as_dict().items() if k not in ("size_bytes", "collective")}
+    return size_row(row.size_bytes, row.collective, **fields)
 
 
 def _cell(path_type: str, nvlinks: int) -> str:
@@ -368,7 +412,15 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
     return "\n".join(lines)
 
 
-def sweep_doc(report: SweepReport) -> dict[str, Any]:
+def failed_trials(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """The trials that did not end ok: `code` is the trial's status (timeout, crashed, ...), stable
+    for automation; `reason` is the prose."""
+    return [{"seq": t.seq, "label": t.label, "code": t.status, "reason": t.reason or t.status}
+            for t in trials if t.status != "ok"]
+
+
+def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[str, Any]:
+    """`trials`: the run's stored trials, for the failed ones' codes."""
     pub = report.published
     return {
         "kind": "sweep",
@@ -382,12 +434,12 @@ def sweep_doc(report: SweepReport) -> dict[str, Any]:
         "method": report.method,
         "profile": report.profile,
         "trials": report.trials,
-        "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
+        "failed_trials": failed_trials(trials),
         "wall_s": report.wall_s,
         "chosen": report.chosen_label,
         "published_env": report.chosen_env,
         "summary": report.summary,
-        "sizes": [r.as_dict() for r in report.rows],
+        "sizes": [report_row(r) for r in report.rows],
         "collectives": list(report.collectives),
         "not_measured": dict(report.not_measured),
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
@@ -414,43 +466,101 @@ def fmt_bw(gbps: float) -> str:
     return f"{gbps:.3g}"
 
 
-def rows_text(rows: Sequence[ReportRow], not_measured: dict[str, str] | None = None) -> list[str]:
+# The worker (and all_reduce_perf as nccltune runs it) sums float32 elements.
+ELEMENT_TYPE, ELEMENT_BYTES = "float", 4
+TABLE_UNITS = "# size in bytes, count in elements, time in us, algbw and busbw in GB/s (1 GB/s = 1e9 B/s)"
+
+
+@dataclass(frozen=True)
+class SizeFacts:
+    """What the trials of a run say at one size beyond the report row's medians: busbw over algbw
+    (the collective's factor, 2(n-1)/n for an all-reduce) and how many results were wrong."""
+
+    bus_factor: float | None
+    wrong_defaults: int
+    wrong_tuned: int
+
+
+def size_facts(trials: Sequence[TrialRecord], chosen: str | None) -> dict[tuple[str, int], SizeFacts]:
+    """(collective, size) -> SizeFacts from a run's trials. Wrong results count for the defaults in
+    trials that ran NCCL's defaults, for the published setting in trials whose label names `chosen`."""
+    factors: dict[tuple[str, int], float] = {}
+    wrong: dict[tuple[str, int], list[int]] = {}
+    for t in trials:
+        is_default = not t.env
+        is_tuned = is_default if chosen == "NCCL defaults" else chosen is not None and chosen in t.label
+        for m in t.measurements:
+            key = (m.collective, m.size_bytes)
+            if m.algbw_gbps > 0 and m.busbw_gbps > 0:
+                factors.setdefault(key, m.busbw_gbps / m.algbw_gbps)
+            counts = wrong.setdefault(key, [0, 0])
+            if not m.correct:
+                counts[0] += is_default
+                counts[1] += is_tuned
+    return {k: SizeFacts(factors.get(k), *wrong.get(k, [0, 0])) for k in set(factors) | set(wrong)}
+
+
+def _side(size_bytes: int, busbw_gbps: float, facts: SizeFacts | None) -> list[str]:
+    """time (us), algbw, busbw of one side of a row, from its median busbw and the size's factor."""
+    factor = facts.bus_factor if facts else None
+    if not factor or busbw_gbps <= 0:
+        return ["-", "-", fmt_bw(busbw_gbps)]
+    algbw = busbw_gbps / factor
+    return [f"{size_bytes / (algbw * 1e3):.2f}", fmt_bw(algbw), fmt_bw(busbw_gbps)]
+
+
+def rows_text(rows: Sequence[ReportRow], trials: Sequence[TrialRecord] = (), chosen: str | None = None,
+              not_measured: dict[str, str] | None = None) -> list[str]:
     """The report's table; with more than one collective (or another than all_reduce), one table
     per collective under its name, and the profile's collectives that have no numbers, with why."""
     collectives = list(dict.fromkeys(r.collective for r in rows))
     if collectives in ([], ["all_reduce"]) and not not_measured:
-        return _rows_table(rows)
+        return _rows_table(rows, trials, chosen)
     lines: list[str] = []
     for c in collectives:
         if lines:
             lines.append("")
         factor = COLLECTIVES[c].factor_kind if c in COLLECTIVES else "?"
         lines.append(f"{c} (busbw = algbw x {factor}):")
-        lines.extend("  " + line for line in _rows_table([r for r in rows if r.collective == c]))
+        lines.extend("  " + line for line in _rows_table([r for r in rows if r.collective == c], trials, chosen))
     for c, why in (not_measured or {}).items():
         lines.append(f"{c}: not measured on this backend ({why})")
     return lines
 
 
-def _rows_table(rows: Sequence[ReportRow]) -> list[str]:
-    table = [["size", "default GB/s", "noise", "tuned GB/s", "ratio", "NCCL default -> tuned"]]
+def _rows_table(rows: Sequence[ReportRow], trials: Sequence[TrialRecord], chosen: str | None) -> list[str]:
+    """The report as all_reduce_perf lays a run out, per size: size, count, type, then time, algbw,
+    busbw and #wrong for NCCL's defaults and for the published setting (medians of the repeats),
+    then their ratio, the defaults' noise and the algorithm/protocol NCCL used on each side.
+    Time and algbw follow from the median busbw by the factor the trials measured at that size."""
+    facts = size_facts(trials, chosen)
+    table = [["size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
+              "ratio", "noise", "NCCL default -> tuned"]]
     for r in rows:
+        f = facts.get((r.collective, r.size_bytes))
         table.append([
-            format_size(r.size_bytes) + ("" if r.weight else " (not in profile)"),
-            fmt_bw(r.default_busbw_gbps), f"±{r.default_noise_pct:.1f}%",
-            fmt_bw(r.tuned_busbw_gbps), f"{r.ratio:.3f}",
-            f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}",
+            str(r.size_bytes), str(r.size_bytes // ELEMENT_BYTES), ELEMENT_TYPE,
+            *_side(r.size_bytes, r.default_busbw_gbps, f), str(f.wrong_defaults if f else 0),
+            *_side(r.size_bytes, r.tuned_busbw_gbps, f), str(f.wrong_tuned if f else 0),
+            f"{r.ratio:.3f}", f"±{r.default_noise_pct:.1f}%",
+            f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}"
+            + ("" if r.weight else f" ({format_size(r.size_bytes)} not in profile)"),
         ])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    numeric = (1, 2, 3, 4)
-    lines = []
-    for row in table:
-        cells = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
+    left = len(table[0]) - 1  # the last column is text
+    lines = [TABLE_UNITS]
+    defaults_w = sum(widths[3:7]) + 6
+    tuned_w = sum(widths[7:11]) + 6
+    pad = sum(widths[:3]) + 6
+    lines.append("#" + " " * (pad - 1) + "NCCL defaults".center(defaults_w) + "  " + "published".center(tuned_w))
+    for i, row in enumerate(table):
+        cells = [c.rjust(w) if j < left else c for j, (c, w) in enumerate(zip(row, widths, strict=True))]
+        line = "  ".join(cells).rstrip()
+        lines.append(("#" + line[1:]) if i == 0 and line.startswith(" ") else line)
     return lines
 
 
-def sweep_text(report: SweepReport) -> str:
+def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
     lines = []
     if report.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
@@ -462,7 +572,7 @@ def sweep_text(report: SweepReport) -> str:
     lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
                  f"({what}, {report.method or 'no trial measured'})")
     lines.append("")
-    lines.extend(rows_text(report.rows, report.not_measured))
+    lines.extend(rows_text(report.rows, trials, report.chosen_label, report.not_measured))
     lines.append("")
     for label, reason in report.failed_trials:
         lines.append(f"Failed: {label}: {reason}")
@@ -485,12 +595,25 @@ def sweep_text(report: SweepReport) -> str:
     return "\n".join(lines)
 
 
+def _summary(run: RunRecord) -> dict[str, Any] | None:
+    """The run's stored summary, its report rows (a sweep's) in the one row shape."""
+    if run.summary is None or not run.rows:
+        return run.summary
+    return {**run.summary, "rows": [report_row(r) for r in run.rows]}
+
+
 def _run_dict(run: RunRecord) -> dict[str, Any]:
     return {"id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
             "finished_at": run.finished_at, "fingerprint": run.fingerprint, "backend": run.backend,
             "demo": run.demo, "profile": run.profile, "nccltune_version": run.nccltune_version,
-            "summary": run.summary, "chosen_env": run.chosen_env,
+            "summary": _summary(run), "chosen_env": run.chosen_env,
             "published_generation": run.published_generation}
+
+
+def measurement_row(m: Measurement) -> dict[str, Any]:
+    """One size of one trial, as history and the import show it."""
+    return size_row(m.size_bytes, m.collective, time_us=m.time_us, algbw_gbps=m.algbw_gbps,
+                    busbw_gbps=m.busbw_gbps, algo=m.algo, proto=m.proto, channels=m.channels, correct=m.correct)
 
 
 def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None) -> dict[str, Any]:
@@ -498,10 +621,7 @@ def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None)
     if trials is not None:
         doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
                           "reason": t.reason, "wall_s": t.wall_s,
-                          "measurements": [{"collective": m.collective, "size_bytes": m.size_bytes,
-                                            "busbw_gbps": m.busbw_gbps,
-                                            "time_us": m.time_us, "algo": m.algo, "proto": m.proto,
-                                            "correct": m.correct} for m in t.measurements]}
+                          "measurements": [measurement_row(m) for m in t.measurements]}
                          for t in trials]
     return doc
 
@@ -529,18 +649,18 @@ def trials_text(run: RunRecord, trials: Sequence[TrialRecord]) -> str:
 
 def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None) -> dict[str, Any]:
     return {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
-            "sizes": [r.as_dict() for r in run.rows], "plot": plot, "trials": len(trials)}
+            "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
 
 
-def report_text(run: RunRecord) -> str:
+def report_text(run: RunRecord, trials: Sequence[TrialRecord] = ()) -> str:
     s = run.summary or {}
     lines = []
     if run.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
-    not_measured = s.get("not_measured")
-    lines.extend(rows_text(run.rows, {str(k): str(v) for k, v in not_measured.items()}
-                           if isinstance(not_measured, dict) else None))
+    raw = s.get("not_measured")
+    not_measured = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else None
+    lines.extend(rows_text(run.rows, trials, str(s.get("chosen") or "") or None, not_measured))
     lines.append(str(s.get("summary", "")))
     return "\n".join(lines)
 
@@ -607,10 +727,11 @@ def doctor_text(topo: Topology, findings: Sequence[Finding]) -> str:
 
 
 def verify_doc(r: VerifyResult) -> dict[str, Any]:
-    return {"kind": "verify", "passed": r.passed, "reason": r.reason, "demo": r.demo,
+    return {"kind": "verify", "passed": r.passed, "code": r.code, "reason": r.reason, "demo": r.demo,
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
-            "sizes": [vars(row) for row in r.rows]}
+            "sizes": [size_row(row.size_bytes, ALL_REDUCE, **{k: v for k, v in vars(row).items() if k != "size_bytes"})
+                      for row in r.rows]}
 
 
 def verify_text(r: VerifyResult) -> str:
@@ -626,4 +747,31 @@ def verify_text(r: VerifyResult) -> str:
         where = key_label((row.collective, row.size_bytes))
         lines.append(f"  {where:>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
                      f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
+    return "\n".join(lines)
+
+
+def compare_doc(c: RunComparison) -> dict[str, Any]:
+    return {"kind": "compare", "a_run": c.a_run, "b_run": c.b_run, "side": c.side,
+            "slower": len(c.slower),
+            "sizes": [size_row(s.size_bytes, s.collective, a_busbw_gbps=s.a_busbw_gbps, b_busbw_gbps=s.b_busbw_gbps,
+                               change_pct=s.change_pct, noise_pct=s.noise_pct, verdict=s.verdict)
+                      for s in c.sizes]}
+
+
+def compare_text(c: RunComparison) -> str:
+    lines = [f"Run {c.b_run} against run {c.a_run} ({'NCCL defaults' if c.side == 'defaults' else 'published setting'},"
+             " median busbw; 1 GB/s = 1e9 B/s)"]
+    table = [["collective", "size", f"run {c.a_run}", f"run {c.b_run}", "change", "noise", "verdict"]]
+    for s in c.sizes:
+        table.append([s.collective, str(s.size_bytes),
+                      fmt_bw(s.a_busbw_gbps) if s.a_busbw_gbps is not None else "-",
+                      fmt_bw(s.b_busbw_gbps) if s.b_busbw_gbps is not None else "-",
+                      f"{s.change_pct:+.1f}%" if s.change_pct is not None else "-", f"±{s.noise_pct:.1f}%", s.verdict])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        cells = [cell.rjust(w) if 0 < i < 6 else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    slower = c.slower
+    lines.append(f"{len(slower)} size(s) slower beyond the noise" if slower else "No size slower beyond the noise.")
     return "\n".join(lines)

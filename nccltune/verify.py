@@ -20,9 +20,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from .compare import baseline_slower
 from .config import Config, SweepConfig
-from .errors import BusyError, CheckFailed
+from .errors import BusyError, CheckFailed, UsageError
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
@@ -118,6 +120,10 @@ class VerifyRow:
     collective: str = "all_reduce"
 
 
+# The verdict as a stable word beside the prose `reason` (the verify schema lists them).
+VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "slower_than_baseline"]
+
+
 @dataclass
 class VerifyResult:
     passed: bool
@@ -131,6 +137,7 @@ class VerifyResult:
     expectation: str = ""
     nccl_version: str | None = None
     notes: list[str] = field(default_factory=list)
+    code: VerifyCode = "passed"
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -192,12 +199,16 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
 def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float | None = None,
                use_current: bool = False, threshold_pct: float | None = None, force: bool = False,
                node: Node | None = None, repeats: int = 2,
-               abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
+               abort_check: Callable[[], str | None] | None = None, baseline_run: int | None = None) -> VerifyResult:
     """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
 
+    `baseline_run` (a run id): also fail when this measurement is slower than that run's (its
+    published setting, or its defaults with `use_current`) beyond the noise of both, at any size.
+
     Raises: InputError for a sweep.profile that names no profile (exit 78); CheckFailed when
-    there is nothing to compare against; BusyError when GPUs are in use
-    or a sweep (or another verify) is measuring: trials side by side would skew both."""
+    there is nothing to compare against; BusyError when GPUs are in use or a sweep (or another
+    verify) is measuring: trials side by side would skew both; UsageError when `baseline_run` is
+    not in the history."""
     check_profile(cfg)
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
@@ -221,6 +232,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
         expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes, collectives)
+        if baseline_run is not None and store.run(baseline_run) is None:
+            raise UsageError(f"--baseline {baseline_run}: no such run in the history", hint="see `nccltune history`")
         engine = resolve_engine(cfg, node, collectives)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
@@ -256,23 +269,31 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             ok = got_bw is not None and (drift is None or drift >= -allowed)
             rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0]))
         unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
+        code: VerifyCode = "passed"
         if not best:
+            code = "all_trials_failed"
             passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
         elif unmeasured:
             # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
+            code = "not_measured"
             passed, reason = False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
                                      "not measured"
                                      + (f" ({failures[0]})" if failures else ""))
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
+            code = "below_expectation"
             passed, reason = False, (f"{key_label((worst.collective, worst.size_bytes))}: "
                                      f"{worst.measured_gbps:.2f} GB/s is "
                                      f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"
+        if passed and baseline_run is not None:
+            slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
+            if slower:
+                code, passed, reason = "slower_than_baseline", False, slower
         session.finish("ok" if passed else "failed",
-                       {"passed": passed, "reason": reason, "expectation": expectation,
+                       {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
                         "rows": [vars(r) for r in rows], "env_source": source})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
-                        nccl_version=nccl_version)
+                        nccl_version=nccl_version, code=code)

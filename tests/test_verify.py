@@ -27,7 +27,7 @@ from nccltune.cli import main
 from nccltune.config import Config, load_config, with_overrides
 from nccltune.errors import CheckFailed
 from nccltune.lock import SweepLock
-from nccltune.records import ReportRow
+from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 from nccltune.verify import DEMO_VERIFY_SIZES, SampleCounts, allowed_drift_pct, run_verify
 
@@ -299,3 +299,44 @@ def test_an_expectation_from_one_lucky_finalist_run_falls_back_to_the_defaults_l
     # With finalist repeats behind the expectation, its own numbers stand.
     assert allowed_drift_pct(5.0, 0.78, SampleCounts(6, 3), [1.91, 1.90], expected_gbps=2.059,
                              defaults_gbps=1.875) == 5.0
+
+
+def _record_baseline(state: Path, busbw: float) -> int:
+    """A finished sweep that kept NCCL's defaults, three repeats at each verify size (about 1% noise)."""
+    with Store(state / "history.db") as store:
+        fingerprint = store.runs(limit=1, kind="sweep")[0].fingerprint
+        run_id = store.start_run(kind="sweep", fingerprint=fingerprint, backend="gloo", demo=True, profile=None,
+                                 nccl_version="2.21.5", driver_version=None, torch_version=None,
+                                 nccltune_version=__version__, hostname=socket.gethostname(), topology={},
+                                 config={})
+        for seq, factor in enumerate((1.0, 1.01, 0.99), start=1):
+            store.add_trial(run_id, seq=seq, phase="baseline", label=f"defaults #{seq}", env={}, status="ok",
+                            measurements=[Measurement(size_bytes=s, time_us=1.0, algbw_gbps=busbw * factor,
+                                                      busbw_gbps=busbw * factor) for s in DEMO_VERIFY_SIZES])
+        store.finish_run(run_id, status="ok", summary={"chosen": "NCCL defaults"},
+                         rows=[ReportRow.from_dict({"size_bytes": s, "default_busbw_gbps": busbw,
+                                                    "tuned_busbw_gbps": busbw, "default_noise_pct": 1.0})
+                               for s in DEMO_VERIFY_SIZES])
+    return run_id
+
+
+def test_baseline_fails_a_measurement_slower_than_that_run_beyond_noise(config: Path, state: Path,
+                                                                        fake_python: Path) -> None:
+    base = _record_baseline(state, 2.0)
+    same = _verify_with({s: 2.0 for s in DEMO_VERIFY_SIZES}, config, state, fake_python, threshold_pct=90.0,
+                        use_current=True, baseline_run=base)
+    assert same.passed and same.code == "passed", same.reason
+    # 25% slower at every size: within the 90% drift allowed, but beyond the baseline's noise.
+    slow = _verify_with({s: 1.5 for s in DEMO_VERIFY_SIZES}, config, state, fake_python, threshold_pct=90.0,
+                        use_current=True, baseline_run=base)
+    assert not slow.passed and slow.code == "slower_than_baseline"
+    assert slow.reason.startswith(f"3 size(s) slower than run {base} beyond the noise")
+    without = _verify_with({s: 1.5 for s in DEMO_VERIFY_SIZES}, config, state, fake_python, threshold_pct=90.0,
+                           use_current=True)
+    assert without.passed, without.reason
+
+
+def test_baseline_run_that_does_not_exist_is_a_usage_error(config: Path, state: Path) -> None:
+    rc, _out, err = cli("verify", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--current",
+                        "--baseline", "999")
+    assert rc == 2 and "--baseline 999: no such run" in err

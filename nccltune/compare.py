@@ -1,0 +1,166 @@
+"""Two runs side by side, size by size and collective by collective: faster, slower or the same
+beyond the noise of both. One comparison serves `nccltune compare`, the upgrade gate (a new NCCL,
+driver or torch against the last run of the previous versions) and its doctor finding and metric.
+
+Each side of a run is the repeated measurements of one setting: NCCL's defaults (the trials that
+ran no candidate variable) or the published setting (the trials of the chosen candidate); a
+verification's trials are all of its setting. The repeats become `select.SizeStats`, so that a
+difference counts only beyond the run-to-run noise `select` measures for each side.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .store import RunRecord, Store, TrialRecord
+from .sweep.select import SizeStats, size_stats
+
+log = logging.getLogger(__name__)
+
+Side = Literal["defaults", "published"]
+SizeVerdict = Literal["faster", "slower", "same", "missing"]
+DEFAULTS_LABEL = "NCCL defaults"  # the chosen label of a sweep that kept NCCL's defaults
+
+
+@dataclass(frozen=True)
+class SizeComparison:
+    """One (collective, size): the median busbw of each run, B's change over A, the noise margin."""
+
+    collective: str
+    size_bytes: int
+    a_busbw_gbps: float | None
+    b_busbw_gbps: float | None
+    change_pct: float | None
+    noise_pct: float
+    verdict: SizeVerdict
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    a_run: int
+    b_run: int
+    side: Side
+    sizes: list[SizeComparison]
+
+    @property
+    def slower(self) -> list[SizeComparison]:
+        return [s for s in self.sizes if s.verdict == "slower"]
+
+
+def side_trials(run: RunRecord, trials: Sequence[TrialRecord], side: Side) -> list[TrialRecord]:
+    """The ok trials of `run` that measured one setting: NCCL's defaults, or what was published."""
+    ok = [t for t in trials if t.status == "ok" and t.measurements]
+    if run.kind != "sweep":
+        return ok  # a verification or an import measures one setting only
+    chosen = str((run.summary or {}).get("chosen") or DEFAULTS_LABEL)
+    if side == "defaults" or chosen == DEFAULTS_LABEL:
+        return [t for t in ok if not t.env]
+    return [t for t in ok if t.env and chosen in t.label]
+
+
+def side_stats(trials: Sequence[TrialRecord]) -> dict[tuple[str, int], SizeStats]:
+    """(collective, size) -> statistics of the repeats' busbw."""
+    by_collective: dict[str, list[dict[int, float]]] = {}
+    for t in trials:
+        for coll in {m.collective for m in t.measurements}:
+            by_collective.setdefault(coll, []).append(
+                {m.size_bytes: m.busbw_gbps for m in t.measurements if m.collective == coll and m.correct})
+    return {(coll, size): st for coll, runs in by_collective.items() for size, st in size_stats(runs).items()}
+
+
+def compare_stats(a: Mapping[tuple[str, int], SizeStats],
+                  b: Mapping[tuple[str, int], SizeStats]) -> list[SizeComparison]:
+    """B against A at every (collective, size) either measured. A change counts only beyond the sum
+    of both sides' noise, the same margin the publish verdict uses for a regression."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        sa, sb = a.get(key), b.get(key)
+        if sa is None or sb is None or sa.median <= 0:
+            out.append(SizeComparison(key[0], key[1], sa.median if sa else None, sb.median if sb else None,
+                                      None, 0.0, "missing"))
+            continue
+        change = 100.0 * (sb.median / sa.median - 1.0)
+        margin = sa.noise_pct + sb.noise_pct
+        verdict: SizeVerdict = "slower" if change < -margin else "faster" if change > margin else "same"
+        out.append(SizeComparison(key[0], key[1], sa.median, sb.median, change, margin, verdict))
+    return out
+
+
+def compare_runs(store: Store, a_id: int, b_id: int, side: Side = "published") -> RunComparison:
+    """Run B against run A, one side of each.
+
+    Raises:
+        KeyError: no run with one of the ids.
+    """
+    stats = []
+    for run_id in (a_id, b_id):
+        run = store.run(run_id)
+        if run is None:
+            raise KeyError(run_id)
+        stats.append(side_stats(side_trials(run, store.trials(run_id), side)))
+    return RunComparison(a_id, b_id, side, compare_stats(stats[0], stats[1]))
+
+
+def versions(run: RunRecord) -> tuple[str | None, str | None, str | None]:
+    """(NCCL, driver, torch) as the run recorded them (the summary where the record has none)."""
+    summary = run.summary or {}
+    nccl = run.nccl_version or summary.get("nccl_version")
+    torch = run.torch_version or summary.get("torch_version")
+    return (str(nccl) if nccl else None, run.driver_version, str(torch) if torch else None)
+
+
+@dataclass(frozen=True)
+class UpgradeCheck:
+    """A sweep against the last ok sweep of the same topology under other versions."""
+
+    run_id: int
+    previous_run_id: int
+    before: tuple[str | None, str | None, str | None]
+    after: tuple[str | None, str | None, str | None]
+    defaults: RunComparison
+    published: RunComparison
+
+    @property
+    def regressions(self) -> list[tuple[Side, SizeComparison]]:
+        return ([("defaults", s) for s in self.defaults.slower]
+                + [("published", s) for s in self.published.slower])
+
+
+def upgrade_check(store: Store, run: RunRecord, *, warn: bool = True) -> UpgradeCheck | None:
+    """When `run` (an ok sweep) measured under other NCCL/driver/torch versions than the last ok
+    sweep of its topology before it: NCCL's new defaults against the old defaults, and the new
+    published result against the old one. None when there is no such earlier sweep. With `warn`,
+    each regression is a warning in the log (the journal, under systemd)."""
+    after = versions(run)
+    earlier = [r for r in store.runs(limit=None, kind="sweep")
+               if r.fingerprint == run.fingerprint and r.status == "ok" and r.id < run.id]
+    for previous in sorted(earlier, key=lambda r: r.id, reverse=True):
+        before = versions(previous)
+        if before == after:
+            return None  # the last run of these versions is the reference: nothing was upgraded since
+        check = UpgradeCheck(run.id, previous.id, before, after,
+                             compare_runs(store, previous.id, run.id, "defaults"),
+                             compare_runs(store, previous.id, run.id, "published"))
+        for side, s in check.regressions if warn else ():
+            log.warning("after the upgrade (%s -> %s), %s at %d B (%s) is %.1f%% slower than run %d, beyond "
+                        "the noise of %.1f%%", _names(before), _names(after), side, s.size_bytes, s.collective,
+                        -(s.change_pct or 0.0), previous.id, s.noise_pct)
+        return check
+    return None
+
+
+def _names(v: tuple[str | None, str | None, str | None]) -> str:
+    return f"NCCL {v[0] or '?'}, driver {v[1] or '?'}, torch {v[2] or '?'}"
+
+
+def baseline_slower(store: Store, baseline_id: int, run_id: int, side: Side) -> str | None:
+    """Why run `run_id` (a verification) is slower than run `baseline_id` beyond the noise, or None."""
+    slower = compare_runs(store, baseline_id, run_id, side).slower
+    if not slower:
+        return None
+    worst = min(slower, key=lambda s: s.change_pct or 0.0)
+    return (f"{len(slower)} size(s) slower than run {baseline_id} beyond the noise (worst {worst.size_bytes} B: "
+            f"{-(worst.change_pct or 0.0):.1f}% slower, noise {worst.noise_pct:.1f}%)")
