@@ -73,6 +73,9 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
 
 # What each subcommand does and one example, shown by `nccltune COMMAND --help`.
 _DESCRIBED: dict[str, tuple[str, str]] = {
+    "compare": ("Compare run B with run A (ids from `nccltune history`), size by size and collective by "
+                "collective. Exit 1 when B is slower than A beyond the noise at any size.",
+                "nccltune compare 12 15 --side defaults"),
     "topo": ("Show the topology NCCL will see on this node: GPUs, NICs, the path type between each pair "
              "(the nvidia-smi topo -m matrix) and modelled bandwidths; optionally write NCCL's topology XML.",
              "nccltune topo --xml /tmp/topo.xml"),
@@ -295,10 +298,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size",
-                         description="Compare run B with run A (ids from `nccltune history`), size by size. Exit 1 "
-                                     "when B is slower than A beyond the noise at any size.",
-                         epilog="example: nccltune compare 12 15 --side defaults")
+    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size")
     _common(cmp)
     cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
     cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .collectives import COLLECTIVES
 from .names import DEMO_LABEL, format_size
-from .records import ALL_REDUCE, Measurement, ReportRow
+from .records import Measurement, ReportRow
 from .store import RunRecord, TrialRecord
 from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
@@ -730,7 +730,8 @@ def verify_doc(r: VerifyResult) -> dict[str, Any]:
     return {"kind": "verify", "passed": r.passed, "code": r.code, "reason": r.reason, "demo": r.demo,
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
-            "sizes": [size_row(row.size_bytes, ALL_REDUCE, **{k: v for k, v in vars(row).items() if k != "size_bytes"})
+            "sizes": [size_row(row.size_bytes, row.collective,
+                               **{k: v for k, v in vars(row).items() if k not in ("size_bytes", "collective")})
                       for row in r.rows]}
 
 
