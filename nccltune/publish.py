@@ -638,6 +638,8 @@ def _check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) 
     Raises:
         InputError: naming the variable (exit 78).
     """
+    if JOB_NNODES_VAR in every_job:
+        raise InputError("environment", f"{JOB_NNODES_VAR}: says what shape a job has; only its launcher may set it")
     for name in sorted(single_node):
         if name in PATH_VARIABLES or name in (TUNER_FINGERPRINT_VAR, JOB_NNODES_VAR):
             raise InputError("single-node environment", f"{name}: files, plugins and the job's shape belong to "
