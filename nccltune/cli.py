@@ -111,9 +111,16 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     env = sub.add_parser("env", help="print the published environment")
     _common(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh")
+    env.add_argument("--json", action="store_true", help="the same as --format json: both parts, labelled")
+    env.add_argument("--nnodes", type=_positive_int, metavar="N",
+                     help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                          "else the every-job part only)")
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
     _common(ex)
+    ex.add_argument("--nnodes", type=_positive_int, metavar="N",
+                    help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                         "else the every-job part only)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
 
     hist = sub.add_parser("history", help="past sweeps and verifications")
@@ -419,17 +426,39 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _job_nnodes(args: argparse.Namespace) -> int | None:
+    """--nnodes, else NCCLTUNE_JOB_NNODES, else None (the job does not say)."""
+    from .publish import job_nnodes
+
+    return args.nnodes if args.nnodes is not None else job_nnodes(os.environ)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     """Print what is published, byte for byte as launchers read it, after checking the whole set:
-    trusted owner and mode, every line one nccltune writes, one generation throughout."""
-    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
+    trusted owner and mode, every line one nccltune writes, one generation throughout.
+
+    The every-job part always; the single-node part as assignments for a job known to be
+    single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
+    can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
+    """
+    from .publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, read_set
+    from .render import single_node_comment
 
     cfg = load_cfg(args)
+    nnodes = _job_nnodes(args)
     got = read_set(cfg.publish_dir)
     if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
-    name = {"sh": SH_NAME, "env": ENV_NAME, "json": JSON_NAME}[args.format]
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
+        sys.stdout.write(got.texts[JSON_NAME])
+        return EXIT_OK
+    name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
     sys.stdout.write(got.texts[name])
+    if got.single_node_env and nnodes == 1:
+        sys.stdout.write(got.texts[single_name])
+    elif got.single_node_env:
+        sys.stdout.write(single_node_comment(got.single_node_env, nnodes))
     return EXIT_OK
 
 
@@ -439,7 +468,9 @@ EXIT_CANNOT_RUN = 126
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .publish import read_set
+    """Run a command with the published environment: the every-job part, plus the single-node
+    part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1)."""
+    from .publish import job_env, read_set
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -447,13 +478,15 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
     cfg = load_cfg(args)
+    nnodes = _job_nnodes(args)
     got = read_set(cfg.publish_dir)
     env = dict(os.environ)
     if got is None:
         print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
               file=sys.stderr)
     else:
-        for name, value in got.env.items():
+        # The every-job part always; the single-node part only for a job known to run on one node.
+        for name, value in job_env(got, nnodes).items():
             if name in env and env[name] != value:
                 print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
                       file=sys.stderr)

@@ -28,7 +28,7 @@ from .names import DEMO_LABEL, format_size
 from .node import Node, load_node, require_idle
 from .planning import POLICY_VAR, check_profile, estimate_seconds, make_plan, settings, weights
 from .probe import probe_nccl
-from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
+from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
@@ -58,7 +58,7 @@ class SweepReport:
     fingerprint: str
     plan: Plan
     result: SearchResult | None
-    chosen_env: dict[str, str]
+    chosen_env: dict[str, str]  # both parts: what was measured as a whole
     chosen_label: str
     published: PublishedFiles | None
     topology_file: str | None
@@ -71,6 +71,8 @@ class SweepReport:
     summary: str = ""
     profile: str | None = None
     method: str | None = None  # how the trials measured: placement and timing
+    every_job_env: dict[str, str] = field(default_factory=dict)  # nccl.sh / nccl.env / nccl.conf
+    single_node_env: dict[str, str] = field(default_factory=dict)  # nccl-single-node.sh / .env
 
 
 class SweepPipeline:
@@ -198,9 +200,11 @@ class _Sweep:
                              weights=weights(self.cfg, self.plan))
         return self.search.run()
 
-    def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
-        """Every file a launcher reads: the environment files, the nccl.conf block and, when the
-        choice uses it, the topology file."""
+    def _publish(self, choice: Choice, session: TrialSession, tuner: Tuner | None = None) -> PublishedFiles:
+        """Every file a launcher reads: the environment files of both scopes (the choice's
+        every-job part, and its single-node part for jobs known to run on this node), the
+        nccl.conf block (every-job part only: NCCL cannot know a job's shape), the topology file
+        when the choice uses it and, with ``tuner``, the plugin and its table."""
         prov = Provenance(
             nccltune_version=__version__,
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -215,10 +219,11 @@ class _Sweep:
                 None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo))
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
-        published = publish(self.cfg.publish_dir, choice.env, prov,
-                            topology_xml=self.xml_text if choice.uses_topology_file else None)
+        published = publish(self.cfg.publish_dir, choice.every_job_env, prov,
+                            topology_xml=self.xml_text if choice.uses_topology_file else None,
+                            single_node_env=choice.single_node_env, tuner=tuner)
         if self.cfg.nccl_conf is not None:
-            update_nccl_conf(self.cfg.nccl_conf, choice.env, prov)
+            update_nccl_conf(self.cfg.nccl_conf, choice.every_job_env, prov)
         return published
 
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
@@ -234,7 +239,8 @@ class _Sweep:
             topology_file=str(self.cfg.topology_file) if choice.uses_topology_file else None,
             nccl_version=session.nccl_version, torch_version=session.torch_version, trials=session.seq,
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
-            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method)
+            summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
+            every_job_env=dict(choice.every_job_env), single_node_env=dict(choice.single_node_env))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .names import DEMO_LABEL, format_size
+from .publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from .records import ReportRow
 from .store import RunRecord, TrialRecord
 from .topology.fingerprint import topology_fingerprint
@@ -230,6 +231,34 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str)
     return "\n".join(lines)
 
 
+def scopes_doc() -> dict[str, dict[str, Any]]:
+    """Which jobs get which part of a published set, and the files that carry it."""
+    return {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label])}
+            for label in (EVERY_JOB, SINGLE_NODE)}
+
+
+def scopes_text(every_job: Mapping[str, str], single_node: Mapping[str, str]) -> list[str]:
+    """Both parts of a published set, each under the jobs that get it."""
+    lines = []
+    for label, part in ((EVERY_JOB, every_job), (SINGLE_NODE, single_node)):
+        files = ", ".join(SCOPE_FILES[label])
+        lines.append(f"  For {SCOPE_APPLIES_TO[label]} ({files}):")
+        lines.extend(f"    {name}={value}" for name, value in sorted(part.items()))
+        if not part:
+            lines.append("    (nothing)")
+    return lines
+
+
+def single_node_comment(single_node: Mapping[str, str], nnodes: int | None) -> str:
+    """The single-node part as comments, for `nccltune env` of a job that is not known to be
+    single-node: shown, never applied."""
+    why = "the job does not say how many nodes it spans" if nnodes is None else f"the job spans {nnodes} nodes"
+    lines = [f"# Not applied ({why}): measured for {SCOPE_APPLIES_TO[SINGLE_NODE]};",
+             "# `nccltune env --nnodes 1` prints them as assignments:"]
+    lines.extend(f"#   {name}={value}" for name, value in sorted(single_node.items()))
+    return "\n".join(lines) + "\n"
+
+
 def sweep_doc(report: SweepReport) -> dict[str, Any]:
     pub = report.published
     return {
@@ -247,10 +276,15 @@ def sweep_doc(report: SweepReport) -> dict[str, Any]:
         "failed_trials": [{"label": lbl, "reason": r} for lbl, r in report.failed_trials],
         "wall_s": report.wall_s,
         "chosen": report.chosen_label,
-        "published_env": report.chosen_env,
+        # The every-job part (nccl.sh, nccl.env), as before; the single-node part beside it.
+        "published_env": report.every_job_env,
+        "single_node_env": report.single_node_env,
+        "scopes": scopes_doc(),
         "summary": report.summary,
         "sizes": [r.as_dict() for r in report.rows],
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
+                      "single_node_sh": str(pub.single_sh_path) if pub.single_sh_path else None,
+                      "single_node_env": str(pub.single_env_path) if pub.single_env_path else None,
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
     }
@@ -301,8 +335,7 @@ def sweep_text(report: SweepReport) -> str:
     if report.published:
         p = report.published
         lines.append(f"Published (generation {p.generation}): {p.sh_path}, {p.env_path}, {p.json_path}")
-        for name, value in sorted(report.chosen_env.items()):
-            lines.append(f"  {name}={value}")
+        lines.extend(scopes_text(report.every_job_env, report.single_node_env))
     if report.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
 from .node import Node, busy_gpus, load_node, size_ladder
-from .publish import read_published
+from .publish import job_env, read_set
 from .store import Store
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
@@ -106,11 +106,12 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     env: dict[str, str] = {}
     source = "current environment"
     if not use_current:
-        got = read_published(cfg.publish_dir)
+        got = read_set(cfg.publish_dir)
         if got is None:
             raise CheckFailed(f"nothing is published in {cfg.publish_dir}",
                               hint="run `nccltune sweep`, or pass --current to check the calling environment")
-        env, _prov = got
+        # Verify runs a job on this one node: it gets both parts, as such a job does.
+        env = job_env(got, nnodes=1)
         source = f"published in {cfg.publish_dir}"
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)
