@@ -362,7 +362,7 @@ class _Progress:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline
-    from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
+    from .render import dumps, plan_doc, plan_text, pruned_list, sweep_doc, sweep_text
 
     _check_unpin(args.unpin)
     if args.python:
@@ -372,6 +372,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=args.json)
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress)
+    if args.plan and not pipe.node().measurable:
+        from .pipeline import UNMEASURED_SUMMARY
+
+        plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)
+        text = (f"{UNMEASURED_SUMMARY}: `nccltune sweep` runs no trial here and publishes the topology file "
+                "and the policy values (and the config's pins) for every job.")
+        out(dumps({"kind": "plan", "trials": 0, "measured": [], "reason": UNMEASURED_SUMMARY,
+                   "pruned": pruned_list(plan)}) if args.json else text)
+        return EXIT_OK
     if args.plan:
         plan, search = pipe.plan()
         trials = search.estimate_trials()
@@ -635,12 +644,19 @@ def dumps_doc(doc: dict[str, object]) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .node import load_node
     from .render import verify_doc, verify_text
-    from .verify import run_verify
+    from .verify import NOTHING_TO_VERIFY, run_verify
 
     cfg = load_cfg(args, demo=bool(args.demo))
+    node = load_node(cfg, args.demo)
+    if not node.measurable:
+        # Documented: exit 0, nothing measured and nothing recorded (README, "One-GPU nodes").
+        out(dumps_doc({"kind": "verify", "passed": True, "measured": False, "reason": NOTHING_TO_VERIFY})
+            if args.json else NOTHING_TO_VERIFY)
+        return EXIT_OK
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, force=args.force)
+                        threshold_pct=args.threshold, force=args.force, node=node)
     _write_metrics(cfg, result.fingerprint)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1

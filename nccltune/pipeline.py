@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .choice import Choice, choose
+from .choice import Choice, choose, split_scopes
 from .config import Config
 from .errors import InputError
 from .lock import SweepLock
 from .names import DEMO_LABEL, format_size
-from .node import Node, load_node, require_idle
+from .node import ONE_GPU, Node, load_node, require_idle
 from .planning import POLICY_VAR, check_profile, estimate_seconds, make_plan, settings, weights
 from .probe import probe_nccl
 from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf
@@ -34,12 +34,15 @@ from .store import Phase, RunStatus, Store
 from .sweep.plan import Plan
 from .sweep.strategy import Search, SearchResult
 from .topology.ncclxml import render_xml
-from .trials.runner import RANK_RECORD, Runner, TrialAborted, reap_leftover_ranks
+from .trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
+
+# What a sweep on a node with one GPU says instead of a measurement.
+UNMEASURED_SUMMARY = f"{ONE_GPU}; published what fits every job"
 
 # Besides its own names, the ones the daemon imports from here; their homes are node, planning,
 # probe and tuning (ARCHITECTURE.md).
@@ -120,12 +123,48 @@ class SweepPipeline:
             ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
+        if not node.measurable:
+            with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
+                store.mark_interrupted()
+                return self._publish_unmeasured(store, node, plan, started)
         engine = resolve_engine(self.cfg, node)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
             reap_leftover_ranks(state / RANK_RECORD)
             sweep = _Sweep(self, store, node, plan, engine)
             return sweep.run(started)
+
+    def _publish_unmeasured(self, store: Store, node: Node, plan: Plan, started: float) -> SweepReport:
+        """One GPU: no trial, and the part that fits every job (topology file, policy values,
+        config pins) published as a sweep would; recorded as a run of no trials."""
+        cfg = self.cfg
+        run_id = start_run(store, kind="sweep", cfg=cfg, node=node, profile=cfg.sweep.profile,
+                           topology={"source": node.topo.source, "gpus": len(node.topo.gpus)})
+        try:
+            xml_text = render_xml(node.topo.system)
+            every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
+                                                  cfg.topology_file)
+            probed = None if node.demo else probe_nccl(find_worker_python(cfg.bench.python)).get("nccl_version")
+            prov = _provenance(cfg, node, probed if isinstance(probed, str) else None, {}, UNMEASURED_SUMMARY,
+                               probed_nccl=probed)
+            write_topology_file(cfg, xml_text)
+            published = publish(cfg.publish_dir, every_job, prov, topology_xml=xml_text, single_node_env=single_node)
+            if cfg.nccl_conf is not None:
+                update_nccl_conf(cfg.nccl_conf, every_job, prov)
+        except BaseException as exc:
+            status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
+            store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
+            raise
+        log.info("%s", UNMEASURED_SUMMARY)
+        store.finish_run(run_id, status="ok", summary={"chosen": "nothing measured", "summary": UNMEASURED_SUMMARY,
+                                                         "trials": 0, "failed": [], "plan_pruned": len(plan.pruned)},
+                         chosen_env=every_job, published_generation=published.generation)
+        return SweepReport(
+            run_id=run_id, demo=node.demo, backend=node.backend, fingerprint=node.fingerprint, plan=plan,
+            result=None, chosen_env=dict(every_job), chosen_label="nothing measured", published=published,
+            topology_file=str(cfg.topology_file), nccl_version=prov.nccl_version, torch_version=None, trials=0,
+            failed_trials=[], wall_s=round(time.monotonic() - started, 1), summary=UNMEASURED_SUMMARY,
+            profile=cfg.sweep.profile, every_job_env=dict(every_job), single_node_env=dict(single_node))
 
 
 class _Sweep:
@@ -205,18 +244,12 @@ class _Sweep:
         every-job part, and its single-node part for jobs known to run on this node), the
         nccl.conf block (every-job part only: NCCL cannot know a job's shape), the topology file
         when the choice uses it and, with ``tuner``, the plugin and its table."""
-        prov = Provenance(
-            nccltune_version=__version__,
-            created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            topology_fingerprint=self.node.fingerprint, nccl_version=session.nccl_version,
-            backend=self.node.backend, demo=self.node.demo, profile=self.cfg.sweep.profile,
-            gains={format_size(r.size_bytes): r.ratio for r in choice.rows if r.ratio},
-            note=(DEMO_LABEL if self.node.demo else None),
-            # The daemon compares this with what it computes from its own probe of the worker's
-            # NCCL, so both sides take the version from the same place.
-            tuning_fingerprint=tuning_fingerprint(
-                self.cfg, self.node.fingerprint,
-                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo))
+        # The daemon compares the tuning fingerprint with what it computes from its own probe of
+        # the worker's NCCL, so both sides take the version from the same place.
+        probed = None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version")
+        prov = _provenance(self.cfg, self.node, session.nccl_version,
+                           {format_size(r.size_bytes): r.ratio for r in choice.rows if r.ratio},
+                           None, probed_nccl=probed)
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
         published = publish(self.cfg.publish_dir, choice.every_job_env, prov,
@@ -241,6 +274,19 @@ class _Sweep:
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
             summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
             every_job_env=dict(choice.every_job_env), single_node_env=dict(choice.single_node_env))
+
+
+def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,
+                *, probed_nccl: Any) -> Provenance:
+    """The provenance of what a sweep publishes. ``probed_nccl`` is the version the worker's probe
+    reported (None in the demo): the tuning fingerprint's input, as the daemon computes it."""
+    return Provenance(
+        nccltune_version=__version__,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        topology_fingerprint=node.fingerprint, nccl_version=nccl_version,
+        backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
+        note=DEMO_LABEL if node.demo else note,
+        tuning_fingerprint=tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

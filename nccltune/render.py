@@ -242,7 +242,8 @@ def scopes_text(every_job: Mapping[str, str], single_node: Mapping[str, str]) ->
     lines = []
     for label, part in ((EVERY_JOB, every_job), (SINGLE_NODE, single_node)):
         files = ", ".join(SCOPE_FILES[label])
-        lines.append(f"  For {SCOPE_APPLIES_TO[label]} ({files}):")
+        name = "Every-job part" if label == EVERY_JOB else "Single-node part"
+        lines.append(f"  {name} ({files}), for {SCOPE_APPLIES_TO[label]}:")
         lines.extend(f"    {name}={value}" for name, value in sorted(part.items()))
         if not part:
             lines.append("    (nothing)")
@@ -324,10 +325,13 @@ def sweep_text(report: SweepReport) -> str:
     lines.append(f"Sweep {report.run_id}: backend {report.backend}, fingerprint {report.fingerprint}, "
                  f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
-    lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
-                 f"(all-reduce, float32 sum, {report.method or 'no trial measured'})")
-    lines.append("")
-    lines.extend(rows_text(report.rows))
+    if report.trials or report.rows:
+        lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
+                     f"(all-reduce, float32 sum, {report.method or 'no trial measured'})")
+        lines.append("")
+        lines.extend(rows_text(report.rows))
+    else:
+        lines.append(f"No trial in {_fmt_s(report.wall_s)}.")
     lines.append("")
     for label, reason in report.failed_trials:
         lines.append(f"Failed: {label}: {reason}")

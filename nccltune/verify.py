@@ -18,7 +18,7 @@ from .config import Config
 from .errors import BusyError, CheckFailed
 from .lock import SweepLock
 from .names import format_size
-from .node import Node, busy_gpus, load_node, size_ladder
+from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
 from .publish import job_env, read_set
 from .store import Store
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
@@ -27,6 +27,9 @@ from .trust import ensure_dir
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
+
+# What verify says on a node with one GPU, where a sweep measured nothing (exit 0).
+NOTHING_TO_VERIFY = f"{ONE_GPU}: nothing to verify (a sweep there publishes only what fits every job)"
 
 
 @dataclass
