@@ -109,7 +109,7 @@ def test_read_set_returns_the_every_job_part_and_the_single_node_part_beside_it(
 def test_read_set_refuses_an_edited_single_node_file(state: Path) -> None:
     path = state / "generations" / "1" / "nccl-single-node.env"
     path.write_text(path.read_text().replace("NCCL_MIN_NCHANNELS=32", "NCCL_MIN_NCHANNELS=64"))
-    with pytest.raises(InputError, match="nccl-single-node.env.*does not hold the variables"):
+    with pytest.raises(InputError, match=r"nccl-single-node.env.*does not hold the variables"):
         read_set(state)
 
 
@@ -174,7 +174,7 @@ def test_tuner_variables_are_refused_unless_they_are_the_generations_own(tmp_pat
     doc = json.loads((gen / "nccl.json").read_text())
     doc["env"]["NCCLTUNE_TUNER_TABLE"] = doc["scopes"]["every_job"]["env"]["NCCLTUNE_TUNER_TABLE"] = "/tmp/t.txt"
     (gen / "nccl.json").write_text(json.dumps(doc))
-    with pytest.raises(InputError, match="NCCLTUNE_TUNER_TABLE: /tmp/t.txt is not the published generation's own"):
+    with pytest.raises(InputError, match=r"NCCLTUNE_TUNER_TABLE: /tmp/t\.txt is not the published generation.s own"):
         read_set(tmp_path / "s")
 
 
