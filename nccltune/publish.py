@@ -891,6 +891,9 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         parts += [(SINGLE_SH_NAME, "sh", single), (SINGLE_ENV_NAME, "env", single)]
     for name, kind, expected in parts:
         path = directory / name
+        if number is None and not expected and name in (SINGLE_SH_NAME, SINGLE_ENV_NAME) \
+                and not os.path.lexists(path):
+            continue  # copied as plain files without the (empty) single-node part
         try:
             text = _read_trusted(path, "published file").decode("utf-8")
         except UnicodeDecodeError as exc:
