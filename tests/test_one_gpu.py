@@ -1,4 +1,5 @@
-"""A node with one GPU (the recording of a 1x H200 VM, topologies/h200x1-vm.json) through
+"""A node with one GPU (the recording of a 1x H200 VM, tests/fixtures/h200x1-vm.json: `nccltune
+topo record` there, with a description added) through
 `topology.snapshot`, the same non-demo (NCCL) path a real node takes: the sweep publishes what fits
 every job without a trial, --plan and verify say there is nothing to measure, the daemon stays up
 and never schedules a sweep or verify, and `topo check` runs NCCL with one rank."""
@@ -28,11 +29,10 @@ from nccltune.sdnotify import Notifier
 from nccltune.store import Store
 from nccltune.topocheck import ONE_RANK_NOTE, check_topology_file
 from nccltune.topology.ncclxml import render_xml
-from nccltune.topology.source import bundled_topologies_dir
 
 pytest.importorskip("torch")
 
-H200X1 = bundled_topologies_dir() / "h200x1-vm.json"
+H200X1 = Path(__file__).parent / "fixtures" / "h200x1-vm.json"
 MESSAGE = "one GPU: no collective between GPUs to measure; published what fits every job"
 
 
