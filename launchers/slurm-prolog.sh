@@ -19,9 +19,17 @@
 # publishes nccl.env as a link into its current generation; the link is resolved once and the
 # generation's own file is read (see nccltune_resolve).
 # Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
+#
+# What a job gets (README "What a job gets"): nccl.env is the part that fits every job on the node
+# (topology file, policy values, pins, the tuner plugin and its table). The part measured between
+# this node's GPUs only (nccl-single-node.env, of the same generation, next to nccl.env) is added
+# only for a one-node job: SLURM_JOB_NUM_NODES=1 (or, where that is unset, SLURM_NNODES=1; where
+# Slurm says neither, NCCLTUNE_JOB_NNODES=1). A multi-node job, or one whose size is not known,
+# gets the every-job part only: it never receives values measured on one node.
 
 nccltune_prog=nccltune-task-prolog
 nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
+nccltune_gen=
 # Names and values that Slurm passes through unchanged and that no shell would expand.
 nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
 
@@ -104,20 +112,52 @@ nccltune_trusted() {
     nccltune_mode_ok directory "$nccltune_mode" "$nccltune_uid"
 }
 
+# nccltune_print FILE NAME: the valid lines of FILE as "export NAME=value"; counts the rest on
+# stderr, naming the file as NAME.
+nccltune_print() {
+    # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
+    LC_ALL=C grep -E -e "$nccltune_valid" -- "$1" | LC_ALL=C sed 's/^/export /'
+    nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' -- "$1")
+    if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
+        printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
+            "$nccltune_prog" "$2" "$nccltune_skipped" >&2
+    fi
+}
+
+# nccltune_single_node: 0 when the job is known to run on one node (see the header).
+nccltune_single_node() {
+    case ${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-${NCCLTUNE_JOB_NNODES:-}}} in
+        1) return 0 ;;
+    esac
+    return 1
+}
+
+# nccltune_print_single: the valid lines of nccl-single-node.env of the generation nccl.env came from.
+nccltune_print_single() {
+    nccltune_single=$(dirname -- "$nccltune_real")/nccl-single-node.env
+    [ -e "$nccltune_single" ] || [ -L "$nccltune_single" ] || return 0
+    nccltune_env_file=$nccltune_single
+    nccltune_trusted "$nccltune_single" || return 0
+    if [ -n "$nccltune_gen" ] && \
+        ! LC_ALL=C grep -q -x -e "# generation: $nccltune_gen" -- "$nccltune_single" 2>/dev/null; then
+        nccltune_warn "it is not of generation $nccltune_gen, which current names (a mixed set)"
+        return 0
+    fi
+    if [ ! -r "$nccltune_single" ]; then
+        nccltune_warn "it is not readable by uid $(id -u)"
+        return 0
+    fi
+    nccltune_print "$nccltune_single" "$nccltune_single"
+}
+
 if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
     if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then
         :
     elif [ ! -r "$nccltune_real" ]; then
         nccltune_warn "it is not readable by uid $(id -u)"
     else
-        # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
-        LC_ALL=C grep -E -e "$nccltune_valid" -- "$nccltune_real" | LC_ALL=C sed 's/^/export /'
-        nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' \
-            -- "$nccltune_real")
-        if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
-            printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
-                "$nccltune_prog" "$nccltune_env_file" "$nccltune_skipped" >&2
-        fi
+        nccltune_print "$nccltune_real" "$nccltune_env_file"
+        nccltune_single_node && nccltune_print_single
     fi
 fi
 

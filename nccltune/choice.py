@@ -21,30 +21,49 @@ DEFAULTS_LABEL = "NCCL defaults"
 
 @dataclass(frozen=True)
 class Choice:
-    """What a sweep publishes and how it reports it."""
+    """What a sweep publishes, in its two scopes, and how it reports it."""
 
     chosen: Finalist | None
     label: str
-    env: dict[str, str]  # everything published: the chosen candidate, the policy, the config's pins
+    # What fits every job on the node: the policy values, the published topology file and the
+    # config's pins (the operator pinned them for every job).
+    every_job_env: dict[str, str]
+    # The tuned variables the search chose: measured between this node's GPUs, so only for
+    # jobs known to run on this one node.
+    single_node_env: dict[str, str]
     uses_topology_file: bool
     rows: list[ReportRow]
     summary: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Both parts: what the sweep measured as a whole (and what a single-node job gets)."""
+        return {**self.every_job_env, **self.single_node_env}
 
 
 def choose(result: SearchResult, plan: Plan, topology_file: Path,
            trials: Iterable[tuple[Mapping[str, str], TrialResult]], demo: bool) -> Choice:
     """The published environment for the search's winner (NCCL's defaults when none won), with
-    the trial's own topology file replaced by the published one."""
+    the trial's own topology file replaced by the published one, split into its scopes."""
     chosen = result.chosen
-    chosen_env = dict(chosen.env) if chosen else {}
-    uses_topology_file = "NCCL_TOPO_FILE" in chosen_env
-    if uses_topology_file:
-        chosen_env["NCCL_TOPO_FILE"] = str(topology_file)
-    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+    every_job, single_node = split_scopes(dict(chosen.env) if chosen else {}, plan, topology_file)
     return Choice(
         chosen=chosen, label=chosen.label if chosen else DEFAULTS_LABEL,
-        env={**chosen_env, **plan.policy, **config_pins}, uses_topology_file=uses_topology_file,
+        every_job_env=every_job, single_node_env=single_node, uses_topology_file="NCCL_TOPO_FILE" in every_job,
         rows=report_rows(result, chosen, nccl_choices(trials)), summary=summarize(result, chosen, demo))
+
+
+def split_scopes(chosen_env: Mapping[str, str], plan: Plan,
+                 topology_file: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(every job, single-node jobs): the topology file, policy values and config pins fit every
+    job; the other chosen variables were tuned on this node alone."""
+    every_job: dict[str, str] = {}
+    if "NCCL_TOPO_FILE" in chosen_env:
+        every_job["NCCL_TOPO_FILE"] = str(topology_file)
+    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+    every_job.update({**plan.policy, **config_pins})
+    single_node = {n: v for n, v in chosen_env.items() if n not in every_job and n != "NCCL_TOPO_FILE"}
+    return every_job, single_node
 
 
 def nccl_choices(trials: Iterable[tuple[Mapping[str, str], TrialResult]]) -> dict[str, dict[Key, SizeChoice]]:

@@ -230,9 +230,16 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     _demo_state(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
                      help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
+    env.add_argument("--json", action="store_true", help="the same as --format json: both parts, labelled")
+    env.add_argument("--nnodes", type=_positive_int, metavar="N",
+                     help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                          "else the every-job part only)")
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
     _common(ex)
+    ex.add_argument("--nnodes", type=_positive_int, metavar="N",
+                    help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                         "else the every-job part only)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                     help="the command and its arguments, after --")
 
@@ -596,7 +603,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline
-    from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
+    from .render import dumps, plan_doc, plan_text, pruned_list, sweep_doc, sweep_text
 
     if args.join:
         return cmd_sweep_join(args)
@@ -609,6 +616,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request)
+    if args.plan and not pipe.node().measurable:
+        from .pipeline import UNMEASURED_SUMMARY
+
+        plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)
+        text = (f"{UNMEASURED_SUMMARY}: `nccltune sweep` runs no trial here and publishes the topology file "
+                "and the policy values (and the config's pins) for every job.")
+        out(dumps({"kind": "plan", "trials": 0, "measured": [], "reason": UNMEASURED_SUMMARY,
+                   "pruned": pruned_list(plan)}) if args.json else text)
+        return EXIT_OK
     if args.plan:
         plan, search = pipe.plan()
         trials = pipe.estimate_trials(plan, search)
@@ -687,17 +703,39 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _job_nnodes(args: argparse.Namespace) -> int | None:
+    """--nnodes, else NCCLTUNE_JOB_NNODES, else None (the job does not say)."""
+    from .publish import job_nnodes
+
+    return args.nnodes if args.nnodes is not None else job_nnodes(os.environ)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     """Print what is published, byte for byte as launchers read it, after checking the whole set:
-    trusted owner and mode, every line one nccltune writes, one generation throughout."""
-    from .publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
+    trusted owner and mode, every line one nccltune writes, one generation throughout.
+
+    The every-job part always; the single-node part as assignments for a job known to be
+    single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
+    can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
+    """
+    from .publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, read_set
+    from .render import single_node_comment
 
     cfg = reading_cfg(args)
+    nnodes = _job_nnodes(args)
     got = read_set(cfg.publish_dir)
     if got is None:
         raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
-    name = {"sh": SH_NAME, "env": ENV_NAME, "json": JSON_NAME}[args.format]
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
+        sys.stdout.write(got.texts[JSON_NAME])
+        return EXIT_OK
+    name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
     sys.stdout.write(got.texts[name])
+    if got.single_node_env and nnodes == 1:
+        sys.stdout.write(got.texts[single_name])
+    elif got.single_node_env:
+        sys.stdout.write(single_node_comment(got.single_node_env, nnodes))
     return EXIT_OK
 
 
@@ -707,7 +745,9 @@ EXIT_CANNOT_RUN = 126
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .publish import read_set
+    """Run a command with the published environment: the every-job part, plus the single-node
+    part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1)."""
+    from .publish import job_env, read_set
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -715,13 +755,15 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
     cfg = load_cfg(args)
+    nnodes = _job_nnodes(args)
     got = read_set(cfg.publish_dir)
     env = dict(os.environ)
     if got is None:
         print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
               file=sys.stderr)
     else:
-        for name, value in got.env.items():
+        # The every-job part always; the single-node part only for a job known to run on one node.
+        for name, value in job_env(got, nnodes).items():
             if name in env and env[name] != value:
                 print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
                       file=sys.stderr)
@@ -929,12 +971,19 @@ def dumps_doc(doc: dict[str, object]) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from .node import load_node
     from .render import verify_doc, verify_text
-    from .verify import run_verify
+    from .verify import NOTHING_TO_VERIFY, run_verify
 
     cfg = load_cfg(args, demo=bool(args.demo))
+    node = load_node(cfg, args.demo)
+    if not node.measurable:
+        # Documented: exit 0, nothing measured and nothing recorded (README, "One-GPU nodes").
+        out(dumps_doc({"kind": "verify", "passed": True, "measured": False, "reason": NOTHING_TO_VERIFY})
+            if args.json else NOTHING_TO_VERIFY)
+        return EXIT_OK
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, force=args.force, baseline_run=args.baseline)
+                        threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline)
     _write_metrics(cfg, result.fingerprint)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1

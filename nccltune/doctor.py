@@ -281,7 +281,7 @@ def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dic
     """Read the published set as launchers do; owner/mode problems, a mixed set and a corrupt file
     are findings. The files are judged through the well-known names (links into ``current``)."""
     untrusted = False
-    for name in ("nccl.sh", "nccl.env", "nccl.json"):
+    for name in ("nccl.sh", "nccl.env", "nccl.json", "nccl-single-node.sh", "nccl-single-node.env"):
         path = publish_dir / name
         try:
             st = path.stat()

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from .config import Config
-from .errors import BusyError, UnavailableError, UsageError
+from .errors import BusyError, UnavailableError
 from .hw.types import Snapshot
 from .records import Backend
 from .topology.fingerprint import topology_fingerprint
@@ -20,6 +20,10 @@ from .topology.snapshot import load_snapshot, record_snapshot
 from .topology.source import resolve_snapshot
 
 log = logging.getLogger(__name__)
+
+# Why a node with one GPU (or bench.nranks 1) has no sweep or verification: there is no
+# collective between GPUs to time. It still publishes what fits every job.
+ONE_GPU = "one GPU: no collective between GPUs to measure"
 
 # The demo ladder stays small: gloo on two CPU cores moves megabytes, not gigabytes, per second.
 DEMO_SIZES = (4096, 16384, 65536, 262144, 1048576, 4194304)
@@ -41,6 +45,11 @@ class Node:
     def fingerprint(self) -> str:
         return topology_fingerprint(self.topo)
 
+    @property
+    def measurable(self) -> bool:
+        """Two ranks or more: a collective between GPUs can be timed here."""
+        return self.nranks >= 2
+
 
 def size_ladder(cfg: Config, demo: bool) -> list[int]:
     """The message sizes a sweep measures: bench.min_bytes up to max_bytes by bench.factor."""
@@ -60,6 +69,9 @@ def iterations(cfg: Config, node: Node) -> tuple[int, int]:
 
 def load_node(cfg: Config, demo: str | bool | None) -> Node:
     """The node to sweep: this one (NVML), or a recorded snapshot for the CPU demo.
+
+    A node with one GPU loads with one rank (``measurable`` is false): the sweep publishes what
+    fits every job there, and verify and the daemon's scheduler measure nothing.
 
     Raises:
         UnavailableError: no NVIDIA GPU here and no --demo (exit 69).
@@ -89,7 +101,7 @@ def load_node(cfg: Config, demo: str | bool | None) -> Node:
     gpus = cfg.bench.gpus or [g.index for g in snap.nvml.gpus]
     nranks = cfg.bench.nranks or len(gpus)
     if nranks < 2:
-        raise UsageError("an all-reduce sweep needs at least two GPUs")
+        log.info("%s on this node", ONE_GPU)
     return Node(topo, compute_paths(topo), snap, False, backend, nranks)
 
 

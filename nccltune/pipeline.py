@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .choice import Choice, choose
+from .choice import Choice, choose, split_scopes
 from .config import Config
 from .errors import InputError
 from .lock import SweepLock
 from .names import DEMO_LABEL
-from .node import Node, load_node, require_idle
+from .node import ONE_GPU, Node, load_node, require_idle
 from .planning import (
     POLICY_VAR,
     Workload,
@@ -38,23 +38,26 @@ from .planning import (
     workload,
 )
 from .probe import probe_nccl
-from .publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf
+from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import JobShape, Plan
 from .sweep.select import Key, key_label
 from .sweep.strategy import Search, SearchResult
-from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TablePublication, TableStage, publish_table_files
+from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TableStage
 from .topology.ncclxml import render_xml
 from .topology.nodeclass import node_class
 from .trials.launch import LaunchRequest
-from .trials.runner import RANK_RECORD, Runner, TrialAborted, reap_leftover_ranks
+from .trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
 from .tuner.build import is_own_tuner
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
+
+# What a sweep on a node with one GPU says instead of a measurement.
+UNMEASURED_SUMMARY = f"{ONE_GPU}; published what fits every job"
 
 # Besides its own names, the ones the daemon imports from here; their homes are node, planning,
 # probe and tuning (ARCHITECTURE.md).
@@ -73,7 +76,7 @@ class SweepReport:
     fingerprint: str
     plan: Plan
     result: SearchResult | None
-    chosen_env: dict[str, str]
+    chosen_env: dict[str, str]  # both parts: what was measured as a whole
     chosen_label: str
     published: PublishedFiles | None
     topology_file: str | None
@@ -90,6 +93,8 @@ class SweepReport:
     not_measured: dict[str, str] = field(default_factory=dict)  # the profile's others: collective -> why
     table: TableOutcome | None = None  # the per-size stage (tuner table); None: not planned
     published_table: dict[str, str] = field(default_factory=dict)  # what the publish stage did with it
+    every_job_env: dict[str, str] = field(default_factory=dict)  # nccl.sh / nccl.env / nccl.conf
+    single_node_env: dict[str, str] = field(default_factory=dict)  # nccl-single-node.sh / .env
 
 
 class SweepPipeline:
@@ -152,12 +157,48 @@ class SweepPipeline:
             ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
+        if not node.measurable:
+            with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
+                store.mark_interrupted()
+                return self._publish_unmeasured(store, node, plan, started)
         engine = resolve_engine(self.cfg, node, workload(self.cfg, node, plan.sizes).collectives)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             store.mark_interrupted()
             reap_leftover_ranks(state / RANK_RECORD)
             sweep = _Sweep(self, store, node, plan, engine)
             return sweep.run(started)
+
+    def _publish_unmeasured(self, store: Store, node: Node, plan: Plan, started: float) -> SweepReport:
+        """One GPU: no trial, and the part that fits every job (topology file, policy values,
+        config pins) published as a sweep would; recorded as a run of no trials."""
+        cfg = self.cfg
+        run_id = start_run(store, kind="sweep", cfg=cfg, node=node, profile=cfg.sweep.profile,
+                           topology={"source": node.topo.source, "gpus": len(node.topo.gpus)})
+        try:
+            xml_text = render_xml(node.topo.system)
+            every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
+                                                  cfg.topology_file)
+            probed = None if node.demo else probe_nccl(find_worker_python(cfg.bench.python)).get("nccl_version")
+            prov = _provenance(cfg, node, probed if isinstance(probed, str) else None, {}, UNMEASURED_SUMMARY,
+                               probed_nccl=probed)
+            write_topology_file(cfg, xml_text)
+            published = publish(cfg.publish_dir, every_job, prov, topology_xml=xml_text, single_node_env=single_node)
+            if cfg.nccl_conf is not None:
+                update_nccl_conf(cfg.nccl_conf, every_job, prov)
+        except BaseException as exc:
+            status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
+            store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
+            raise
+        log.info("%s", UNMEASURED_SUMMARY)
+        store.finish_run(run_id, status="ok", summary={"chosen": "nothing measured", "summary": UNMEASURED_SUMMARY,
+                                                         "trials": 0, "failed": [], "plan_pruned": len(plan.pruned)},
+                         chosen_env=every_job, published_generation=published.generation)
+        return SweepReport(
+            run_id=run_id, demo=node.demo, backend=node.backend, fingerprint=node.fingerprint, plan=plan,
+            result=None, chosen_env=dict(every_job), chosen_label="nothing measured", published=published,
+            topology_file=str(cfg.topology_file), nccl_version=prov.nccl_version, torch_version=None, trials=0,
+            failed_trials=[], wall_s=round(time.monotonic() - started, 1), summary=UNMEASURED_SUMMARY,
+            profile=cfg.sweep.profile, every_job_env=dict(every_job), single_node_env=dict(single_node))
 
 
 class _Sweep:
@@ -285,8 +326,11 @@ class _Sweep:
         return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
-        """Every file a launcher reads: the environment files, the nccl.conf block and, when the
-        choice uses it, the topology file."""
+        """Every file a launcher reads, as one generation: the environment files of both scopes (the
+        choice's every-job part, and its single-node part for jobs known to run on this node), the
+        nccl.conf block (every-job part only: NCCL cannot know a job's shape), the topology file
+        when the choice uses it and, when the whole result with the tuner table won, the plugin and
+        its table (every job: an entry applies only to the communicator shape it was measured for)."""
         prov = Provenance(
             nccltune_version=__version__,
             created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -297,20 +341,25 @@ class _Sweep:
             tuning_fingerprint=self.tuning_fp())
         if choice.uses_topology_file:
             write_topology_file(self.cfg, self.xml_text)
-        env = dict(choice.env)
+        every_job, single_node = dict(choice.every_job_env), dict(choice.single_node_env)
+        tuner: Tuner | None = None
         pub = self.table.publication if self.table else None
         if pub is not None and self.table is not None and self.table.chosen is self.table.whole:
-            env = self._publish_table(env, pub)
-        published = publish(self.cfg.publish_dir, env, prov,
-                            topology_xml=self.xml_text if choice.uses_topology_file else None)
+            # publish() names the generation's own copies of the plugin and the table; the paths the
+            # final check ran with (in the run's directory) are not published.
+            tuner = Tuner(pub.plugin_path, pub.table_text)
+            single_node = {k: v for k, v in single_node.items() if k not in pub.every_job_env}
+            single_node.update(pub.single_node_env)
+            every_job = {k: v for k, v in every_job.items() if k not in pub.every_job_env}
+        published = publish(self.cfg.publish_dir, every_job, prov,
+                            topology_xml=self.xml_text if choice.uses_topology_file else None,
+                            single_node_env=single_node, tuner=tuner)
+        if tuner is not None:
+            self.published_table = {"generation": str(published.generation),
+                                    "single_node_env": " ".join(f"{k}={v}" for k, v in sorted(single_node.items()))}
         if self.cfg.nccl_conf is not None:
-            update_nccl_conf(self.cfg.nccl_conf, env, prov)
+            update_nccl_conf(self.cfg.nccl_conf, every_job, prov)
         return published
-
-    def _publish_table(self, env: dict[str, str], pub: TablePublication) -> dict[str, str]:
-        """The tuner table's part of the publish stage (tablestage.publish_table_files)."""
-        env, self.published_table = publish_table_files(self.cfg.publish_dir, env, pub)
-        return env
 
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -340,7 +389,21 @@ class _Sweep:
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
             summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
             collectives=self.workload.collectives, not_measured=self._not_measured(session), table=self.table,
-            published_table=dict(self.published_table))
+            published_table=dict(self.published_table),
+            every_job_env=dict(choice.every_job_env), single_node_env=dict(choice.single_node_env))
+
+
+def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,
+                *, probed_nccl: Any) -> Provenance:
+    """The provenance of what a sweep publishes. ``probed_nccl`` is the version the worker's probe
+    reported (None in the demo): the tuning fingerprint's input, as the daemon computes it."""
+    return Provenance(
+        nccltune_version=__version__,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        topology_fingerprint=node.fingerprint, nccl_version=nccl_version,
+        backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
+        note=DEMO_LABEL if node.demo else note,
+        tuning_fingerprint=tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo))
 
 
 def write_topology_file(cfg: Config, xml_text: str) -> None:

@@ -2,13 +2,25 @@
 
 Outputs (DESIGN.md section 3), one *set* per publish, in the publish directory::
 
-    <publish_dir>/generations/<N>/nccl.sh          export NAME='value' lines (``. nccl.sh``)
-    <publish_dir>/generations/<N>/nccl.env         NAME=value lines (systemd EnvironmentFile=, docker --env-file)
-    <publish_dir>/generations/<N>/nccl.json        the same environment with its provenance
+    <publish_dir>/generations/<N>/nccl.sh          export NAME='value' lines (``. nccl.sh``): every job
+    <publish_dir>/generations/<N>/nccl.env         NAME=value lines (systemd EnvironmentFile=, docker --env-file):
+                                                   every job
+    <publish_dir>/generations/<N>/nccl-single-node.sh   the same two forms of the part measured for
+    <publish_dir>/generations/<N>/nccl-single-node.env  single-node jobs only (may hold no variable)
+    <publish_dir>/generations/<N>/nccl.json        both parts, labelled, with their provenance
     <publish_dir>/generations/<N>/ncclTopology.xml when a topology is published with the set
+    <publish_dir>/generations/<N>/libnccl-tuner-nccltune.so, tuner-table.txt   when a tuner is published
     <publish_dir>/generations/last                 the last generation number handed out
     <publish_dir>/current -> generations/<N>       the one switch
-    <publish_dir>/nccl.sh -> current/nccl.sh       (and nccl.env, nccl.json): the paths users know
+    <publish_dir>/nccl.sh -> current/nccl.sh       (and the other four): the paths users know
+
+The set has two scopes. The *every-job* part (nccl.sh, nccl.env, ``env`` in nccl.json, the
+nccl.conf block) fits every job on the node whatever its shape: the topology file, the policy
+variables, the operator's pins, the tuner plugin and its table (whose entries apply only to the
+communicator shape they were measured for). The *single-node* part (nccl-single-node.sh/.env,
+``single_node_env``) holds tuned global variables that were measured between this node's GPUs
+only; launchers add it only for a job known to run on this one node (``job_env``), so a
+multi-node job never receives a value measured on one node.
 
 plus, optionally, a managed block in an NCCL conf file (``/etc/nccl.conf``), which NCCL reads itself.
 
@@ -32,8 +44,9 @@ Rules that keep a launcher from ever sourcing something wrong:
    the line verbatim). Anything outside the set is refused before a byte is written.
 2. Variables that make NCCL load code or open files (``PATH_VARIABLES``: NCCL_NET_PLUGIN,
    NCCL_TUNER_PLUGIN, NCCL_PROFILER_PLUGIN, NCCL_TOPO_FILE, NCCL_GRAPH_FILE, NCCL_CONF_FILE,
-   NCCL_DEBUG_FILE, NCCL_TOPO_DUMP_FILE, NCCL_GRAPH_DUMP_FILE ...) are published only as what
-   nccltune wrote itself: NCCL_TOPO_FILE as the generation's own topology file. Any other value of
+   NCCL_DEBUG_FILE, NCCL_TOPO_DUMP_FILE, NCCL_GRAPH_DUMP_FILE, NCCLTUNE_TUNER_TABLE ...) are published
+   only as what nccltune wrote itself: NCCL_TOPO_FILE as the generation's own topology file,
+   NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE as the generation's own plugin and table. Any other value of
    them, from a sweep candidate, a pin or the environment, is refused (exit 78) before the first
    trial: a tuning file must never make every job on the node load a library or write a file
    that someone chose by editing a config.
@@ -73,7 +86,7 @@ from .atomicfile import (
     replace_file,
 )
 from .atomicfile import atomic_write as atomic_write  # re-exported for older callers
-from .errors import BusyError, InputError
+from .errors import BusyError, InputError, UsageError
 from .names import DEMO_LABEL, PUBLISHED_NAME_RE
 from .trust import CLOEXEC, NOFOLLOW
 
@@ -102,7 +115,25 @@ SH_NAME = "nccl.sh"
 ENV_NAME = "nccl.env"
 JSON_NAME = "nccl.json"
 TOPOLOGY_NAME = "ncclTopology.xml"
-PUBLISHED_NAMES = (SH_NAME, ENV_NAME, JSON_NAME)
+SINGLE_SH_NAME = "nccl-single-node.sh"
+SINGLE_ENV_NAME = "nccl-single-node.env"
+TUNER_PLUGIN_NAME = "libnccl-tuner-nccltune.so"
+TUNER_TABLE_NAME = "tuner-table.txt"
+PUBLISHED_NAMES = (SH_NAME, ENV_NAME, JSON_NAME, SINGLE_SH_NAME, SINGLE_ENV_NAME)
+# The labels of the two scopes in nccl.json, and which jobs get each.
+EVERY_JOB = "every_job"
+SINGLE_NODE = "single_node"
+SCOPE_APPLIES_TO = {
+    EVERY_JOB: "every job on this node, whatever its shape",
+    SINGLE_NODE: "only jobs known to run on this one node (torchrun --standalone or --nnodes 1, a one-node "
+                 "Slurm job, nccltune exec --nnodes 1, NCCLTUNE_JOB_NNODES=1)",
+}
+SCOPE_FILES = {EVERY_JOB: (SH_NAME, ENV_NAME), SINGLE_NODE: (SINGLE_SH_NAME, SINGLE_ENV_NAME)}
+# Set by a job's launcher to say how many nodes the job spans; "1" adds the single-node part.
+JOB_NNODES_VAR = "NCCLTUNE_JOB_NNODES"
+TUNER_PLUGIN_VAR = "NCCL_TUNER_PLUGIN"
+TUNER_TABLE_VAR = "NCCLTUNE_TUNER_TABLE"
+TUNER_FINGERPRINT_VAR = "NCCLTUNE_TUNER_FINGERPRINT"
 CURRENT_NAME = "current"
 GENERATIONS_DIR = "generations"
 COUNTER_NAME = "last"
@@ -159,6 +190,28 @@ class PublishedFiles:
     json_path: Path
     generation: int
     topology_path: Path | None = None
+    single_sh_path: Path | None = None
+    single_env_path: Path | None = None
+    tuner_plugin_path: Path | None = None
+    tuner_table_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Tuner:
+    """The tuner plugin and its table, published as files of the generation (every job gets them:
+    a table entry applies only to the communicator shape it was measured for)."""
+
+    plugin: bytes | Path  # the built shared library, or its path
+    table_text: str
+
+    def plugin_bytes(self) -> bytes:
+        """Raises: PublishError when the library cannot be read (exit 1)."""
+        if isinstance(self.plugin, bytes):
+            return self.plugin
+        try:
+            return Path(self.plugin).read_bytes()
+        except OSError as exc:
+            raise PublishError(Path(self.plugin), exc, action="cannot read") from exc
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -305,17 +358,19 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
     return doc
 
 
-def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None) -> str:
+def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
+              scope: str | None = None) -> str:
     """POSIX shell form: header, then ``export NAME='value'`` sorted by name.
 
     Raises:
         InputError: see validate_env.
     """
     # Single quotes are belt and braces: the safe set needs no quoting at all.
-    return _render_lines(env, prov, generation, "export {name}='{value}'")
+    return _render_lines(env, prov, generation, "export {name}='{value}'", scope)
 
 
-def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None) -> str:
+def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
+               scope: str | None = None) -> str:
     """``NAME=value`` form for systemd ``EnvironmentFile=`` and ``docker --env-file``.
 
     No quotes: docker keeps them as part of the value, systemd strips them.
@@ -323,29 +378,69 @@ def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | No
     Raises:
         InputError: see validate_env.
     """
-    return _render_lines(env, prov, generation, "{name}={value}")
+    return _render_lines(env, prov, generation, "{name}={value}", scope)
 
 
-def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | None, line: str) -> str:
+def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | None, line: str,
+                  scope: str | None = None) -> str:
     """Header, then one line per variable (sorted), after validating names, values and provenance."""
     clean = validate_env(env)
     _check_provenance(prov)
     body = [line.format(name=name, value=value) for name, value in clean.items()]
-    return "\n".join([*_header_lines(prov, generation), *body]) + "\n"
+    scope_lines = [_scope_line(scope)] if scope is not None else []
+    return "\n".join([*_header_lines(prov, generation), *scope_lines, *body]) + "\n"
 
 
-def render_json(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None) -> str:
-    """One JSON document: ``{"schema_version": 1, "provenance": {...}, "env": {...}}``.
+def render_json(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
+                single_node_env: Mapping[str, str] | None = None) -> str:
+    """One JSON document: ``{"schema_version": 1, "provenance": {...}, "env": {...},
+    "single_node_env": {...}, "scopes": {"every_job": ..., "single_node": ...}}``.
 
-    ``generation``, when given, is recorded inside ``provenance``.
+    ``env`` is the part for every job (what readers of older sets know), ``single_node_env`` the
+    part for single-node jobs only; ``scopes`` labels both with the jobs that get them and the
+    files that carry them. ``generation``, when given, is recorded inside ``provenance``.
 
     Raises:
         InputError: see validate_env.
     """
     clean = validate_env(env)
+    single = validate_env(single_node_env or {}, source="single-node environment")
     _check_provenance(prov)
-    doc = {"schema_version": SCHEMA_VERSION, "provenance": _provenance_dict(prov, generation), "env": clean}
+    parts = {EVERY_JOB: clean, SINGLE_NODE: single}
+    scopes = {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label]), "env": part}
+              for label, part in parts.items()}
+    doc = {"schema_version": SCHEMA_VERSION, "provenance": _provenance_dict(prov, generation), "env": clean,
+           "single_node_env": single, "scopes": scopes}
     return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _scope_line(label: str) -> str:
+    """The header line of nccl.sh/.env and their single-node twins: which jobs get the file."""
+    return f"# scope: {label}: {SCOPE_APPLIES_TO[label]}"
+
+
+def job_env(published: PublishedSet, nnodes: int | None) -> dict[str, str]:
+    """What a job gets from a published set: the every-job part, plus the single-node part only
+    when the job is known to span exactly one node (``nnodes == 1``). A job that does not say
+    (None) or spans more nodes never receives values measured between one node's GPUs."""
+    env = dict(published.env)
+    if nnodes == 1:
+        env.update(published.single_node_env)
+    return env
+
+
+def job_nnodes(environ: Mapping[str, str]) -> int | None:
+    """The job's node count from NCCLTUNE_JOB_NNODES, or None when it is unset.
+
+    Raises:
+        UsageError: a value that is not a positive whole number (exit 2).
+    """
+    text = environ.get(JOB_NNODES_VAR)
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{JOB_NNODES_VAR}={text!r}: not a positive whole number of nodes")
+    return int(text)
 
 
 @contextmanager
@@ -518,14 +613,55 @@ def _prepare_out_dir(out_dir: Path) -> None:
         raise PublishError(out_dir, exc, action="cannot create directory") from exc
 
 
-def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
-            topology_xml: str | None = None) -> PublishedFiles:
-    """Validate, render and publish one generation (nccl.sh, nccl.env, nccl.json and, when
-    ``topology_xml`` is given, ncclTopology.xml) into ``out_dir`` as one unit.
+def _own_files(final: Path, topology_xml: str | None, tuner: Tuner | None,
+               prov: Provenance) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
+    """The variables that name the generation's own files, and those files."""
+    own: dict[str, str] = {}
+    files: list[tuple[str, bytes]] = []
+    if topology_xml is not None:
+        own["NCCL_TOPO_FILE"] = str(final / TOPOLOGY_NAME)
+        files.append((TOPOLOGY_NAME, topology_xml.encode("utf-8")))
+    if tuner is not None:
+        own[TUNER_PLUGIN_VAR] = str(final / TUNER_PLUGIN_NAME)
+        own[TUNER_TABLE_VAR] = str(final / TUNER_TABLE_NAME)
+        if prov.tuning_fingerprint is not None:
+            own[TUNER_FINGERPRINT_VAR] = prov.tuning_fingerprint
+        files.append((TUNER_PLUGIN_NAME, tuner.plugin_bytes()))
+        files.append((TUNER_TABLE_NAME, tuner.table_text.encode("utf-8")))
+    return own, files
 
-    With ``topology_xml``, NCCL_TOPO_FILE in the published environment is the generation's own
-    copy, so a job keeps the file it started with while later generations are published.
-    See the module docstring for the layout, the lock and what a crash leaves.
+
+def _check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) -> None:
+    """The single-node part names no file and repeats no every-job variable (a launcher applies
+    it after the every-job part, so a repeat would silently change what every job gets).
+
+    Raises:
+        InputError: naming the variable (exit 78).
+    """
+    if JOB_NNODES_VAR in every_job:
+        raise InputError("environment", f"{JOB_NNODES_VAR}: says what shape a job has; only its launcher may set it")
+    for name in sorted(single_node):
+        if name in PATH_VARIABLES or name in (TUNER_FINGERPRINT_VAR, JOB_NNODES_VAR):
+            raise InputError("single-node environment", f"{name}: files, plugins and the job's shape belong to "
+                             "the part for every job")
+        if name in every_job:
+            raise InputError("single-node environment", f"{name}: also in the part for every job",
+                             hint="publish each variable in one part only")
+
+
+def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
+            topology_xml: str | None = None, single_node_env: Mapping[str, str] | None = None,
+            tuner: Tuner | None = None) -> PublishedFiles:
+    """Validate, render and publish one generation into ``out_dir`` as one unit: nccl.sh,
+    nccl.env (``env``: what fits every job on the node), nccl-single-node.sh/.env
+    (``single_node_env``: tuned values measured for single-node jobs only), nccl.json (both,
+    labelled) and, when given, ncclTopology.xml and the tuner's plugin and table.
+
+    With ``topology_xml``, NCCL_TOPO_FILE in the every-job part is the generation's own copy, so a
+    job keeps the file it started with while later generations are published; with ``tuner``,
+    NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE likewise name the generation's own plugin and table
+    and NCCLTUNE_TUNER_FINGERPRINT is ``prov.tuning_fingerprint``. Any other value of these
+    variables is refused. See the module docstring for the layout, the lock and what a crash leaves.
 
     Raises:
         InputError: a name or value is not publishable, or the directory may not be trusted
@@ -536,7 +672,14 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
     out_dir = Path(out_dir)
     env = dict(env)
     clean = validate_env(env)
+    single = validate_env(single_node_env or {}, source="single-node environment")
     _check_provenance(prov)
+    owned = {"NCCL_TOPO_FILE"} if topology_xml is not None else set()
+    if tuner is not None:
+        owned |= {TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR}
+    # What the generation's own files replace is not checked; every other path variable is.
+    check_path_variables({n: v for n, v in clean.items() if n not in owned})
+    _check_scopes(clean, single)
     _prepare_out_dir(out_dir)
     gen_dir = out_dir / GENERATIONS_DIR
     with _directory_lock(out_dir):
@@ -548,16 +691,14 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
         # a later publish reuse it.
         replace_file(counter, f"{generation}\n".encode(), 0o644)
         final = gen_dir / str(generation)
-        files: list[tuple[str, bytes]] = []
-        if topology_xml is not None:
-            clean = validate_env({**clean, "NCCL_TOPO_FILE": str(final / TOPOLOGY_NAME)})
-            files.append((TOPOLOGY_NAME, topology_xml.encode("utf-8")))
-        else:
-            check_path_variables(clean)
+        own, files = _own_files(final, topology_xml, tuner, prov)
+        clean = validate_env({**{n: v for n, v in clean.items() if n not in owned}, **own})
         files += [
-            (SH_NAME, render_sh(clean, prov, generation=generation).encode("utf-8")),
-            (ENV_NAME, render_env(clean, prov, generation=generation).encode("utf-8")),
-            (JSON_NAME, render_json(clean, prov, generation=generation).encode("utf-8")),
+            (SH_NAME, render_sh(clean, prov, generation=generation, scope=EVERY_JOB).encode("utf-8")),
+            (ENV_NAME, render_env(clean, prov, generation=generation, scope=EVERY_JOB).encode("utf-8")),
+            (SINGLE_SH_NAME, render_sh(single, prov, generation=generation, scope=SINGLE_NODE).encode("utf-8")),
+            (SINGLE_ENV_NAME, render_env(single, prov, generation=generation, scope=SINGLE_NODE).encode("utf-8")),
+            (JSON_NAME, render_json(clean, prov, generation=generation, single_node_env=single).encode("utf-8")),
         ]
         building = gen_dir / f".{generation}{TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -578,10 +719,14 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
         fsync_dir(out_dir)
         _prune(out_dir, KEEP_GENERATIONS, generation)
 
-    log.info("published generation %d (%d variables) into %s", generation, len(clean), out_dir)
+    log.info("published generation %d (%d variables for every job, %d for single-node jobs) into %s",
+             generation, len(clean), len(single), out_dir)
     return PublishedFiles(sh_path=out_dir / SH_NAME, env_path=out_dir / ENV_NAME, json_path=out_dir / JSON_NAME,
                           generation=generation,
-                          topology_path=final / TOPOLOGY_NAME if topology_xml is not None else None)
+                          topology_path=final / TOPOLOGY_NAME if topology_xml is not None else None,
+                          single_sh_path=out_dir / SINGLE_SH_NAME, single_env_path=out_dir / SINGLE_ENV_NAME,
+                          tuner_plugin_path=final / TUNER_PLUGIN_NAME if tuner is not None else None,
+                          tuner_table_path=final / TUNER_TABLE_NAME if tuner is not None else None)
 
 
 @dataclass(frozen=True)
@@ -590,9 +735,10 @@ class PublishedSet:
 
     directory: Path
     generation: int
-    env: dict[str, str]
+    env: dict[str, str]  # the part for every job
     provenance: dict[str, Any]
     texts: dict[str, str]
+    single_node_env: dict[str, str] = field(default_factory=dict)  # only for jobs known to be single-node
 
 
 def _read_trusted(path: Path, what: str) -> bytes:
@@ -617,7 +763,8 @@ def _read_trusted(path: Path, what: str) -> bytes:
     return data
 
 
-def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:
+def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str] | None]:
+    """(every-job env, provenance, single-node env or None for a set written before the parts)."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -641,7 +788,14 @@ def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, A
         raise InputError(where, "'env' must be an object of NAME: value")
     if not isinstance(prov, dict):
         raise InputError(where, "'provenance' must be an object")
-    return validate_env(env, source=where), prov
+    single = doc.get("single_node_env")
+    if single is not None and not isinstance(single, dict):
+        raise InputError(where, "'single_node_env' must be an object of NAME: value")
+    clean = validate_env(env, source=where)
+    single_clean = None if single is None else validate_env(single, source=f"{where}: single_node_env")
+    if single_clean is not None:
+        _check_scopes(clean, single_clean)
+    return clean, prov, single_clean
 
 
 _SH_LINE = re.compile(r"export ([A-Z0-9_]+)='([^']*)'")
@@ -723,7 +877,8 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         if number is None and exc.errno == errno.ENOENT:
             return None
         raise
-    env, prov = _parse_json_doc(raw, str(json_path))
+    env, prov, single = _parse_json_doc(raw, str(json_path))
+    _check_own_files(env, directory, number, str(json_path))
     generation = prov.get("generation")
     if isinstance(generation, bool) or not isinstance(generation, int):
         generation = None
@@ -731,8 +886,14 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         raise InputError(str(json_path), f"records generation {generation!r} but lies in generation {number}: "
                          "a mixed set", hint="re-run nccltune sweep")
     texts = {JSON_NAME: raw.decode("utf-8")}
-    for name, kind in ((SH_NAME, "sh"), (ENV_NAME, "env")):
+    parts = [(SH_NAME, "sh", env), (ENV_NAME, "env", env)]
+    if single is not None:
+        parts += [(SINGLE_SH_NAME, "sh", single), (SINGLE_ENV_NAME, "env", single)]
+    for name, kind, expected in parts:
         path = directory / name
+        if number is None and not expected and name in (SINGLE_SH_NAME, SINGLE_ENV_NAME) \
+                and not os.path.lexists(path):
+            continue  # copied as plain files without the (empty) single-node part
         try:
             text = _read_trusted(path, "published file").decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -741,11 +902,24 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         if file_generation != generation:
             raise InputError(str(path), f"is of generation {file_generation} but {json_path.name} of generation "
                              f"{generation}: a mixed set", hint="re-run nccltune sweep")
-        if found != env:
+        if found != expected:
             raise InputError(str(path), f"does not hold the variables of {json_path.name}: a mixed or edited set",
                              hint="re-run nccltune sweep")
         texts[name] = text
-    return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts)
+    return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts,
+                        single_node_env=single or {})
+
+
+def _check_own_files(env: Mapping[str, str], directory: Path, number: int | None, where: str) -> None:
+    """The tuner's plugin and table, when published, are files of this very generation.
+
+    Raises:
+        InputError: naming the variable (exit 78).
+    """
+    for name, file_name in ((TUNER_PLUGIN_VAR, TUNER_PLUGIN_NAME), (TUNER_TABLE_VAR, TUNER_TABLE_NAME)):
+        if name in env and (number is None or os.path.realpath(env[name]) != os.path.realpath(directory / file_name)):
+            raise InputError(where, f"{name}: {env[name]} is not the published generation's own {file_name}",
+                             hint="re-run nccltune sweep")
 
 
 def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
@@ -819,10 +993,15 @@ def _conf_keys(lines: list[bytes]) -> Iterator[tuple[int, str]]:
         yield index + 1, line.split(b"=", 1)[0].decode("utf-8", "replace")
 
 
+CONF_SCOPE_LINE = ("# scope: every_job: NCCL reads this file for every job and cannot know a job's shape, "
+                   "so only the part that fits every job is here; values measured for single-node jobs "
+                   f"are in {SINGLE_SH_NAME} and {SINGLE_ENV_NAME}")
+
+
 def _render_conf_block(env: dict[str, str], prov: Provenance) -> bytes:
     nccl = {name: value for name, value in env.items() if name.startswith("NCCL_")}
     skipped = [name for name in env if name not in nccl]
-    lines = [CONF_BEGIN, *_header_lines(prov, nccl_conf=True)]
+    lines = [CONF_BEGIN, *_header_lines(prov, nccl_conf=True), CONF_SCOPE_LINE]
     if skipped:
         # NCCL reads only NCCL_* through its conf file (ncclGetEnv); TORCH_NCCL_* is read by
         # PyTorch and NCCLTUNE_* by nccltune, both straight from the process environment.
@@ -879,6 +1058,10 @@ def _conf_target(path: Path) -> Path:
 
 def update_nccl_conf(path: Path, env: Mapping[str, str], prov: Provenance) -> None:
     """Write ``env``'s NCCL_* variables into the managed block of an NCCL conf file.
+
+    ``env`` is the part of a published set that fits every job (never the single-node part):
+    NCCL reads the conf file in every process and cannot know the job's shape. The block's header
+    says so.
 
     The block sits between ``CONF_BEGIN`` and ``CONF_END``; every byte outside it is kept. Without
     a block one is appended; a missing file is created (0644). The file keeps its mode (and owner,
@@ -953,13 +1136,14 @@ def remove_nccl_conf_block(path: Path) -> bool:
 
 # -- before the first trial ------------------------------------------------------------------
 
-# Variables that make NCCL load code or open a file by path. nccltune publishes none of them
-# except NCCL_TOPO_FILE, and that one only as the topology file it wrote into the generation
-# itself (publish(..., topology_xml=...)) or as a file root could trust (see module docstring).
+# Variables that make NCCL (or nccltune's tuner plugin) load code or open a file by path.
+# nccltune publishes none of them except as files it wrote into the generation itself:
+# NCCL_TOPO_FILE (publish(..., topology_xml=...), or a file root could trust, see the module
+# docstring), NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE (publish(..., tuner=...)).
 PATH_VARIABLES = frozenset({
     "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_RAS_PLUGIN",
     "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_CONF_FILE", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
-    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE",
+    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE", "NCCLTUNE_TUNER_TABLE",
 })
 
 

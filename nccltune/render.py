@@ -12,12 +12,13 @@ and follows two rules there, so that a consumer parses one shape:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .collectives import COLLECTIVES
 from .names import DEMO_LABEL, format_size
+from .publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from .records import Measurement, ReportRow
 from .store import RunRecord, TrialRecord
 from .sweep.select import key_label
@@ -412,6 +413,35 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
     return "\n".join(lines)
 
 
+def scopes_doc() -> dict[str, dict[str, Any]]:
+    """Which jobs get which part of a published set, and the files that carry it."""
+    return {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label])}
+            for label in (EVERY_JOB, SINGLE_NODE)}
+
+
+def scopes_text(every_job: Mapping[str, str], single_node: Mapping[str, str]) -> list[str]:
+    """Both parts of a published set, each under the jobs that get it."""
+    lines = []
+    for label, part in ((EVERY_JOB, every_job), (SINGLE_NODE, single_node)):
+        files = ", ".join(SCOPE_FILES[label])
+        name = "Every-job part" if label == EVERY_JOB else "Single-node part"
+        lines.append(f"  {name} ({files}), for {SCOPE_APPLIES_TO[label]}:")
+        lines.extend(f"    {name}={value}" for name, value in sorted(part.items()))
+        if not part:
+            lines.append("    (nothing)")
+    return lines
+
+
+def single_node_comment(single_node: Mapping[str, str], nnodes: int | None) -> str:
+    """The single-node part as comments, for `nccltune env` of a job that is not known to be
+    single-node: shown, never applied."""
+    why = "the job does not say how many nodes it spans" if nnodes is None else f"the job spans {nnodes} nodes"
+    lines = [f"# Not applied ({why}): measured for {SCOPE_APPLIES_TO[SINGLE_NODE]};",
+             "# `nccltune env --nnodes 1` prints them as assignments:"]
+    lines.extend(f"#   {name}={value}" for name, value in sorted(single_node.items()))
+    return "\n".join(lines) + "\n"
+
+
 def failed_trials(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     """The trials that did not end ok: `code` is the trial's status (timeout, crashed, ...), stable
     for automation; `reason` is the prose."""
@@ -437,12 +467,17 @@ def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[s
         "failed_trials": failed_trials(trials),
         "wall_s": report.wall_s,
         "chosen": report.chosen_label,
-        "published_env": report.chosen_env,
+        # The every-job part (nccl.sh, nccl.env), as before; the single-node part beside it.
+        "published_env": report.every_job_env,
+        "single_node_env": report.single_node_env,
+        "scopes": scopes_doc(),
         "summary": report.summary,
         "sizes": [report_row(r) for r in report.rows],
         "collectives": list(report.collectives),
         "not_measured": dict(report.not_measured),
         "published": {"sh": str(pub.sh_path), "env": str(pub.env_path), "json": str(pub.json_path),
+                      "single_node_sh": str(pub.single_sh_path) if pub.single_sh_path else None,
+                      "single_node_env": str(pub.single_env_path) if pub.single_env_path else None,
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
         "pruned": pruned_list(report.plan),
         "tuner_table": _table_doc(report),
@@ -569,10 +604,13 @@ def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
     what = ("all-reduce, float32 sum" if list(report.collectives) == ["all_reduce"]
             else f"{', '.join(report.collectives)}; float32, sum for the reductions")
-    lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
-                 f"({what}, {report.method or 'no trial measured'})")
-    lines.append("")
-    lines.extend(rows_text(report.rows, trials, report.chosen_label, report.not_measured))
+    if report.trials or report.rows:
+        lines.append(f"{report.trials} trials{failed} in {_fmt_s(report.wall_s)}; busbw medians "
+                     f"({what}, {report.method or 'no trial measured'})")
+        lines.append("")
+        lines.extend(rows_text(report.rows, trials, report.chosen_label, report.not_measured))
+    else:
+        lines.append(f"No trial in {_fmt_s(report.wall_s)}.")
     lines.append("")
     for label, reason in report.failed_trials:
         lines.append(f"Failed: {label}: {reason}")
@@ -580,14 +618,12 @@ def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
     if report.published:
         p = report.published
         lines.append(f"Published (generation {p.generation}): {p.sh_path}, {p.env_path}, {p.json_path}")
-        for name, value in sorted(report.chosen_env.items()):
-            lines.append(f"  {name}={value}")
+        lines.extend(scopes_text(report.every_job_env, report.single_node_env))
     if report.table is not None:
         lines.extend(table_lines(report.table))
         if report.published_table:
-            lines.append("  published with the environment above: "
-                         + " ".join(f"{k}={v}" for k, v in sorted(report.published_table.items())
-                                    if k.startswith(("NCCL_", "NCCLTUNE_"))))
+            lines.append(f"  published with generation {report.published_table.get('generation')}: the plugin and "
+                         "the table (files of the generation, for every job)")
     elif report.plan.per_size is not None and not report.plan.per_size.active:
         lines.append(report.plan.per_size.inactive_text)
     if report.demo:

@@ -70,8 +70,8 @@ def tuner_env(plugin: Path, table: Path, fingerprint: str) -> dict[str, str]:
 class TablePublication:
     """What the per-size stage asks to publish.
 
-    every_job_env names the plugin and table as they lie in the run's directory; the publish stage
-    rewrites the two paths to the published copies (see pipeline._Sweep._publish_table)."""
+    every_job_env names the plugin and table as they lie in the run's directory (as the final check
+    ran them); publish() writes the generation's own copies and names those (pipeline._Sweep._publish)."""
 
     table_text: str
     plugin_path: Path
@@ -249,28 +249,6 @@ class TableStage:
         ranked = [s for s in result.screened if s[2] is not None and s[2] > 0 and s[0] != self.common]
         best = max(ranked, key=lambda s: s[2] or 0.0, default=None)
         return dict(best[0]) if best else dict(self.common)
-
-
-def publish_table_files(publish_dir: Path, env: Mapping[str, str],
-                        pub: TablePublication) -> tuple[dict[str, str], dict[str, str]]:
-    """The table's part of the publish stage, until the published generation set carries it.
-
-    Copies the table and the plugin next to the published files, under names holding the tuning
-    fingerprint (so they collide neither with the published set nor with another tuning's copies),
-    and returns (the environment to publish, what was done). The environment is `env` with the
-    every-job variables pointing at those copies, and without the single-node part
-    (pub.single_node_env), which is not published to every job: it is reported back instead, until
-    published files have a scope."""
-    out = {k: v for k, v in env.items() if k not in pub.every_job_env and k not in pub.single_node_env}
-    publish_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    table = publish_dir / f"nccltune-tuner-table-{pub.fingerprint}.txt"
-    plugin = publish_dir / f"libnccl-tuner-nccltune-{pub.fingerprint}.so"
-    atomic_write(plugin, pub.plugin_path.read_bytes(), mode=0o755)
-    atomic_write(table, pub.table_text)
-    every_job = tuner_env(plugin, table, pub.fingerprint)
-    done = {**every_job, "single_node_env_not_published": " ".join(
-        f"{k}={v}" for k, v in sorted(pub.single_node_env.items()))}
-    return {**out, **every_job}, done
 
 
 # NCCL's log names (any case) -> the table's spelling.

@@ -1,6 +1,7 @@
 """`nccltune topo check XML`: does NCCL really load this topology file?
 
-Runs a small all-reduce over all local GPUs with NCCL_TOPO_FILE=XML, NCCL's INFO log on and
+Runs a small all-reduce over all local GPUs (one rank per GPU; one rank on a one-GPU node, where
+NCCL loads the topology file all the same) with NCCL_TOPO_FILE=XML, NCCL's INFO log on and
 NCCL_TOPO_DUMP_FILE set, then reports: whether NCCL opened and loaded the file, any WARN or
 "missing or faulty information" hints, the transports and graph NCCL chose, whether the result
 was correct, and how NCCL's own re-dump differs from the file. NCCL treats an unreadable file
@@ -48,6 +49,7 @@ class TopoCheck:
     dump_diff: TopoDiff | None
     log_dir: str | None
     notes: list[str] = field(default_factory=list)
+    nranks: int = 2
 
 
 def verdict_of(log: NcclLog, result: TrialResult) -> tuple[bool, str]:
@@ -69,21 +71,26 @@ def verdict_of(log: NcclLog, result: TrialResult) -> tuple[bool, str]:
     return True, "NCCL loaded the file and the all-reduce was correct"
 
 
+ONE_RANK_NOTE = ("one GPU: NCCL ran with one rank; it loads the topology file for one rank too, and a "
+                 "one-rank all-reduce moves nothing between GPUs (bus bandwidth 0)")
+
+
 def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: float = 180.0,
-                        keep_dump: Path | None = None, env: dict[str, str] | None = None) -> TopoCheck:
-    """Raises: InputError when the file is not valid for NCCL's parser (checked before running);
+                        keep_dump: Path | None = None, env: dict[str, str] | None = None,
+                        gpu_count: int | None = None) -> TopoCheck:
+    """One rank per GPU (``gpu_count``, else as many as NVML sees; one on a one-GPU node).
+
+    Raises: InputError when the file is not valid for NCCL's parser (checked before running);
     UnavailableError when there are no GPUs or no worker interpreter."""
     ours = load_xml(xml)  # our own dialect check first: a clear message beats an NCCL crash
-    nvml = read_nvml()
-    if len(nvml.gpus) < 1:
+    nranks = len(read_nvml().gpus) if gpu_count is None else gpu_count
+    if nranks < 1:
         raise UnavailableError("no GPU to run NCCL on")
     work = Path(tempfile.mkdtemp(prefix="nccltune-topocheck-"))
     dump = keep_dump or (work / "nccl-redump.xml")
     base = dict(os.environ if env is None else env)
     base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": str(dump.resolve())})
-    if len(nvml.gpus) < 2:
-        raise UnavailableError("topo check needs at least two GPUs for an all-reduce")
-    runner = Runner(python=find_worker_python(python), backend="nccl", nranks=len(nvml.gpus),
+    runner = Runner(python=find_worker_python(python), backend="nccl", nranks=nranks,
                     base_env=base, work_dir=work, timeout_s=timeout_s)
     result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
     text = "".join(p.read_text(errors="replace") for p in sorted(Path(result.log_dir or work).glob("nccl.*.log")))
@@ -106,7 +113,9 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
         algo_proto={str(size): c.label for size, c in choices_by_size(log).items()},
         correct=correct, busbw_gbps={s.size_bytes: s.busbw_gbps for s in result.sizes},
         trial_status=result.status, trial_reason=result.reason, nccl_version=log.version,
-        dump=str(dump) if dump.exists() else None, dump_diff=dump_diff, log_dir=result.log_dir)
+        dump=str(dump) if dump.exists() else None, dump_diff=dump_diff, log_dir=result.log_dir, nranks=nranks)
+    if nranks == 1:
+        check.notes.append(ONE_RANK_NOTE)
     if check.hints:
         check.notes.append("NCCL found missing or faulty information in the file (see hints)")
     if dump_diff is not None and not dump_diff.same:

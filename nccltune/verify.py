@@ -27,9 +27,9 @@ from .config import Config, SweepConfig
 from .errors import BusyError, CheckFailed, UsageError
 from .lock import SweepLock
 from .names import format_size
-from .node import Node, busy_gpus, load_node, size_ladder
+from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
 from .planning import check_profile, workload
-from .publish import read_published
+from .publish import job_env, read_set
 from .store import Store
 from .sweep.select import Key, d2, key_label, t_quantile
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
@@ -107,6 +107,9 @@ def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCoun
         bound_d = _bound_log(noise_pct, counts.noise_runs, counts.noise_runs, logs) or 0.0
         allowed = max(allowed, 100.0 * (1.0 - defaults_gbps / expected_gbps * math.exp(-bound_d)))
     return allowed
+
+# What verify says on a node with one GPU, where a sweep measured nothing (exit 0).
+NOTHING_TO_VERIFY = f"{ONE_GPU}: nothing to verify (a sweep there publishes only what fits every job)"
 
 
 @dataclass
@@ -220,11 +223,12 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     env: dict[str, str] = {}
     source = "current environment"
     if not use_current:
-        got = read_published(cfg.publish_dir)
+        got = read_set(cfg.publish_dir)
         if got is None:
             raise CheckFailed(f"nothing is published in {cfg.publish_dir}",
                               hint="run `nccltune sweep`, or pass --current to check the calling environment")
-        env, _prov = got
+        # Verify runs a job on this one node: it gets both parts, as such a job does.
+        env = job_env(got, nnodes=1)
         source = f"published in {cfg.publish_dir}"
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)

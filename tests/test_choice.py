@@ -43,3 +43,31 @@ def test_rows_compare_the_defaults_with_the_chosen_setting() -> None:
     ]
     # Nothing chosen: the defaults on both sides.
     assert report_rows(result, None, choices)[0] == ReportRow(1024, 1.0, 2.0, 5.0, 2.0, 1.0, "RING/LL", "RING/LL")
+
+
+def test_the_choice_splits_into_what_fits_every_job_and_what_was_tuned_on_this_node() -> None:
+    from pathlib import Path
+
+    from nccltune.choice import choose
+    from nccltune.sweep.plan import build_plan
+    from nccltune.topology.model import from_snapshot
+    from nccltune.topology.paths import compute_paths
+    from nccltune.topology.snapshot import load_snapshot
+    from nccltune.topology.source import bundled_topologies_dir
+
+    topo = from_snapshot(load_snapshot(bundled_topologies_dir() / "h200x2-nvswitch-vm.json"))
+    plan = build_plan(topo, compute_paths(topo), env={"NCCL_DEBUG": "WARN"}, config_pins={"NCCL_IB_HCA": "^mlx5_2"},
+                      unpin=[], variables={}, exclude=[], policy={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
+                      sizes=[1024], backend="nccl", nranks=2)
+    tuned = {"NCCL_MIN_NCHANNELS": "32", "NCCL_TOPO_FILE": "/run/0001/ncclTopology.xml"}
+    chosen = Finalist(env=tuned, label="NCCL_MIN_NCHANNELS=32", stats={1024: SizeStats(1024, 3.0, 3.0, 3.0, 2)})
+    result = SearchResult(baseline_runs=[], baseline={1024: SizeStats(1024, 2.0, 2.0, 2.0, 3)}, screened=[],
+                          finalists=[chosen], chosen=chosen, topo_only=None, weights={1024: 1.0}, notes=[])
+    got = choose(result, plan, Path("/var/lib/nccltune/ncclTopology.xml"), [], demo=False)
+    assert got.every_job_env == {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml",
+                                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_IB_HCA": "^mlx5_2"}
+    assert got.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
+    assert got.env == {**got.every_job_env, **got.single_node_env}
+    assert got.uses_topology_file
+    # The calling environment's pin is not the operator's: it is not published at all.
+    assert "NCCL_DEBUG" not in got.env

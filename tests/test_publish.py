@@ -332,9 +332,11 @@ def test_publish_writes_three_files_0644_and_increments_generation(tmp_path: Pat
     out = tmp_path / "state"
     first = publish(out, ENV, make_prov())
     assert first.generation == 1
-    assert sorted(p.name for p in out.iterdir()) == ["current", "generations", "nccl.env", "nccl.json", "nccl.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["current", "generations", "nccl-single-node.env",
+                                                     "nccl-single-node.sh", "nccl.env", "nccl.json", "nccl.sh"]
     assert os.readlink(out / "current") == "generations/1"
-    for path in (first.sh_path, first.env_path, first.json_path):
+    assert first.single_sh_path is not None and first.single_env_path is not None
+    for path in (first.sh_path, first.env_path, first.json_path, first.single_sh_path, first.single_env_path):
         assert os.readlink(path) == f"current/{path.name}"
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert stat.S_IMODE((out / "generations" / "1").stat().st_mode) == 0o755

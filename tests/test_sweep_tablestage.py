@@ -167,9 +167,8 @@ def test_demo_sweep_end_to_end_shows_the_table_not_measured_with_nccl(tmp_path: 
     assert "NCCL_TUNER_PLUGIN" not in published and "NCCLTUNE_TUNER" not in published
 
 
-def test_the_publish_stage_copies_the_table_and_plugin_and_keeps_the_single_node_part_out(tmp_path: Path) -> None:
-    from nccltune.publish import validate_env
-    from nccltune.tablestage import TablePublication, publish_table_files, tuner_env
+def test_the_table_and_plugin_are_published_in_the_set_and_the_single_node_part_apart(tmp_path: Path) -> None:
+    from nccltune.publish import Provenance, Tuner, publish, read_set
     from nccltune.tuner.build import build_plugin
     from nccltune.tuner.table import TableEntry, TunerTable, render_table
 
@@ -178,26 +177,21 @@ def test_the_publish_stage_copies_the_table_and_plugin_and_keeps_the_single_node
     built = build_plugin(run_dir)
     assert built.ok and built.path is not None, built.message
     text = render_table(TunerTable(fp, (TableEntry("allreduce", 0, 1 << 20, 1, 2, 2, "ring", "ll", 0),)))
-    (run_dir / "tuner-table.txt").write_text(text)
-    every_job = tuner_env(built.path, run_dir / "tuner-table.txt", fp)
-    pub = TablePublication(text, built.path, fp, every_job, {"NCCL_MIN_NCHANNELS": "32"})
-    chosen = {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml", "NCCL_MIN_NCHANNELS": "32", **every_job}
+    prov = Provenance(nccltune_version="0", created_at="2026-12-01T00:00:00+00:00", topology_fingerprint="t",
+                      nccl_version=None, backend="nccl", demo=False, profile="balanced", tuning_fingerprint=fp)
     publish_dir = tmp_path / "published"
-    env, done = publish_table_files(publish_dir, chosen, pub)
-    assert "NCCL_MIN_NCHANNELS" not in env  # single-node only: not in what every job sources
-    assert done["single_node_env_not_published"] == "NCCL_MIN_NCHANNELS=32"
-    assert env["NCCL_TOPO_FILE"] == chosen["NCCL_TOPO_FILE"]
-    assert env["NCCLTUNE_TUNER_FINGERPRINT"] == fp
-    table_copy, plugin_copy = Path(env["NCCLTUNE_TUNER_TABLE"]), Path(env["NCCL_TUNER_PLUGIN"])
-    assert table_copy.parent == plugin_copy.parent == publish_dir
-    assert fp in table_copy.name and fp in plugin_copy.name
-    assert table_copy.name not in ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
-    assert table_copy.read_text() == text
-    assert plugin_copy.read_bytes() == built.path.read_bytes()
+    published = publish(publish_dir, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov,
+                        single_node_env={"NCCL_MIN_NCHANNELS": "32"}, tuner=Tuner(built.path, text))
+    got = read_set(publish_dir)
+    assert got is not None
+    generation = publish_dir / "generations" / str(published.generation)
+    table_copy, plugin_copy = Path(got.env["NCCLTUNE_TUNER_TABLE"]), Path(got.env["NCCL_TUNER_PLUGIN"])
+    assert table_copy.parent == plugin_copy.parent == generation  # files of the generation itself
+    assert got.env["NCCLTUNE_TUNER_FINGERPRINT"] == fp
+    assert "NCCL_MIN_NCHANNELS" not in got.env  # single-node only: not in what every job sources
+    assert got.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
+    assert table_copy.read_text() == text and plugin_copy.read_bytes() == built.path.read_bytes()
     assert parse_table(table_copy.read_text(), str(table_copy)).fingerprint == fp
-    assert validate_env(env) == dict(sorted(env.items()))  # publishable as it is
-
-
 def test_nccltunes_own_published_tuner_is_neither_foreign_nor_a_pin() -> None:
     own = {**ENV, "NCCL_TUNER_PLUGIN": "/var/lib/nccltune/libnccl-tuner-nccltune-0123456789abcdef.so",
            "NCCLTUNE_TUNER_TABLE": "/var/lib/nccltune/nccltune-tuner-table-0123456789abcdef.txt",

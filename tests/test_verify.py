@@ -83,7 +83,9 @@ def test_verify_after_a_sweep_passes_with_rows_and_is_recorded(config: Path, sta
     assert doc["passed"] is True and doc["reason"] == "bus bandwidth as expected"
     assert doc["demo"] is True and "CPU DEMO" in doc["label"]
     assert doc["env_source"] == f"published in {state}"
-    assert doc["env"] == json.loads((state / "nccl.json").read_text())["env"]
+    # Verify runs a job on this node: the every-job part and the single-node part.
+    published = json.loads((state / "nccl.json").read_text())
+    assert doc["env"] == {**published["env"], **published["single_node_env"]}
     rows = doc["sizes"]
     assert [r["size_bytes"] for r in rows] == list(DEMO_VERIFY_SIZES)
     assert all(r["measured_gbps"] > 0 and r["expected_gbps"] > 0 and r["ok"] for r in rows)
@@ -131,7 +133,7 @@ def test_verify_with_nothing_published_exits_1_and_says_to_sweep(config: Path, t
 def test_verify_without_a_sweep_in_history_exits_1_with_a_hint(config: Path, seeded: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    for name in ("nccl.sh", "nccl.env", "nccl.json"):
+    for name in ("nccl.sh", "nccl.env", "nccl.json", "nccl-single-node.sh", "nccl-single-node.env"):
         shutil.copy(seeded / name, state / name)
     rc, _doc, err = verify_json(config, state)
     assert rc == 1

@@ -6,6 +6,8 @@ transition functions below as polls, sweeps and verifications happen. Nothing he
 clock, a file or the GPUs, so every rule can be checked by a table of (state, time) -> decision.
 
 Rules, in order:
+- On a node with one GPU nothing is ever swept or verified (there is no collective between GPUs
+  to measure): the daemon only waits, watches and serves its metrics.
 - Before the first poll: with daemon.sweep_on_start and a sweep pending, poll at once
   (the first poll still looks at the GPUs); otherwise wait one poll interval.
 - A pending sweep starts unless the node is degraded, the GPUs are in use, they were in use
@@ -23,6 +25,7 @@ import enum
 from dataclasses import dataclass, replace
 
 _DAY_S = 86400.0
+ONE_GPU_WAIT = "one GPU: no collective between GPUs to measure; nothing to sweep or verify"
 
 
 class Action(enum.Enum):
@@ -76,6 +79,7 @@ class State:
     polls: int = 0
     swept_this_poll: bool = False
     verified_this_poll: bool = False
+    one_gpu: bool = False  # the node's sweep would have one rank: nothing to measure
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -119,6 +123,8 @@ def blocked(state: State, policy: Policy, now: Now) -> tuple[str, float | None] 
 
 def first_wait(state: State, policy: Policy) -> Decision:
     """The pause before the first poll."""
+    if state.one_gpu:
+        return Decision(Action.WAIT, ONE_GPU_WAIT, policy.poll_interval_s)
     if policy.sweep_on_start and state.sweep_pending is not None:
         return Decision(Action.WAIT, f"sweep_on_start: {state.sweep_pending}", 0.0)
     return Decision(Action.WAIT, "poll interval", policy.poll_interval_s)
@@ -126,6 +132,8 @@ def first_wait(state: State, policy: Policy) -> Decision:
 
 def decide(state: State, policy: Policy, now: Now) -> Decision:
     """What to do after a poll (and after each sweep or verification of that poll)."""
+    if state.one_gpu:
+        return Decision(Action.WAIT, ONE_GPU_WAIT, policy.poll_interval_s)
     block = blocked(state, policy, now)
     wait_s = policy.poll_interval_s
     if block is not None and block[1] is not None:
@@ -159,6 +167,11 @@ def polled(state: State) -> State:
 def gpus_seen(state: State, busy: bool, now_s: float) -> State:
     """The GPUs were looked at: busy (a compute process other than the daemon's own) or not."""
     return replace(state, busy=busy, last_busy_s=now_s if busy else state.last_busy_s)
+
+
+def ranks_counted(state: State, nranks: int) -> State:
+    """The node was (re)loaded: with fewer than two ranks there is nothing to sweep or verify."""
+    return replace(state, one_gpu=nranks < 2)
 
 
 def node_readable(state: State, readable: bool) -> State:

@@ -135,6 +135,8 @@ class Daemon:
         self.status_text = text
 
     def _idle_status(self) -> str:
+        if self.state.one_gpu:
+            return f"idle, {scheduler.ONE_GPU_WAIT}"
         if self.state.sweep_pending:
             return f"idle, sweep pending ({self.state.sweep_pending})"
         return "idle"
@@ -260,6 +262,11 @@ class Daemon:
             why = "NCCL, nccltune or the sweep settings changed since the published tuning"
         elif published.state == "safe":
             why = "only a safe environment is published"
+        if why is not None and self.state.one_gpu:
+            # No sweep will come: what fits every job (topology file, policy) is all there is.
+            if not published.exists or published.unreadable is not None:
+                self.republish_safe(f"{scheduler.ONE_GPU_WAIT}: {why}")
+            return
         if why is not None:
             self.state = scheduler.sweep_needed(self.state, why)
 
@@ -427,6 +434,7 @@ class Daemon:
 
     def _update_node_metrics(self) -> None:
         node = self.watcher.node
+        self.state = scheduler.ranks_counted(self.state, node.nranks)
         self.metrics.fingerprint = node.fingerprint
         self.metrics.gpus = len(node.topo.gpus)
         self.metrics.driver_version = node.topo.driver_version
@@ -437,7 +445,7 @@ class Daemon:
         for state in ("starting", "sweeping", "verifying", "stopping", "degraded"):
             if text.startswith(state):
                 return state
-        return "sweep_pending" if self.state.sweep_pending else "idle"
+        return "sweep_pending" if self.state.sweep_pending and not self.state.one_gpu else "idle"
 
     def write_metrics(self) -> None:
         if not self.watcher.started:

@@ -1,0 +1,167 @@
+"""A node with one GPU (the recording of a 1x H200 VM, tests/fixtures/h200x1-vm.json: `nccltune
+topo record` there, with a description added) through
+`topology.snapshot`, the same non-demo (NCCL) path a real node takes: the sweep publishes what fits
+every job without a trial, --plan and verify say there is nothing to measure, the daemon stays up
+and never schedules a sweep or verify, and `topo check` runs NCCL with one rank."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from demo_state import BASE_CONFIG
+
+from nccltune.cli import main
+from nccltune.config import load_config
+from nccltune.daemon import Daemon, DaemonOptions, actions, scheduler
+from nccltune.daemon.actions import NcclInfo
+from nccltune.node import load_node
+from nccltune.publish import read_set
+from nccltune.sdnotify import Notifier
+from nccltune.store import Store
+from nccltune.topocheck import ONE_RANK_NOTE, check_topology_file
+from nccltune.topology.ncclxml import render_xml
+
+pytest.importorskip("torch")
+
+H200X1 = Path(__file__).parent / "fixtures" / "h200x1-vm.json"
+MESSAGE = "one GPU: no collective between GPUs to measure; published what fits every job"
+
+
+def config(tmp_path: Path, **extra: object) -> Path:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"topology": {"snapshot": str(H200X1)}, **extra}))
+    return path
+
+
+def cli(*args: str | Path) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
+    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_the_recording_loads_as_a_node_of_one_rank(tmp_path: Path) -> None:
+    node = load_node(load_config(config(tmp_path), required=True), None)
+    assert (len(node.topo.gpus), node.nranks, node.measurable, node.demo) == (1, 1, False, False)
+
+
+def test_sweep_publishes_what_fits_every_job_and_exits_0(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    rc, out, err = cli("sweep", "--config", config(tmp_path, sweep={"pin": {"NCCL_IB_HCA": "^mlx5_2"}}),
+                       "--state-dir", state)
+    assert rc == 0, err
+    assert MESSAGE in out and "No trial" in out
+    assert "Every-job part" in out and "Single-node part" in out
+    got = read_set(state)
+    assert got is not None
+    topo = state / "generations" / "1" / "ncclTopology.xml"
+    assert got.env == {"NCCL_TOPO_FILE": str(topo), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+                       "NCCL_IB_HCA": "^mlx5_2"}
+    assert got.single_node_env == {}
+    node = load_node(load_config(config(tmp_path), required=True), None)
+    assert topo.read_text() == render_xml(node.topo.system)
+    assert got.provenance["note"] == MESSAGE
+    with Store(state / "history.db") as store:
+        runs = store.runs()
+    assert [(r.kind, r.status) for r in runs] == [("sweep", "ok")]
+    assert runs[0].summary["trials"] == 0 and runs[0].published_generation == 1
+
+
+def test_sweep_json_shows_both_parts(tmp_path: Path) -> None:
+    rc, out, err = cli("sweep", "--json", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["summary"] == MESSAGE and doc["trials"] == 0 and doc["sizes"] == []
+    assert set(doc["published_env"]) == {"NCCL_TOPO_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+    assert doc["single_node_env"] == {}
+    assert set(doc["scopes"]) == {"every_job", "single_node"}
+
+
+def test_plan_says_nothing_is_measured(tmp_path: Path) -> None:
+    rc, out, err = cli("sweep", "--plan", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
+    assert rc == 0, err
+    assert out.startswith(MESSAGE) and "runs no trial" in out
+    rc, out, err = cli("sweep", "--plan", "--json", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
+    assert rc == 0, err
+    assert json.loads(out)["trials"] == 0 and json.loads(out)["reason"] == MESSAGE
+    assert not (tmp_path / "state" / "nccl.sh").exists()
+
+
+def test_verify_says_there_is_nothing_to_verify(tmp_path: Path) -> None:
+    rc, out, err = cli("verify", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
+    assert (rc, out.strip()) == (0, "one GPU: no collective between GPUs to measure: nothing to verify "
+                                    "(a sweep there publishes only what fits every job)"), err
+    rc, out, _err = cli("verify", "--json", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
+    assert rc == 0 and json.loads(out)["measured"] is False
+    assert not (tmp_path / "state" / "history.db").exists()
+
+
+# -- the daemon -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    # topology.snapshot stands in for NVML for the node and for the GPUs' users, as on a GPU node.
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({**BASE_CONFIG, "topology": {"snapshot": str(H200X1)}}))
+    opts = DaemonOptions(config_path=cfg, overrides={"state_dir": str(tmp_path / "state")}, demo=None)
+    d = Daemon(opts, notifier=Notifier(env={}), clock=lambda: 1000.0, wall_clock=dt.datetime.now,
+               node_loader=actions.read_node, nccl_probe=lambda c, python: NcclInfo(version="2.28.9"))
+    d.start()
+    yield d
+    d.close()
+
+
+def test_the_daemon_stays_up_publishes_what_fits_every_job_and_never_sweeps(daemon: Daemon,
+                                                                            tmp_path: Path) -> None:
+    assert daemon.state.one_gpu
+    decision = daemon.decide()
+    assert (decision.action, decision.reason) == (scheduler.Action.WAIT, scheduler.ONE_GPU_WAIT)
+    got = read_set(tmp_path / "state")
+    assert got is not None and "NCCL_TOPO_FILE" in got.env and got.single_node_env == {}
+    daemon.poll()
+    assert daemon.act().action is scheduler.Action.WAIT
+    assert daemon.status_text == f"idle, {scheduler.ONE_GPU_WAIT}"
+    with Store(tmp_path / "state" / "history.db") as store:
+        assert store.runs() == []
+
+
+def test_the_scheduler_neither_sweeps_nor_verifies_with_one_gpu() -> None:
+    policy = scheduler.Policy(poll_interval_s=60, quiet_period_s=0, verify_interval_s=10, sweep_on_start=True)
+    now = scheduler.Now(monotonic_s=1e6, local_time=dt.time(12))
+    two = scheduler.State(last_verify_s=0.0, sweep_pending="nothing is published yet")
+    assert scheduler.decide(two, policy, now).action is scheduler.Action.SWEEP
+    one = scheduler.ranks_counted(two, 1)
+    assert scheduler.decide(one, policy, now) == scheduler.Decision(scheduler.Action.WAIT, scheduler.ONE_GPU_WAIT,
+                                                                    60)
+    assert scheduler.first_wait(one, policy).wait_s == 60
+    due = scheduler.ranks_counted(scheduler.State(last_verify_s=0.0, verify_due=True), 1)
+    assert scheduler.decide(due, policy, now).action is scheduler.Action.WAIT
+    assert scheduler.decide(scheduler.ranks_counted(one, 2), policy, now).action is scheduler.Action.SWEEP
+
+
+# -- topo check -----------------------------------------------------------------------------------
+
+
+def test_topo_check_runs_nccl_with_one_rank(tmp_path: Path) -> None:
+    node = load_node(load_config(config(tmp_path), required=True), None)
+    xml = tmp_path / "t.xml"
+    xml.write_text(render_xml(node.topo.system))
+    # Without a GPU here NCCL cannot start, but the check is no longer refused: it runs one rank
+    # and reports what happened as it does for two.
+    check = check_topology_file(xml, gpu_count=1, timeout_s=120)
+    assert check.nranks == 1
+    assert ONE_RANK_NOTE in check.notes
+    assert check.trial_status in {"ok", "crashed", "error", "timeout"}
+    assert check.verdict
