@@ -166,6 +166,9 @@ class TableStage:
         out = TableOutcome("active", choice, table, text, table_path, spans(choice), default_channels=default_channels,
                            notes=list(choice.notes))
         env_part = self._env_part(result)
+        if self.cfg.sweep.finalist_repeats < 2:
+            out.notes.append(f"sweep.finalist_repeats is {self.cfg.sweep.finalist_repeats}: the final check cannot "
+                             "show a gain beyond noise with one run, so only NCCL's defaults can be published")
         if self.demo:
             out.status = DEMO_STATUS
             out.notes.append("the table is computed from gloo trials and never loaded: nothing from it is "

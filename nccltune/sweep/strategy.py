@@ -122,7 +122,8 @@ class Search:
 
             raise UsageError(f"the exhaustive grid has {self.grid_points()} points (more than "
                              f"{self.s.max_grid}); narrow sweep.variables or use the staged strategy")
-        if self.s.finalist_repeats < 2:
+        # 0 finalist repeats: a final check elsewhere (the per-size stage) takes the finalist round.
+        if 0 < self.s.finalist_repeats < 2:
             self._note(f"sweep.finalist_repeats is {self.s.finalist_repeats}: 1 finalist sample cannot show a gain "
                        "beyond noise, so only NCCL's defaults (or them with the topology file) can be published")
         base_runs: list[dict[Key, float]] = []
