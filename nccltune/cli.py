@@ -852,7 +852,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     with _history(args) as store:
         runs = [store.run(args.run)] if args.run is not None else store.runs(limit=1, kind="sweep")
         run = runs[0] if runs else None
-        if run is None or not run.rows:
+        # A sweep's rows are a table of the store; a verification keeps its own in its summary.
+        if run is None or not (run.rows if run.kind == "sweep" else (run.summary or {}).get("rows")):
             raise CheckFailed("no finished sweep to report on")
         trials = store.trials(run.id)
     if run.kind == "verify":

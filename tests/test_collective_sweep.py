@@ -84,7 +84,7 @@ def test_report_history_and_plot_name_the_collective(every_collective_sweep: Dem
 
 def test_verify_checks_every_collective_of_the_profile(every_collective_sweep: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(every_collective_sweep.state, state)
+    shutil.copytree(every_collective_sweep.state, state, symlinks=True)
     got = subprocess.run(
         [sys.executable, "-m", "nccltune", "verify", "--demo", "--json", "--threshold", "90",
          "--config", str(every_collective_sweep.config), "--state-dir", str(state)],

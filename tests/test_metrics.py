@@ -439,7 +439,7 @@ def test_one_shot_sweep_and_verify_write_the_textfile(tmp_path_factory: pytest.T
     from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, seeded_state
 
     state = tmp_path / "state"
-    shutil.copytree(seeded_state(tmp_path_factory), state)
+    shutil.copytree(seeded_state(tmp_path_factory), state, symlinks=True)
     # The seeded state comes from `nccltune sweep` with publish.metrics_dir set.
     after_sweep = (state / "metrics" / FILENAME).read_text()
     s = samples(after_sweep)

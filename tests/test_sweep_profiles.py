@@ -187,11 +187,11 @@ def test_collectives_without_numbers_are_listed_with_why_in_the_plan_and_the_rep
                                  "its own rank)"]
     assert workload_doc(w)["not_measured"] == {"sendrecv": "torch's gloo backend cannot send to its own rank"}
     rows = [ReportRow(4096, 1.0, 1.0, 0.0, 1.0, 1.0)]
-    text = rows_text(rows, w.not_measured)
+    text = rows_text(rows, not_measured=w.not_measured)
     assert text[0] == "all_reduce (busbw = algbw x 2(n-1)/n):"
     assert text[-1] == "sendrecv: not measured on this backend (torch's gloo backend cannot send to its own rank)"
     # One all_reduce table and nothing missing: the table as it always was, without a heading.
-    assert rows_text(rows)[0].startswith("size ")
+    assert rows_text(rows)[0].startswith("# size in bytes")
 
 
 def test_verify_refuses_an_unknown_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
