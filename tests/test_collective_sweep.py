@@ -77,9 +77,9 @@ def test_report_history_and_plot_name_the_collective(every_collective_sweep: Dem
     assert main(["report", *args, "--plot", str(png)]) == 0
     capsys.readouterr()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # One panel per collective, stacked: seven panels of 4.5 in at 120 dpi (one alone is wider than high).
+    # One row per collective, stacked: seven rows of 4.5 in (a busbw and a time panel, 13 in) at 120 dpi.
     width, height = struct.unpack(">II", png.read_bytes()[16:24])
-    assert (width, height) == (960, 7 * 540)
+    assert (width, height) == (1560, 7 * 540)
 
 
 def test_verify_checks_every_collective_of_the_profile(every_collective_sweep: DemoSweep, tmp_path: Path) -> None:
