@@ -173,7 +173,7 @@ class SweepPipeline:
         config pins) published as a sweep would; recorded as a run of no trials."""
         cfg = self.cfg
         run_id = start_run(store, kind="sweep", cfg=cfg, node=node, profile=cfg.sweep.profile,
-                           topology={"source": node.topo.source, "gpus": len(node.topo.gpus)})
+                           topology=run_topology(node))
         try:
             xml_text = render_xml(node.topo.system)
             every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
@@ -201,6 +201,12 @@ class SweepPipeline:
             profile=cfg.sweep.profile, every_job_env=dict(every_job), single_node_env=dict(single_node))
 
 
+def run_topology(node: Node) -> dict[str, Any]:
+    """What a run records of the node it measured (history, report and the plot's title)."""
+    return {"source": node.topo.source, "gpus": len(node.topo.gpus),
+            "gpu_model": ", ".join(sorted({g.name for g in node.topo.gpus if g.name})) or None}
+
+
 class _Sweep:
     """The stages that hold the sweep lock: trials, choice, publishing, the report."""
 
@@ -211,7 +217,7 @@ class _Sweep:
         # `nccltune fleet decide`; nothing of it is published on this node.
         self.launch = (pipe.launch.build(node.nranks, node_class=node_class(node.topo).id)
                        if pipe.launch else None)
-        topology: dict[str, Any] = {"source": node.topo.source, "gpus": len(node.topo.gpus)}
+        topology: dict[str, Any] = run_topology(node)
         if self.launch is not None:
             topology["job"] = self.launch.record()
         self.run_id = start_run(store, kind="sweep", cfg=self.cfg, node=node, profile=self.cfg.sweep.profile,
