@@ -15,6 +15,7 @@ import fnmatch
 import logging
 import os
 import secrets
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -73,19 +74,24 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}{_TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def unlink_quietly(path: Path) -> None:
+def remove_quietly(path: Path) -> None:
+    """Remove a file, link or directory tree without following a link; a failure is logged, not
+    raised (what is being removed is a leftover, and the caller's own error matters more)."""
     try:
-        os.unlink(path)
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        log.warning("could not remove temporary file %s: %s", path, exc)
+        log.warning("could not remove %s: %s", path, exc)
 
 
 def fail_without_temp(tmp: Path, path: Path, exc: BaseException) -> NoReturn:
     """Remove the temp file, then re-raise: an OSError as FileError naming the target, anything
     else (KeyboardInterrupt mid-write) as it is. The target itself is never touched."""
-    unlink_quietly(tmp)
+    remove_quietly(tmp)
     if isinstance(exc, OSError):
         raise FileError(path, exc) from exc
     raise exc

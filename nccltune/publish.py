@@ -83,6 +83,7 @@ from .atomicfile import (
     clean_stale_temps,
     fail_without_temp,
     fsync_dir,
+    remove_quietly,
     replace_file,
 )
 from .atomicfile import atomic_write as atomic_write  # re-exported for older callers
@@ -576,19 +577,6 @@ def _write_generation(directory: Path, files: list[tuple[str, bytes]]) -> None:
     fsync_dir(directory)
 
 
-def _remove_entry(path: Path) -> None:
-    """Remove a file, link or directory tree without following a link; log a failure."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("cannot remove %s: %s", path, exc)
-
-
 def _prune(out_dir: Path, keep: int, current: int) -> None:
     """Remove generations older than the newest ``keep`` (never ``current``) and what dead
     publishers left: half-built generation directories, counter temps, link temps.
@@ -601,7 +589,7 @@ def _prune(out_dir: Path, keep: int, current: int) -> None:
     doomed += [gen_dir / e for e in os.listdir(gen_dir) if TEMP_INFIX in e]
     doomed += [out_dir / e for e in os.listdir(out_dir) if e.startswith(_LINK_TEMP_PREFIX) and TEMP_INFIX in e]
     for path in doomed:
-        _remove_entry(path)
+        remove_quietly(path)
 
 
 def _prepare_out_dir(out_dir: Path) -> None:
