@@ -4,6 +4,7 @@ key, an NCCL_TUNER_PLUGIN already set (plan and doctor), and a CPU-demo sweep en
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import typing
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 from demo_state import SNAPSHOT, clean_env
 
 from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.doctor import diagnose, existing_tuner
 from nccltune.errors import InputError
+from nccltune.fleet.schema import validate
 from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.records import Measurement, TrialResult
@@ -165,6 +168,9 @@ def test_demo_sweep_end_to_end_shows_the_table_not_measured_with_nccl(tmp_path: 
     assert path.parent == state / "runs" / f"{run.id:05d}"
     parsed = parse_table(path.read_text(), str(path))
     assert len(parsed.entries) == len(table["entries"])
+    sweep_schema = json.loads((REPO / "schemas" / "sweep.schema.json").read_text())
+    validate(table, sweep_schema["$defs"]["tuner_table"], sweep_schema)
+    assert {e["collective"] for e in table["entries"]} <= {"allreduce"}  # balanced weighs all_reduce alone
     assert all((e.nnodes, e.nranks, e.ranks_per_node) == (1, 2, 2) for e in parsed.entries)
     for e in table["entries"]:
         assert f"{e['algo']}/{e['proto']}" in got.stdout
@@ -312,6 +318,8 @@ def test_the_plan_measures_per_size_what_the_tuner_steers(profile: str, collecti
     assert all(not c.only for c in ps.candidates)
     doc = plan_doc(plan, pipe.node(), trials, 60.0, profile)
     assert doc["per_size"]["collectives"] == collectives
+    plan_schema = json.loads((REPO / "schemas" / "plan.schema.json").read_text())
+    validate(doc["per_size"], plan_schema["$defs"]["per_size"], plan_schema)
     pruned = {p["what"]: p["reason"] for p in doc["per_size"]["pruned"]}
     if profile == "moe":
         assert pruned["all_to_all"].startswith("not seen by NCCL's tuner")

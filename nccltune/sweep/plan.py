@@ -84,7 +84,7 @@ class PerSizePlan:
     active: bool
     reason: str | None = None  # why it is not active
     candidates: list[SizeCandidate] = field(default_factory=list)
-    collectives: list[str] = field(default_factory=lambda: ["allreduce"])  # what the table steers (its spelling)
+    collectives: list[str] = field(default_factory=list)  # the measured ones the table steers (its spelling)
     channels: bool = False  # whether channel candidates follow the baseline
     pruned: list[PrunedCandidate] = field(default_factory=list)
     measured_with_nccl: bool = True  # False on the CPU demo: the table is computed, never loaded
