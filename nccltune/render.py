@@ -292,7 +292,8 @@ def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
             "collectives": list(ps.collectives),
             "candidates": [{"label": c.label, "env": c.env(),
                             "collectives": [t for t in ps.collectives if c.applies_to(t)]} for c in ps.candidates],
-            "channels": "half and double the defaults' channel count (from the baseline)" if ps.channels else None,
+            "channels": ("half and a third more of the defaults' channel count (from the baseline)"
+                         if ps.channels else None),
             "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
             "pruned": [{"what": p.what, "reason": p.reason} for p in ps.pruned], "notes": ps.notes}
 
@@ -307,7 +308,7 @@ def per_size_plan_text(plan: Plan) -> list[str]:
              f"{', '.join(ps.collectives)}):"]
     lines.extend(f"  {c.label}: {' '.join(f'{k}={v}' for k, v in c.env().items())}" for c in ps.candidates)
     if ps.channels:
-        lines.append("  channels: half and double the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
+        lines.append("  channels: half and a third more of the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
                      "set after the baseline)")
     lines.extend(f"  not measured: {p.what}: {p.reason}" for p in ps.pruned)
     lines.extend(f"  {n}" for n in ps.notes)

@@ -5,7 +5,7 @@ Runs after the whole-environment search has screened its settings (planning.sett
 finalist round when the table is active) and before the choice is published:
 
 1. The defaults' channel count comes from the baseline's NCCL log; the channel candidates are half
-   and double it (sweep.pertable.channel_candidates).
+   of it and a third more (sweep.pertable.channel_candidates).
 2. Each per-size candidate is one environment trial over every size of every measured collective
    (NCCL_ALGO/NCCL_PROTO, or NCCL_MIN/MAX_NCHANNELS), judged per collective and size against the
    defaults, for the collectives it applies to (sweep.pertable.choose_table: one channel raise
