@@ -11,7 +11,7 @@ import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
@@ -1071,20 +1071,20 @@ def _with_state(args: argparse.Namespace, cfg: Config) -> argparse.Namespace:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    from .config import profile_collectives
     from .fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
     from .publish import atomic_write
 
     cfg = load_cfg(args)
     exports = load_exports([Path(p) for p in args.exports])
-    # A class decision pools all-reduce sizes: the profiles it can take weigh sizes, not collectives.
-    size_profiles = {name: weights for name, weights in cfg.sweep.profiles.items()
-                     if all(isinstance(size, int) for size in weights)}
+    # The weights per collective and size a node's sweep uses for the same profile.
+    custom = {name: profile_collectives(p) for name, p in cfg.sweep.profiles.items()}
     rules = rules_from(args.profile, pool(exports).profiles, min_gain_pct=cfg.sweep.min_gain_pct,
-                       max_regression_pct=cfg.sweep.max_regression_pct,
-                       custom=cast(dict[str, dict[int, float]], size_profiles))
+                       max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
     doc = decide(exports, rules)
     atomic_write(Path(args.out), dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
+    out(f"Tuner table: {doc['evidence']['table']['status']}")
     out(f"{len(exports)} node(s); profile written to {args.out}")
     return EXIT_OK
 

@@ -55,10 +55,12 @@ def check_profile(cfg: Config) -> None:
                          hint=f"built in: {', '.join(profiles.BUILTIN)}; or define sweep.profiles")
 
 
-def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape | None = None) -> Plan:
+def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape | None = None, *,
+              nccl_version: str | None = None) -> Plan:
     """The plan for this node, with the variables pinned by `env` (the calling environment) and
     the config, less the ones sweep.unpin frees; `shape` (several nodes, NIC loopback) decides
-    which network variables can matter."""
+    which network variables can matter. `nccl_version`: the NCCL the trials will load, where
+    known before them (None: unknown; the per-size candidates then use only what is safe either way)."""
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
     # What could not be published is found now, before the first trial (and by --plan).
@@ -72,7 +74,8 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
     inactive = ("the tuner table is measured for one node's own ranks; this sweep is for another job shape"
                 if shape is not None and shape.crosses_nic else tuner_inactive_reason(cfg, env, node.demo, plan))
     plan_per_size(plan, node.topo, node.paths, inactive_reason=inactive,
-                  user_variables=list(cfg.sweep.variables), demo=node.demo, exclude=list(cfg.sweep.exclude))
+                  user_variables=list(cfg.sweep.variables), demo=node.demo, exclude=list(cfg.sweep.exclude),
+                  collectives=workload(cfg, node, plan.sizes).collectives, nccl_version=nccl_version)
     return plan
 
 

@@ -289,8 +289,11 @@ def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
     if ps is None:
         return None
     return {"active": ps.active, "status": None if ps.active else ps.inactive_text,
-            "candidates": [{"label": c.label, "env": c.env()} for c in ps.candidates],
-            "channels": "half and double the defaults' channel count (from the baseline)" if ps.channels else None,
+            "collectives": list(ps.collectives),
+            "candidates": [{"label": c.label, "env": c.env(),
+                            "collectives": [t for t in ps.collectives if c.applies_to(t)]} for c in ps.candidates],
+            "channels": ("half and a third more of the defaults' channel count (from the baseline)"
+                         if ps.channels else None),
             "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
             "pruned": [{"what": p.what, "reason": p.reason} for p in ps.pruned], "notes": ps.notes}
 
@@ -301,10 +304,11 @@ def per_size_plan_text(plan: Plan) -> list[str]:
         return []
     if not ps.active:
         return ["", f"Per size: {ps.inactive_text}"]
-    lines = ["", "Per size (one trial each over every size, judged size by size, for the tuner table):"]
+    lines = ["", "Per size (one trial each over every size, judged size by size, for the tuner table's "
+             f"{', '.join(ps.collectives)}):"]
     lines.extend(f"  {c.label}: {' '.join(f'{k}={v}' for k, v in c.env().items())}" for c in ps.candidates)
     if ps.channels:
-        lines.append("  channels: half and double the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
+        lines.append("  channels: half and a third more of the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
                      "set after the baseline)")
     lines.extend(f"  not measured: {p.what}: {p.reason}" for p in ps.pruned)
     lines.extend(f"  {n}" for n in ps.notes)
@@ -317,12 +321,12 @@ def table_lines(table: TableOutcome) -> list[str]:
     if table.default_channels:
         lines.append(f"  NCCL's defaults use {table.default_channels} channels")
     if table.spans:
-        last = max(sp.max_bytes for sp in table.spans)
+        width = max(len(sp.collective) for sp in table.spans)
         for sp in table.spans:
             ch = f", {sp.cell.channels} channels" if sp.cell.channels else ""
-            # Ranges end below the next one's start; the last ends at the largest measured size.
-            end = f"{format_size(sp.max_bytes)}]" if sp.max_bytes == last else f"{format_size(sp.max_bytes + 1)})"
-            lines.append(f"  [{format_size(sp.min_bytes)}, {end} (measured "
+            # Ranges end below the next one's start; a collective's last ends at its largest measured size.
+            end = f"{format_size(sp.max_bytes)}]" if sp.last else f"{format_size(sp.max_bytes + 1)})"
+            lines.append(f"  {sp.collective:<{width}}  [{format_size(sp.min_bytes)}, {end} (measured "
                          f"{', '.join(format_size(x) for x in sp.sizes)}): {sp.cell.algo}/{sp.cell.proto}{ch}")
     elif table.choice is not None:
         lines.append("  no entries: no candidate beat NCCL's defaults beyond the noise at any size")

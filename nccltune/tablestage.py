@@ -5,17 +5,22 @@ Runs after the whole-environment search has screened its settings (planning.sett
 finalist round when the table is active) and before the choice is published:
 
 1. The defaults' channel count comes from the baseline's NCCL log; the channel candidates are half
-   and double it (sweep.pertable.channel_candidates).
-2. Each per-size candidate is one environment trial over every size (NCCL_ALGO/NCCL_PROTO, or
-   NCCL_MIN/MAX_NCHANNELS), judged per size against the defaults (sweep.pertable.choose_per_size).
-3. The table is rendered for this node's shape and the plugin built into the run's directory
+   of it and a third more (sweep.pertable.channel_candidates).
+2. Each per-size candidate is one environment trial over every size of every measured collective
+   (NCCL_ALGO/NCCL_PROTO, or NCCL_MIN/MAX_NCHANNELS), judged per collective and size against the
+   defaults, for the collectives it applies to (sweep.pertable.choose_table: one channel raise
+   shared by all of them).
+3. The table, with entries per collective, is rendered for this node's shape and the plugin built
+   into the run's directory
    (tuner.build.build_plugin). Without a compiler the table is not active and the environment-only
    choice stands; on the CPU demo the table is computed and shown but never loaded (gloo), so the
    final check measures the environment part only and nothing from the table is claimed.
 4. The final check: the whole result (best screened environment + the single-node channel variable +
    NCCL_TUNER_PLUGIN/NCCLTUNE_TUNER_TABLE/NCCLTUNE_TUNER_FINGERPRINT) and the environment part alone,
    interleaved with runs of the defaults, sweep.finalist_repeats times each, judged with
-   sweep.select.judge over the profile's sizes (faster on the score, no size slower beyond noise).
+   sweep.select.judge over the profile's collectives and sizes (faster on the score, no collective
+   slower beyond noise at any size it weighs: a table that speeds all-reduce but slows all-gather
+   is not published under fsdp).
    The whole result wins when eligible and better; else the environment part when eligible; else
    the defaults.
 
@@ -30,22 +35,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config
-from .nccl.debuglog import SizeChoice, prevailing
 from .publish import atomic_write
-from .records import TrialResult
+from .records import Measurement, TrialResult
 from .store import Phase
 from .sweep.pertable import (
-    Measured,
-    PerSizeChoice,
-    Seen,
+    TRIAL_LABEL,
+    SizeCandidate,
     Span,
+    TableChoice,
     channel_candidates,
-    choose_per_size,
+    choose_table,
     spans,
+    table_inputs,
     to_table,
 )
 from .sweep.plan import Plan
-from .sweep.select import Key, judge, size_stats
+from .sweep.select import judge, size_stats
 from .sweep.strategy import Finalist, SearchResult, label_of
 from .trials.session import TrialSession
 from .tuner.build import BuildResult, build_plugin
@@ -85,7 +90,7 @@ class TableOutcome:
     """The per-size stage's result, for the choice, the report and the store."""
 
     status: str  # "active", "active, no entries: ...", "per-size tuner table not active: <reason>" or DEMO_STATUS
-    choice: PerSizeChoice | None = None
+    choice: TableChoice | None = None
     table: TunerTable | None = None
     table_text: str | None = None
     table_path: Path | None = None  # the run directory's copy
@@ -109,22 +114,15 @@ class TableOutcome:
             "table_path": str(self.table_path) if self.table_path else None,
             "plugin": str(self.build.path) if self.build and self.build.path else None,
             "default_channels": self.default_channels,
-            "entries": [{"min_bytes": s.min_bytes, "max_bytes": s.max_bytes, "sizes": list(s.sizes),
-                         "algo": s.cell.algo, "proto": s.cell.proto, "channels": s.cell.channels}
+            "entries": [{"collective": s.collective, "min_bytes": s.min_bytes, "max_bytes": s.max_bytes,
+                         "sizes": list(s.sizes), "algo": s.cell.algo, "proto": s.cell.proto,
+                         "channels": s.cell.channels}
                         for s in self.spans],
             "single_node_env": dict(self.choice.single_node_env) if self.choice else {},
             "published": self.active,
             "final": {f.label: f.verdict.reason for f in (self.whole, self.env_only) if f and f.verdict},
             "notes": list(self.notes),
         }
-
-
-TABLE_COLLECTIVE = "all_reduce"
-
-
-def _all_reduce(by_key: Mapping[Key, float]) -> dict[int, float]:
-    """The all-reduce sizes of a trial's busbw, keyed by size as the per-size choice takes them."""
-    return {size: bw for (collective, size), bw in by_key.items() if collective == TABLE_COLLECTIVE}
 
 
 class TableStage:
@@ -149,16 +147,17 @@ class TableStage:
             return TableOutcome(ps.inactive_text if ps else "per-size tuner table not active: not planned")
         default_channels = self._default_channels()
         candidates = list(ps.candidates) + (channel_candidates(default_channels) if ps.channels else [])
-        measured: list[Measured] = []
+        measured: list[tuple[SizeCandidate, list[list[Measurement]]]] = []
         for cand in candidates:
-            got = self._trial({**self.common, **cand.env()}, "screen", f"per size: {cand.label}")
+            got = self._trial({**self.common, **cand.env()}, "screen", f"{TRIAL_LABEL}{cand.label}")
             if got is not None:
-                measured.append(Measured(cand, size_stats([_all_reduce(got.busbw_by_key())]), _used(got)))
-        # The table holds all-reduce entries: a choice per collective is a later step.
-        baseline = {size: st for (collective, size), st in result.baseline.items() if collective == TABLE_COLLECTIVE}
-        choice = choose_per_size(baseline, measured, default_used=self._default_used(),
-                                 default_channels=default_channels, min_gain_pct=self.cfg.sweep.min_gain_pct,
-                                 max_regression_pct=self.cfg.sweep.max_regression_pct)
+                measured.append((cand, [got.sizes]))
+        # Every steered collective from its own numbers in the same trials, and what NCCL's log
+        # showed the defaults used (their good trials).
+        defaults = [r.sizes for env, r in self.session.results if not env and r.ok]
+        inputs = table_inputs(ps.collectives, result.baseline, measured, defaults)
+        choice = choose_table(inputs, default_channels=default_channels, min_gain_pct=self.cfg.sweep.min_gain_pct,
+                              max_regression_pct=self.cfg.sweep.max_regression_pct)
         table = to_table(choice, fingerprint=self.fingerprint, nranks=self.nranks)
         text = render_table(table)
         table_path = self.work_dir / TABLE_NAME
@@ -231,50 +230,11 @@ class TableStage:
                 return int(r.nccl["coll_channels"])
         return None
 
-    def _default_used(self) -> dict[int, Seen]:
-        """What the defaults used per size over their good trials (debuglog.prevailing decides)."""
-        seen: dict[int, list[SizeChoice]] = {}
-        for env, r in self.session.results:
-            if not env and r.ok:
-                for m in r.sizes:
-                    if m.algo and m.proto:
-                        seen.setdefault(m.size_bytes, []).append(SizeChoice(m.algo, m.proto, m.channels))
-        out = {}
-        for size, choices in seen.items():
-            got = prevailing(choices)
-            cell = _seen(got.algo, got.proto, got.channels) if got else None
-            if cell is not None:
-                out[size] = cell
-        return out
-
     def _env_part(self, result: SearchResult) -> dict[str, str]:
         """The whole-environment search's best screened setting (with the topology file and policy)."""
         ranked = [s for s in result.screened if s[2] is not None and s[2] > 0 and s[0] != self.common]
         best = max(ranked, key=lambda s: s[2] or 0.0, default=None)
         return dict(best[0]) if best else dict(self.common)
-
-
-# NCCL's log names (any case) -> the table's spelling.
-_LOG_ALGOS = {"ring": "ring", "tree": "tree", "nvls": "nvls", "pat": "pat", "nvlstree": "nvls_tree",
-              "collnetdirect": "collnet_direct", "collnetchain": "collnet_chain"}
-_LOG_PROTOS = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
-
-
-def _seen(algo: str, proto: str, channels: int | None) -> Seen | None:
-    a, p = _LOG_ALGOS.get(algo.lower().replace("_", "")), _LOG_PROTOS.get(proto.lower())
-    return Seen(a, p, channels) if a and p else None
-
-
-def _used(result: TrialResult) -> dict[int, Seen]:
-    """What NCCL's log showed per size, in the table's spelling (RING/LL128 -> ring/ll128)."""
-    out = {}
-    for m in result.sizes:
-        if m.collective != TABLE_COLLECTIVE:
-            continue
-        cell = _seen(m.algo, m.proto, m.channels) if m.algo and m.proto else None
-        if cell is not None:
-            out[m.size_bytes] = cell
-    return out
 
 
 def _pick(whole: Finalist | None, env_only: Finalist | None) -> Finalist | None:

@@ -1,7 +1,8 @@
 """Fleet decisions on the CPU: exports of two demo nodes of one class (recordings that differ only
-in serials and bus numbers) pooled into one class profile, applied on a node of the class, and
-refused on a node of another class, for a stale or malformed profile, and for exports of two
-classes. Two demo sweeps are made once for the module."""
+in serials and bus numbers) pooled into one class profile, per collective and size, with its
+tuner table, applied on a node of the class, and refused on a node of another class, for a stale
+or malformed profile, and for exports of two classes. Two demo sweeps (all_reduce and all_gather,
+with the per-size stage) are made once for the module."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
+from nccltune.errors import InputError
 from nccltune.fleet.decide import Export, Rules, decide, load_exports
 from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
 from nccltune.publish import read_published
+from nccltune.sweep.plan import PER_SIZE_VARS
 from nccltune.topology.model import from_snapshot
 from nccltune.topology.nodeclass import class_id_of, node_class
 from nccltune.topology.snapshot import load_snapshot
@@ -27,6 +30,13 @@ from tests.demo_state import BASE_CONFIG, SWEEP_S, clean_env
 from tests.fleet_fixtures import load, sibling, write
 
 ROOT = Path(__file__).resolve().parents[1]
+# The shared demo config, measuring all_reduce and all_gather, with the per-size stage (the CPU demo
+# computes the table without loading it): 12 trials of two collectives per node.
+FLEET_CONFIG = copy.deepcopy(BASE_CONFIG)
+FLEET_CONFIG["sweep"].update({"profile": "both", "profiles": {"both": {"all_reduce": {"4KiB": 1, "1MiB": 1},
+                                                                      "all_gather": {"4KiB": 1, "1MiB": 1}}},
+                              "exclude": [n for n in BASE_CONFIG["sweep"]["exclude"] if n not in PER_SIZE_VARS]})
+FLEET_CONFIG["tuner"] = {"plugin": "auto"}
 
 
 def nccltune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -38,7 +48,7 @@ def nccltune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two demo nodes of one class, each swept once into its own state dir, and their exports."""
     root = tmp_path_factory.mktemp("fleet")
-    (root / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+    (root / "config.yaml").write_text(yaml.safe_dump(FLEET_CONFIG, sort_keys=False))
     nodes = []
     for seed in (1, 2):
         snap = write(sibling(load("h200x2-nvswitch-vm"), seed=seed), root / f"node{seed}.json")
@@ -82,7 +92,11 @@ def test_export_matches_its_schema_and_the_store(fleet: dict[str, Any]) -> None:
     assert phases.count("baseline") == 3 and "final" in phases
     first = run["trials"][0]
     assert first["env"] == {} and first["measurements"]
-    assert {"size_bytes", "busbw_gbps", "algbw_gbps", "time_us", "correct"} <= set(first["measurements"][0])
+    assert {"size_bytes", "busbw_gbps", "algbw_gbps", "time_us", "correct", "collective", "channels"} \
+        <= set(first["measurements"][0])
+    assert {m["collective"] for m in first["measurements"]} == {"all_reduce", "all_gather"}
+    per_size = [t for t in run["trials"] if t["label"].startswith("per size: ")]
+    assert len(per_size) == 6 and all(t["phase"] == "screen" for t in per_size)
     assert doc["versions"]["driver"] == "580.159.04"
 
 
@@ -114,7 +128,22 @@ def test_profile_pools_both_nodes(fleet: dict[str, Any]) -> None:
                        if t["phase"] == "baseline" and t["status"] == "ok")
     assert ok_baselines == 6
     assert {s["samples"] for s in prof["evidence"]["baseline"]} == {ok_baselines}
-    assert prof["tuner_table"] == []
+    assert {s["collective"] for s in prof["evidence"]["baseline"]} == {"all_reduce", "all_gather"}
+    assert {k.split(":")[0] for k in prof["evidence"]["rules"]["weights"]} == {"all_reduce", "all_gather"}
+    # The per-size trials pooled per candidate over both nodes, judged per collective: the table's
+    # entries are the wins, for one node of the class; Tree (all_reduce only) never wins all_gather.
+    table = prof["evidence"]["table"]
+    assert table["collectives"] == ["allreduce", "allgather"]
+    assert len(table["candidates"]) == 6
+    assert all(c["nodes"] == 2 and c["samples"] == 2 and c["counted"] for c in table["candidates"])
+    tree = [c for c in table["candidates"] if c["label"].startswith("tree/")]
+    assert len(tree) == 3 and all(c["env"]["NCCL_ALGO"] == "allreduce:Tree" for c in tree)
+    assert not any(w["label"].startswith("tree/") for w in table["wins"] if w["collective"] == "allgather")
+    assert {(e["collective"], e["nnodes"], e["nranks"], e["ranks_per_node"]) for e in prof["tuner_table"]} \
+        <= {("allreduce", 1, 2, 2), ("allgather", 1, 2, 2)}
+    assert {e["collective"] for e in prof["tuner_table"]} == {w["collective"] for w in table["wins"]}
+    assert any("CPU demo" in n for n in table["notes"])
+    assert f"Tuner table: {table['status']}" in fleet["decide_out"]
     assert prof["job_shape"]["ranks_per_node"] == 2 and prof["job_shape"]["max_nnodes"] is None
     assert prof["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # the policy goes with any choice
     assert "NCCL_TOPO_FILE" not in prof["env"]
@@ -214,7 +243,7 @@ def test_stale_profile_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: p["env"].__setitem__("NCCL_ALGO", "Ring;rm -rf /"), "forbidden character ';'"),
     (lambda p: p.pop("tuner_table"), "$: missing required key 'tuner_table'"),
-    (lambda p: p["tuner_table"].append({"collective": "allreduce"}), "$.tuner_table[0]: missing required key"),
+    (lambda p: p["tuner_table"].insert(0, {"collective": "allreduce"}), "$.tuner_table[0]: missing required key"),
     (lambda p: p.__setitem__("demo", False), "a GPU profile cannot be applied to a demo node"),
     (lambda p: p["node_class"]["facts"].__setitem__("gpu_count", 8), "$.node_class.id: "),
 ])
@@ -274,6 +303,149 @@ def test_pooled_samples_go_through_the_sweeps_rules(tmp_path: Path) -> None:
     assert prof["chosen"] == "NCCL defaults"
     assert "slower than the defaults" in prof["evidence"]["candidates"][0]["reason"]
     assert prof["env"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    # These exports are of the older form, without a collective per measurement: all_reduce's.
+    assert {s["collective"] for s in prof["evidence"]["baseline"]} == {"all_reduce"}
+    assert set(prof["evidence"]["rules"]["weights"]) == {"all_reduce:1048576", "all_reduce:16777216"}
+    assert prof["tuner_table"] == [] and prof["evidence"]["table"]["status"].startswith("no per-size trials")
+
+
+# -- the tuner table from pooled per-size trials ----------------------------------------------------
+
+KIB, MIB = 1 << 10, 1 << 20
+TABLE_SIZES = [64 * KIB, MIB, 16 * MIB]
+BOTH = {"both": {"all_reduce": {MIB: 1.0, 16 * MIB: 1.0}, "all_gather": {64 * KIB: 1.0, MIB: 1.0}}}
+
+
+def _per_size_export(host: str, tmp_path: Path, *, legacy: bool = False) -> Export:
+    """A node's export with the per-size stage's trials: ring/ll wins all_gather at 64 KiB, Tree/LL128
+    (all_reduce only) all_reduce at 16 MiB, 24 channels (above the defaults' 16) all_reduce at 1 MiB.
+    `legacy`: as an older export writes it (no collective, channels or channel count: all_reduce only)."""
+    from nccltune.sweep.pertable import SizeCandidate
+
+    collectives = ["all_reduce"] if legacy else ["all_reduce", "all_gather"]
+    seq = 0
+
+    def trial(phase: str, label: str, env: dict[str, str], speed: dict[tuple[str, int], float]) -> dict[str, Any]:
+        nonlocal seq
+        seq += 1
+        jitter = 1.0 + 0.003 * (seq % 3 - 1)
+        rows = []
+        for c in collectives:
+            for size in TABLE_SIZES:
+                bw = speed.get((c, size), 100.0) * jitter
+                row = {"collective": c, "size_bytes": size, "time_us": 1.0, "algbw_gbps": bw, "busbw_gbps": bw,
+                       "algo": "RING", "proto": "LL" if size < MIB else "SIMPLE", "channels": 16, "correct": True}
+                rows.append({k: v for k, v in row.items() if k not in ("collective", "channels")} if legacy else row)
+        doc = {"seq": seq, "phase": phase, "label": label, "env": env, "status": "ok", "reason": None, "wall_s": 1.0,
+               "measurements": rows}
+        if not legacy:
+            doc["coll_channels"] = 16
+        return doc
+
+    common = {"NCCL_TOPO_FILE": f"/var/lib/{host}/runs/00001/ncclTopology.xml", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    trials = [trial("baseline", f"defaults #{i}", {}, {}) for i in (1, 2, 3)]
+    ring, tree = SizeCandidate("ring", "ll"), SizeCandidate("tree", "ll128", only=() if legacy else ("allreduce",))
+    for cand, speed in ((ring, {("all_gather", 64 * KIB): 120.0}),
+                        # Tree's trial: all_gather ran with NCCL's own choice, whatever it measured.
+                        (tree, {("all_reduce", 16 * MIB): 125.0, ("all_gather", MIB): 150.0}),
+                        (SizeCandidate(channels=24), {("all_reduce", MIB): 130.0})):
+        trials.append(trial("screen", f"per size: {cand.label}", {**common, **cand.env()}, speed))
+    # The node's own whole result names its own plugin and table: never a class candidate.
+    own = {**common, "NCCL_TUNER_PLUGIN": f"/var/lib/{host}/runs/00001/libnccl-tuner-nccltune.so",
+           "NCCLTUNE_TUNER_TABLE": f"/var/lib/{host}/runs/00001/tuner-table.txt",
+           "NCCLTUNE_TUNER_FINGERPRINT": "ab" * 8}
+    trials += [trial("final", f"environment + tuner table #{i}", own, {}) for i in (1, 2)]
+    facts = node_class(from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json")))
+    doc = {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
+           "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
+           "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
+           "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
+                     "backend": "nccl", "demo": False, "profile": "balanced" if legacy else "both",
+                     "nccl_version": None, "driver_version": "580.159.04", "torch_version": None,
+                     "nccltune_version": "0.2.0", "hostname": host, "chosen_env": {}, "published_generation": 1,
+                     "trials": trials}]}
+    validate(doc, load_schema("export"))
+    path = tmp_path / f"{host}.json"
+    path.write_text(json.dumps(doc))
+    return load_exports([path])[0]
+
+
+def test_the_class_table_pools_per_collective_and_size(tmp_path: Path) -> None:
+    import math
+
+    exports = [_per_size_export(h, tmp_path) for h in ("a", "b")]
+    prof = decide(exports, Rules("both", min_gain_pct=1.0, max_regression_pct=2.0, custom_profiles=BOTH))
+    validate(prof, load_schema("profile"))
+    table = prof["evidence"]["table"]
+    assert table["collectives"] == ["allreduce", "allgather"] and table["default_channels"] == 16
+    assert all(c["counted"] and c["nodes"] == 2 and c["samples"] == 2 for c in table["candidates"])
+    wins = {(w["collective"], w["size_bytes"]): w["label"] for w in table["wins"]}
+    assert wins == {("allgather", 64 * KIB): "ring/ll", ("allreduce", 16 * MIB): "tree/ll128 (allreduce only)"}
+    assert prof["tuner_table"] == [
+        {"collective": "allreduce", "min_bytes": math.isqrt(MIB * 16 * MIB), "max_bytes": 16 * MIB, "nnodes": 1,
+         "nranks": 2, "ranks_per_node": 2, "algo": "tree", "proto": "ll128", "channels": None},
+        {"collective": "allgather", "min_bytes": 64 * KIB, "max_bytes": math.isqrt(64 * KIB * MIB) - 1, "nnodes": 1,
+         "nranks": 2, "ranks_per_node": 2, "algo": "ring", "proto": "ll", "channels": None}]
+    # The raise that won all_reduce at 1 MiB is a single-node setting: not in a class profile.
+    assert any("24 channels won at allreduce 1MiB" in n and "any number of nodes" in n for n in table["notes"])
+    # No node's own whole result (its plugin and table paths) is a candidate for the class environment.
+    assert not any("NCCL_TUNER_PLUGIN" in c["env"] for c in prof["evidence"]["candidates"])
+    assert "NCCL_TUNER_PLUGIN" not in prof["env"]
+    # Judged with the profile's weights per collective and size.
+    assert prof["evidence"]["rules"]["weights"]["all_gather:65536"] == 1.0
+    assert prof["evidence"]["rules"]["weights"]["all_reduce:65536"] == 0.0
+    # A candidate one node did not measure does not count.
+    partial = _json(exports[1].path)
+    partial["runs"][0]["trials"] = [t for t in partial["runs"][0]["trials"] if "ring/ll" not in t["label"]]
+    (tmp_path / "b2.json").write_text(json.dumps(partial))
+    prof = decide([exports[0], *load_exports([tmp_path / "b2.json"])],
+                  Rules("both", min_gain_pct=1.0, max_regression_pct=2.0, custom_profiles=BOTH))
+    ring = next(c for c in prof["evidence"]["table"]["candidates"] if c["label"] == "ring/ll")
+    assert (ring["nodes"], ring["counted"]) == (1, False)
+    assert {e["collective"] for e in prof["tuner_table"]} == {"allreduce"}
+
+
+def test_older_exports_without_collectives_pool_as_all_reduce(tmp_path: Path) -> None:
+    exports = [_per_size_export(h, tmp_path, legacy=True) for h in ("a", "b")]
+    prof = decide(exports, Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
+    validate(prof, load_schema("profile"))
+    assert {s["collective"] for s in prof["evidence"]["baseline"]} == {"all_reduce"}
+    table = prof["evidence"]["table"]
+    assert table["collectives"] == ["allreduce"] and table["default_channels"] is None
+    assert [(e["collective"], e["algo"], e["proto"]) for e in prof["tuner_table"]] == [("allreduce", "tree", "ll128")]
+    # Without the defaults' channel count a channel candidate cannot be placed above or below it.
+    assert any("channel count" in n for n in table["notes"])
+
+
+def test_apply_builds_the_plugin_for_the_profiles_table(tmp_path: Path) -> None:
+    from nccltune.config import Config, TunerConfig
+    from nccltune.fleet.table import profile_tuner
+    from nccltune.tuner.build import find_compiler
+    from nccltune.tuner.table import parse_table
+
+    exports = [_per_size_export(h, tmp_path) for h in ("a", "b")]
+    prof = decide(exports, Rules("both", min_gain_pct=1.0, max_regression_pct=2.0, custom_profiles=BOTH))
+    fp = "0123456789abcdef"
+    if find_compiler() is not None:
+        tuner, note = profile_tuner(Config(), prof, "p.json", fp, {})
+        assert tuner is not None and note == "tuner table of 2 entries"
+        table = parse_table(tuner.table_text, "t")
+        assert table.fingerprint == fp  # the node's own tuning fingerprint, which the plugin checks
+        assert [(e.collective, e.algo, e.proto, e.min_bytes) for e in table.entries] == [
+            (e["collective"], e["algo"], e["proto"], e["min_bytes"]) for e in prof["tuner_table"]]
+        assert tuner.plugin_bytes().startswith(b"\x7fELF")
+    kept, why = profile_tuner(Config(tuner=TunerConfig("keep")), prof, "p.json", fp, {})
+    assert kept is None and why is not None and "tuner.plugin is keep" in why
+    foreign = {"NCCL_TUNER_PLUGIN": "/opt/site/libnccl-tuner-site.so", "NCCL_CONF_FILE": "/nonexistent"}
+    kept, why = profile_tuner(Config(), prof, "p.json", fp, foreign)
+    assert kept is None and why is not None and "already set and kept" in why
+    kept, why = profile_tuner(Config(), {**prof, "demo": True}, "p.json", fp, {})
+    assert kept is None and why is not None and "CPU demo" in why
+    assert profile_tuner(Config(), {**prof, "tuner_table": []}, "p.json", fp, {}) == (None, None)
+    overlapping = {**prof, "tuner_table": [prof["tuner_table"][0], prof["tuner_table"][0]]}
+    with pytest.raises(InputError, match="tuner_table: entry 1: size range overlaps entry 0") as exc:
+        profile_tuner(Config(), overlapping, "p.json", fp, {})
+    assert exc.value.exit_code == 78
 
 
 # -- the schema files ----------------------------------------------------------------------------------

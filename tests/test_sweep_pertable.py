@@ -8,20 +8,29 @@ from pathlib import Path
 import pytest
 from tuner_harness import cost_table, init, load, table_env
 
+from nccltune.records import Measurement
 from nccltune.sweep.pertable import (
+    NOT_STEERED,
+    TUNER_NAMES,
+    CollectiveInput,
     Measured,
     Seen,
     SizeCandidate,
+    TableChoice,
     algo_proto_candidates,
+    candidate_of_env,
     channel_candidates,
     choose_per_size,
+    choose_table,
+    per_size_candidates,
     size_ranges,
     spans,
+    table_inputs,
     to_table,
 )
 from nccltune.sweep.select import SizeStats
 from nccltune.tuner.build import build_plugin
-from nccltune.tuner.table import ALGORITHMS, PROTOCOLS, parse_table, render_table
+from nccltune.tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS, parse_table, render_table
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = [64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB]
@@ -226,8 +235,170 @@ def test_the_report_shows_the_entries_and_the_sizes_they_cover() -> None:
     out = TableOutcome("active", c, table, render_table(table), None, spans(c), default_channels=16)  # type: ignore[arg-type]
     lines = table_lines(out)
     assert lines[0] == "Tuner table: active"
-    assert "  [64KiB, 512KiB) (measured 64KiB, 256KiB): tree/ll" in lines
-    assert "  [8MiB, 16MiB] (measured 16MiB): ring/simple, 8 channels" in lines
+    assert "  allreduce  [64KiB, 512KiB) (measured 64KiB, 256KiB): tree/ll" in lines
+    assert "  allreduce  [8MiB, 16MiB] (measured 16MiB): ring/simple, 8 channels" in lines
     doc = out.as_dict()
     assert [e["sizes"] for e in doc["entries"]] == [[64 * KIB, 256 * KIB], [16 * MIB]]  # type: ignore[index]
+    assert {e["collective"] for e in doc["entries"]} == {"allreduce"}  # type: ignore[index]
     assert doc["published"] is False
+
+
+# -- every steered collective --------------------------------------------------------------------
+
+TREE_LL128 = SizeCandidate("tree", "ll128", only=("allreduce",))
+RING_LL = SizeCandidate("ring", "ll")
+SMALL, LARGE = SIZES[:2], SIZES[2:]
+
+
+def _inputs(ag: dict[SizeCandidate, dict[int, float]], ar: dict[SizeCandidate, dict[int, float]],
+            ag_used: dict[int, Seen] | None = None, ar_used: dict[int, Seen] | None = None,
+            used: dict[int, Seen] | None = None) -> dict[str, CollectiveInput]:
+    def part(values: dict[SizeCandidate, dict[int, float]], default_used: dict[int, Seen]) -> CollectiveInput:
+        return CollectiveInput(BASE, [Measured(c, stats(v, noise_pct=0.0, n=1), used or {}) for c, v in values.items()],
+                               default_used)
+    return {"allgather": part(ag, DEFAULT_USED if ag_used is None else ag_used),
+            "allreduce": part(ar, DEFAULT_USED if ar_used is None else ar_used)}
+
+
+def _table(inputs: dict[str, CollectiveInput], **kw: object) -> TableChoice:
+    return choose_table(inputs, default_channels=16, min_gain_pct=1.0, max_regression_pct=2.0, **kw)  # type: ignore[arg-type]
+
+
+def test_each_collective_gets_its_own_entries_and_tree_never_wins_all_gather() -> None:
+    # all_gather: ring/ll wins the small sizes. The Tree trial's all_gather numbers (NCCL's own choice
+    # there) look faster still: they are not Tree's, so Tree never wins all_gather.
+    ag = {RING_LL: {s: 120.0 if s in SMALL else 95.0 for s in SIZES}, TREE_LL128: {s: 150.0 for s in SIZES},
+          SizeCandidate("tree", "ll"): {s: 150.0 for s in SIZES}}
+    # all_reduce: tree/ll128 wins the large sizes, ring/ll none.
+    ar = {RING_LL: {s: 98.0 for s in SIZES}, TREE_LL128: {s: 125.0 if s in LARGE else 90.0 for s in SIZES}}
+    t = _table(_inputs(ag, ar))
+    ag_part, ar_part = t.part("allgather"), t.part("allreduce")
+    assert ag_part is not None and ar_part is not None
+    assert {s: w.candidate for s, w in ag_part.wins.items()} == {s: RING_LL for s in SMALL}
+    assert {s: w.candidate for s, w in ar_part.wins.items()} == {s: TREE_LL128 for s in LARGE}
+    table = to_table(t, fingerprint=FP, nranks=2)
+    got = [(e.collective, e.algo, e.proto, e.min_bytes, e.max_bytes) for e in table.entries]
+    assert got == [("allgather", "ring", "ll", 64 * KIB, math.isqrt(256 * KIB * MIB) - 1),
+                   ("allreduce", "tree", "ll128", math.isqrt(256 * KIB * MIB), 16 * MIB)]
+    assert all(e.algo != "tree" for e in table.entries if e.collective == "allgather")
+    assert parse_table(render_table(table), "t.txt") == table  # per-collective entries the plugin accepts
+    assert table.choice("allgather", 64 * KIB, 1, 2, 2) is not None
+    assert table.choice("allreduce", 64 * KIB, 1, 2, 2) is None
+    assert t.single_node_env == {}
+
+
+def test_a_raise_is_used_for_every_collective_or_for_none() -> None:
+    raised = SizeCandidate(channels=32)
+    # all_reduce: 32 channels win at 1 MiB and 4 MiB; all_gather wins nothing, but its other sizes would
+    # change with the communicator's count all the same.
+    ar = {raised: {s: 120.0 if s in (MIB, 4 * MIB) else 95.0 for s in SIZES}}
+    ag = {raised: {s: 99.0 for s in SIZES}}
+    t = _table(_inputs(ag, ar, used={s: Seen("ring", "simple", 32) for s in SIZES}))
+    assert t.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
+    table = to_table(t, fingerprint=FP, nranks=2)
+    for s in SIZES:
+        e = table.choice("allgather", s, 1, 2, 2)
+        assert e is not None and (e.algo, e.proto, e.channels) == (*DEFAULT_USED[s][:2], 16)  # pinned at the defaults
+    assert table.choice("allreduce", MIB, 1, 2, 2) is None  # NCCL at the raised count, as measured
+    assert "of every collective" in " ".join(t.notes)
+    # NCCL's log did not show what all_gather's defaults used: it cannot be pinned, so nobody gets the raise.
+    t = _table(_inputs(ag, ar, ag_used={}, used={s: Seen("ring", "simple", 32) for s in SIZES}))
+    assert t.single_node_env == {}
+    assert all(not p.wins and not p.cells for p in t.parts)
+    note = " ".join(t.notes)
+    assert "raise is not used for any collective" in note and "every other size of allgather" in note
+    # A decision for jobs of any shape never raises, and says why.
+    t = _table(_inputs(ag, ar, used={s: Seen("ring", "simple", 32) for s in SIZES}), allow_raise=False,
+               no_raise_reason="not for multi-node jobs")
+    assert t.single_node_env == {} and all(not p.wins for p in t.parts)
+    assert any(n.endswith("not for multi-node jobs") and "allreduce 1MiB, 4MiB" in n for n in t.notes)
+
+
+def test_candidates_for_several_collectives_set_tree_for_all_reduce_alone() -> None:
+    got = per_size_candidates(["all_reduce", "all_gather"], ll128=True, nranks=2, nccl_version="2.28.9")
+    assert got.collectives == ["allreduce", "allgather"]
+    assert len(got.candidates) == 6  # as many trials as for all_reduce alone
+    tree = [c for c in got.candidates if c.algo == "tree"]
+    assert [c.env() for c in tree] == [{"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": f"allreduce:{p}"}
+                                       for p in ("Simple", "LL", "LL128")]
+    assert all(c.applies_to("allreduce") and not c.applies_to("allgather") for c in tree)
+    ring = [c for c in got.candidates if c.algo == "ring"]
+    assert ring[0].env() == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+    assert all(c.applies_to("allgather") and c.applies_to("allreduce") for c in ring)
+    assert "allreduce:Tree" in " ".join(got.notes) and "not known" not in " ".join(got.notes)
+    # The version unknown: the same syntax, and the plan says what an older NCCL does with it.
+    unknown = per_size_candidates(["all_reduce", "all_gather"], ll128=True, nranks=2)
+    assert [c.env() for c in unknown.candidates] == [c.env() for c in got.candidates]
+    assert "not known when planning" in " ".join(unknown.notes)
+    # An NCCL without the syntax: Tree would fail all_gather in the same trial, so it is not measured.
+    old = per_size_candidates(["all_reduce", "all_gather"], ll128=True, nranks=2, nccl_version="2.23.4")
+    assert {c.algo for c in old.candidates} == {"ring"}
+    assert any(p.what == "tree" and "2.24" in p.reason for p in old.pruned)
+    # all_reduce the only collective a tuner steers: plain NCCL_ALGO=Tree, as for all_reduce alone.
+    for collectives in (["all_reduce"], ["all_to_all", "all_reduce"]):
+        alone = per_size_candidates(collectives, ll128=True, nranks=2, nccl_version="2.23.4")
+        assert alone.collectives == ["allreduce"] and len(alone.candidates) == 6 and not alone.notes
+        assert SizeCandidate("tree", "ll") in alone.candidates
+    fsdp = per_size_candidates(["all_gather", "reduce_scatter"], ll128=False, nranks=2)
+    assert [c.label for c in fsdp.candidates] == ["ring/simple", "ring/ll"]
+    assert any(p.what == "tree" for p in fsdp.pruned)
+
+
+def test_all_to_all_and_sendrecv_are_listed_as_not_steered_by_the_tuner() -> None:
+    got = per_size_candidates(["all_to_all", "all_reduce", "sendrecv"], ll128=True, nranks=2)
+    reasons = {p.what: p.reason for p in got.pruned}
+    assert reasons["all_to_all"].startswith("not seen by NCCL's tuner")
+    assert reasons["sendrecv"].startswith("not seen by NCCL's tuner")
+    none = per_size_candidates(["sendrecv"], ll128=True, nranks=2)
+    assert none.collectives == [] and none.candidates == []
+    # Every collective nccltune measures is either steered (in the table's spelling) or said not to be.
+    from nccltune import collectives
+
+    assert set(TUNER_NAMES) | set(NOT_STEERED) == set(collectives.NAMES)
+    assert set(TUNER_NAMES.values()) == set(COLLECTIVES)
+
+
+@pytest.mark.parametrize("cand", [SizeCandidate("ring", "ll128"), SizeCandidate("tree", "ll", only=("allreduce",)),
+                                  SizeCandidate(channels=24), SizeCandidate("tree", "simple")])
+def test_a_trials_environment_gives_its_candidate_back(cand: SizeCandidate) -> None:
+    env = {"NCCL_TOPO_FILE": "/x/ncclTopology.xml", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", **cand.env()}
+    assert candidate_of_env(env) == cand
+
+
+@pytest.mark.parametrize("env", [{}, {"NCCL_ALGO": "Ring;allreduce:Tree"}, {"NCCL_ALGO": "allreduce:Tree",
+                                  "NCCL_PROTO": "LL"}, {"NCCL_MIN_NCHANNELS": "8"}, {"NCCL_ALGO": "^Tree"},
+                                 {"NCCL_ALGO": "alltoall:Ring"}, {"NCCL_PROTO": "LL,LL128"}])
+def test_other_environments_are_no_candidate(env: dict[str, str]) -> None:
+    assert candidate_of_env(env) is None
+
+
+def test_table_inputs_split_whole_trials_per_collective() -> None:
+    def trial(ar: float, ag: float) -> list[Measurement]:
+        return [Measurement(s, 1.0, 1.0, ar, "RING", "LL", True, 8, collective="all_reduce") for s in SIZES] + [
+            Measurement(s, 1.0, 1.0, ag, "RING", "SIMPLE", True, None, collective="all_gather") for s in SIZES]
+
+    base = {(c, s): st for c in ("all_reduce", "all_gather") for s, st in BASE.items()}
+    tree, ring = SizeCandidate("tree", "ll", only=("allreduce",)), SizeCandidate("ring", "ll")
+    got = table_inputs(["allreduce", "allgather"], base, [(tree, [trial(130, 140)]), (ring, [trial(90, 110)])],
+                       [trial(100, 100), trial(100, 100)])
+    assert [m.candidate for m in got["allreduce"].measured] == [tree, ring]
+    assert [m.candidate for m in got["allgather"].measured] == [ring]  # Tree's trial says nothing of all_gather
+    assert got["allgather"].measured[0].stats[MIB].median == 110
+    assert got["allreduce"].measured[0].used[MIB] == Seen("ring", "ll", 8)
+    assert got["allgather"].default_used[MIB] == Seen("ring", "simple", None)
+    assert set(got["allgather"].baseline) == set(SIZES)
+
+
+def test_the_report_names_the_collective_of_every_entry() -> None:
+    from nccltune.render import table_lines
+    from nccltune.tablestage import TableOutcome
+
+    ag = {RING_LL: {s: 120.0 if s in SMALL else 95.0 for s in SIZES}}
+    ar = {TREE_LL128: {s: 125.0 if s in LARGE else 90.0 for s in SIZES}}
+    t = _table(_inputs(ag, ar))
+    table = to_table(t, fingerprint=FP, nranks=2)
+    out = TableOutcome("active", t, table, render_table(table), None, spans(t), default_channels=16)
+    lines = table_lines(out)
+    assert "  allgather  [64KiB, 512KiB) (measured 64KiB, 256KiB): ring/ll" in lines
+    assert "  allreduce  [512KiB, 16MiB] (measured 1MiB, 4MiB, 16MiB): tree/ll128" in lines
+    assert [e["collective"] for e in out.as_dict()["entries"]] == ["allgather", "allreduce"]  # type: ignore[index]

@@ -170,8 +170,15 @@ def test_the_plan_shows_the_profiles_collectives_and_a_longer_estimate(
     assert fsdp["not_measured"] == {}
     ddp = json.loads(_plan(tmp_path, capsys, "--profile", "ddp", "--json"))
     assert [c["collective"] for c in ddp["collectives"]] == ["all_reduce"]
-    assert ddp["estimate"]["trials"] == fsdp["estimate"]["trials"]
-    assert fsdp["estimate"]["seconds"] > ddp["estimate"]["seconds"]
+    # The same trials but the per-size Tree candidates (Tree runs only all-reduce, which fsdp does not
+    # measure), each trial twice the collectives.
+    assert ddp["per_size"]["collectives"] == ["allreduce"]
+    assert fsdp["per_size"]["collectives"] == ["allgather", "reducescatter"]
+    tree = [c for c in ddp["per_size"]["candidates"] if c["label"].startswith("tree/")]
+    assert len(tree) == 3 and not any(c["label"].startswith("tree/") for c in fsdp["per_size"]["candidates"])
+    assert fsdp["estimate"]["trials"] == ddp["estimate"]["trials"] - len(tree)
+    assert (fsdp["estimate"]["seconds"] / fsdp["estimate"]["trials"]
+            > ddp["estimate"]["seconds"] / ddp["estimate"]["trials"])
 
 
 def test_collectives_without_numbers_are_listed_with_why_in_the_plan_and_the_report() -> None:

@@ -4,21 +4,30 @@ key, an NCCL_TUNER_PLUGIN already set (plan and doctor), and a CPU-demo sweep en
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 from demo_state import SNAPSHOT, clean_env
 
 from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.doctor import diagnose, existing_tuner
 from nccltune.errors import InputError
+from nccltune.fleet.schema import validate
 from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
+from nccltune.records import Measurement, TrialResult
 from nccltune.sweep.space import CATALOGUE
+from nccltune.tablestage import TableOutcome
 from nccltune.topology.paths import compute_paths
+from nccltune.trials.session import TrialSession
+from nccltune.tuner.build import find_compiler
 from nccltune.tuner.table import parse_table
 
 # Without NCCL variables and with no NCCL conf file of whoever runs the tests.
@@ -159,6 +168,9 @@ def test_demo_sweep_end_to_end_shows_the_table_not_measured_with_nccl(tmp_path: 
     assert path.parent == state / "runs" / f"{run.id:05d}"
     parsed = parse_table(path.read_text(), str(path))
     assert len(parsed.entries) == len(table["entries"])
+    sweep_schema = json.loads((REPO / "schemas" / "sweep.schema.json").read_text())
+    validate(table, sweep_schema["$defs"]["tuner_table"], sweep_schema)
+    assert {e["collective"] for e in table["entries"]} <= {"allreduce"}  # balanced weighs all_reduce alone
     assert all((e.nnodes, e.nranks, e.ranks_per_node) == (1, 2, 2) for e in parsed.entries)
     for e in table["entries"]:
         assert f"{e['algo']}/{e['proto']}" in got.stdout
@@ -201,3 +213,142 @@ def test_nccltunes_own_published_tuner_is_neither_foreign_nor_a_pin() -> None:
     plan = pipe.plan()[0]
     assert plan.per_size is not None and plan.per_size.active
     assert not {"NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT"} & set(plan.pinned)
+
+
+# -- the final check protects every collective of the profile ------------------------------------------
+
+
+class _Trials:
+    """What TableStage asks of a trial session (trial, seq, results), answered with synthetic
+    measurements: NCCL's defaults at 100 GB/s everywhere (+-0.2% from trial to trial), and what
+    `speed(env, phase, collective, size)` says for everything else."""
+
+    COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+    def __init__(self, sizes: list[int], speed: Callable[[dict[str, str], str, str, int], float]) -> None:
+        self.sizes, self.speed = sizes, speed
+        self.seq = 0
+        self.results: list[tuple[dict[str, str], TrialResult]] = []
+
+    def trial(self, env: Mapping[str, str], phase: str, label: str) -> TrialResult:
+        self.seq += 1
+        jitter = 1.0 + 0.002 * (self.seq % 3 - 1)
+        sizes = [Measurement(s, 1.0, 1.0, (100.0 if not env else self.speed(dict(env), phase, c, s)) * jitter,
+                             "RING", "LL" if s < (1 << 20) else "SIMPLE", True, 16, collective=c)
+                 for c in self.COLLECTIVES for s in self.sizes]
+        result = TrialResult("ok", None, sizes, 1.0, nccl={"coll_channels": 16})
+        self.results.append((dict(env), result))
+        return result
+
+
+def _stage_result(speed: Callable[[dict[str, str], str, str, int], float],
+                  tmp_path: Path) -> tuple[TableOutcome, int]:
+    """The per-size stage on the 2x H200 recording as a GPU node under fsdp, its trials answered by `speed`.
+    The trials measure all_reduce besides fsdp's two collectives, so the table has all-reduce entries
+    too; only all_gather and reduce_scatter weigh."""
+    from nccltune.sweep import profiles
+    from nccltune.sweep.pertable import per_size_candidates
+    from nccltune.sweep.select import size_stats
+    from nccltune.sweep.strategy import SearchResult
+    from nccltune.tablestage import TableStage
+
+    cfg = parse_config("sweep:\n  profile: fsdp\n")
+    pipe, _ = _plan(cfg, ENV, gpu=True)
+    plan = pipe.plan()[0]
+    assert plan.per_size is not None and plan.per_size.collectives == ["allgather", "reducescatter"]
+    got = per_size_candidates(_Trials.COLLECTIVES, ll128=True, nranks=2, nccl_version="2.28.9")
+    plan.per_size = dataclasses.replace(plan.per_size, collectives=got.collectives, candidates=got.candidates)
+    trials = _Trials(plan.sizes, speed)
+    base_runs = [trials.trial({}, "baseline", f"defaults #{i}").busbw_by_key() for i in (1, 2, 3)]
+    result = SearchResult(base_runs, size_stats(base_runs), [], [], None, None,
+                          profiles.weights("fsdp", plan.sizes, {}))
+    tmp_path.mkdir()
+    stage = TableStage(cfg, plan, typing.cast(TrialSession, trials), work_dir=tmp_path, common={"NCCL_TOPO_FILE": "t"},
+                       nranks=2, fingerprint="0123456789abcdef", demo=False)
+    return stage.run(result), max(plan.sizes)
+
+
+def _table_wins(slower_all_gather_at: int | None) -> Callable[[dict[str, str], str, str, int], float]:
+    """Per size: Tree/LL128 (all_reduce only) wins all_reduce, Ring/LL wins all_gather; the whole
+    result with the table keeps both gains in the final check, except all_gather at one size."""
+    def speed(env: dict[str, str], phase: str, collective: str, size: int) -> float:
+        if phase == "final" and "NCCL_TUNER_PLUGIN" in env:
+            if collective == "all_gather":
+                return 90.0 if size == slower_all_gather_at else 120.0
+            return 130.0 if collective == "all_reduce" else 100.0
+        if env.get("NCCL_ALGO") == "allreduce:Tree" and env.get("NCCL_PROTO") == "allreduce:LL128":
+            return 130.0 if collective == "all_reduce" else 100.0
+        if env.get("NCCL_ALGO") == "Ring" and env.get("NCCL_PROTO") == "LL":
+            return 120.0 if collective == "all_gather" else 100.0
+        return 100.0
+    return speed
+
+
+def test_a_table_that_slows_all_gather_is_not_published_under_fsdp(tmp_path: Path) -> None:
+    if find_compiler() is None:
+        pytest.skip("no C compiler to build the tuner plugin")
+    out, largest = _stage_result(_table_wins(slower_all_gather_at=None), tmp_path / "good")
+    assert out.table is not None
+    assert {e.collective for e in out.table.entries} == {"allreduce", "allgather"}
+    assert {(e.algo, e.proto) for e in out.table.entries if e.collective == "allreduce"} == {("tree", "ll128")}
+    assert {(e.algo, e.proto) for e in out.table.entries if e.collective == "allgather"} == {("ring", "ll")}
+    assert out.publication is not None and out.chosen is out.whole  # faster where fsdp weighs, slower nowhere
+    # The same table, its all_gather slower at one size beyond the noise in the final check: the gains of
+    # all_reduce and of all_gather elsewhere do not buy it, and nothing of the table is published.
+    out, largest = _stage_result(_table_wins(slower_all_gather_at=largest), tmp_path / "bad")
+    assert out.whole is not None and out.whole.verdict is not None and not out.whole.verdict.eligible
+    assert "slower than the defaults" in out.whole.verdict.reason and "all_gather" in out.whole.verdict.reason
+    assert out.publication is None and out.chosen is not out.whole
+    assert any("was not published" in n for n in out.notes)
+
+
+@pytest.mark.parametrize(("profile", "collectives", "candidates"), [
+    ("ddp", ["allreduce"], 6), ("balanced", ["allreduce"], 6), ("moe", ["allreduce"], 6),
+    ("fsdp", ["allgather", "reducescatter"], 3)])
+def test_the_plan_measures_per_size_what_the_tuner_steers(profile: str, collectives: list[str],
+                                                          candidates: int) -> None:
+    from nccltune.render import plan_doc, plan_text
+
+    pipe, trials = _plan(parse_config(f"sweep:\n  profile: {profile}\n"), ENV, gpu=True)
+    plan = pipe.plan()[0]
+    ps = plan.per_size
+    assert ps is not None and ps.active and ps.collectives == collectives
+    assert len(ps.candidates) == candidates
+    # all_reduce the only collective a tuner steers: plain NCCL_ALGO=Tree, as before there were others.
+    assert all(not c.only for c in ps.candidates)
+    doc = plan_doc(plan, pipe.node(), trials, 60.0, profile)
+    assert doc["per_size"]["collectives"] == collectives
+    plan_schema = json.loads((REPO / "schemas" / "plan.schema.json").read_text())
+    validate(doc["per_size"], plan_schema["$defs"]["per_size"], plan_schema)
+    pruned = {p["what"]: p["reason"] for p in doc["per_size"]["pruned"]}
+    if profile == "moe":
+        assert pruned["all_to_all"].startswith("not seen by NCCL's tuner")
+        assert "not measured: all_to_all: not seen by NCCL's tuner" in plan_text(plan, pipe.node(), trials, 60.0,
+                                                                                  profile)
+    else:
+        assert "all_to_all" not in pruned
+
+
+def test_a_profile_of_send_recv_alone_has_no_per_size_table() -> None:
+    pipe, _ = _plan(parse_config("sweep:\n  profile: pipeline\n"), ENV, gpu=True)
+    plan = pipe.plan()[0]
+    assert plan.per_size is not None and not plan.per_size.active
+    assert plan.per_size.inactive_text.startswith("per-size tuner table not active: no measured collective is "
+                                                  "steered by a tuner (sendrecv: not seen by NCCL's tuner")
+    assert plan.variables["NCCL_ALGO"]  # the whole-environment search keeps them
+
+
+def test_a_profile_of_all_reduce_and_all_gather_sets_tree_for_all_reduce_alone() -> None:
+    from nccltune.render import plan_text
+
+    cfg = parse_config("sweep:\n  profile: both\n  profiles:\n    both:\n      all_reduce: {1MiB: 1}\n"
+                       "      all_gather: {1MiB: 1}\n")
+    pipe, trials = _plan(cfg, ENV, gpu=True)
+    plan = pipe.plan()[0]
+    ps = plan.per_size
+    assert ps is not None and ps.collectives == ["allreduce", "allgather"]
+    assert len(ps.candidates) == 6  # no more trials than for all_reduce alone
+    assert {c.env()["NCCL_ALGO"] for c in ps.candidates} == {"Ring", "allreduce:Tree"}
+    text = plan_text(plan, pipe.node(), trials, 60.0, "both")
+    assert "tree/ll (allreduce only): NCCL_ALGO=allreduce:Tree NCCL_PROTO=allreduce:LL" in text
+    assert "NCCL's version is not known when planning" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,13 @@ from typing import Any
 from .. import __version__
 from ..config import Config
 from ..errors import InputError
-from ..publish import Provenance, PublishedFiles, atomic_write, publish, update_nccl_conf, validate_env
+from ..publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf, validate_env
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
 from .decide import PROFILE_KIND, TOPO_FILE, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node
+from .table import profile_tuner
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +107,12 @@ def _note(path: Path, doc: Mapping[str, Any]) -> str:
             f"{len(nodes)} node(s), {samples} trial(s))")
 
 
-def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance) -> PublishedFiles:
-    """The one place a profile is published: the node's publish directory and, where configured,
-    the managed block of its NCCL conf file."""
-    published = publish(cfg.publish_dir, env, prov)
+def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance,
+                    tuner: Tuner | None = None) -> PublishedFiles:
+    """The one place a profile is published: the node's publish directory (with the profile's
+    tuner plugin and table, when given: files of the generation) and, where configured, the
+    managed block of its NCCL conf file."""
+    published = publish(cfg.publish_dir, env, prov, tuner=tuner)
     if cfg.nccl_conf is not None:
         update_nccl_conf(cfg.nccl_conf, env, prov)
     return published
@@ -147,13 +151,17 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
     validate_env(env, source=f"{cfg.path or 'config'}: sweep.pin")
+    from ..tuning import tuning_fingerprint
+
+    tuning_fp = tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo)
+    # Checked (and the plugin built) before anything is written; the table carries the fingerprint
+    # the node publishes, which the plugin checks.
+    tuner, table_note = profile_tuner(cfg, doc, str(path), tuning_fp, os.environ)
     if doc["topology_file"]:
         # The class shares the tree's shape, not its bus ids: each node points NCCL at its own XML.
         atomic_write(cfg.topology_file, render_xml(node.topo.system))
         env[TOPO_FILE] = str(cfg.topology_file)
-    note = _note(path, doc)
-    from ..tuning import tuning_fingerprint
-
+    note = _note(path, doc) + (f"; {table_note}" if table_note else "")
     prov = Provenance(
         nccltune_version=__version__,
         created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
@@ -162,8 +170,8 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
         gains=profile_gains(doc), note=note,
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
-        tuning_fingerprint=tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo),
+        tuning_fingerprint=tuning_fp,
         state="tuned")
-    published = publish_profile(cfg, env, prov)
+    published = publish_profile(cfg, env, prov, tuner)
     log.info("applied %s: generation %d", note, published.generation)
     return ApplyResult(path, str(doc["node_class"]["id"]), env, published, note)

@@ -1,11 +1,21 @@
-"""`nccltune fleet decide`: one environment for every node of one class, from all their sweeps.
+"""`nccltune fleet decide`: one environment and tuner table for every node of one class, from all
+their sweeps.
 
 The exports of the nodes of one class are pooled: every ok baseline trial of every node is one
-sample of NCCL's defaults, every ok finalist trial one sample of its candidate, per size. The
-pooled samples then go through the same rules a node's own sweep applies
-(nccltune.sweep.select.judge: the per-size gain beyond the noise, the veto of the medians, the
-largest allowed regression), so a class profile is what the sweep would have chosen had it
-measured all the nodes itself.
+sample of NCCL's defaults, every ok finalist trial one sample of its candidate, per collective and
+size (a measurement without a collective, from an older export, is all_reduce's). The pooled
+samples then go through the same rules a node's own sweep applies
+(nccltune.sweep.select.judge with the profile's weight per collective and size: the gain beyond
+the noise, the veto of the medians, the largest allowed regression of any collective), so a class
+profile is what the sweep would have chosen had it measured all the nodes itself.
+
+The tuner table comes from the per-size stage's trials of the exports (labelled
+sweep.pertable.TRIAL_LABEL), pooled per candidate, through the node's own per-size choice
+(sweep.pertable.choose_table), as entries for one node of the class (its ranks per node). A
+channel count above the defaults' is left out: on a node it is published for single-node jobs
+only, and a class profile is for jobs of any number of nodes. The table's entries are judged per
+size as a node screens them, now on every node's samples; the class has no final check of the
+environment and table together (each node's own final check ran its own table).
 
 A candidate counts only when every node of the pool measured it: comparing one node's candidate
 with every node's defaults would judge the node, not the candidate.
@@ -24,7 +34,19 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError, UsageError
-from ..sweep.select import SizeStats, Verdict, fmt_size, judge, profile_weights, size_stats
+from ..records import ALL_REDUCE, Measurement
+from ..sweep import profiles
+from ..sweep.pertable import (
+    TRIAL_LABEL,
+    TUNER_NAMES,
+    SizeCandidate,
+    TableChoice,
+    candidate_of_env,
+    choose_table,
+    table_entries,
+    table_inputs,
+)
+from ..sweep.select import Key, SizeStats, Verdict, judge, key_label, size_stats
 from ..sweep.strategy import CARRIED, TOPO_ONLY, label_of
 from ..topology.nodeclass import class_id_of, describe_difference
 from .export import EXPORT_KIND
@@ -38,6 +60,11 @@ TOPO_FILE = "NCCL_TOPO_FILE"
 # Phases whose trials are repeated measurements of one candidate; screening runs are single
 # shots taken against a fixed baseline median and are left to the node that took them.
 CANDIDATE_PHASES = ("final",)
+# A node's whole result with its tuner table names that node's own plugin and table (files of its
+# run): never a class candidate. The class table is decided from the per-size trials instead.
+TUNER_VARS = ("NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
+NO_RAISE = ("a channel count above the defaults' is published for single-node jobs only, and a class profile "
+            "is for jobs of any number of nodes: no entry there")
 
 
 @dataclass(frozen=True)
@@ -120,8 +147,15 @@ def load_exports(paths: Sequence[Path]) -> list[Export]:
     return exports
 
 
-def _busbw(trial: Mapping[str, Any]) -> dict[int, float]:
-    return {int(m["size_bytes"]): float(m["busbw_gbps"]) for m in trial["measurements"] if m["correct"]}
+def _measurements(trial: Mapping[str, Any]) -> list[Measurement]:
+    """A trial's correct measurements as records (an older export's, without a collective, are all_reduce's)."""
+    return [Measurement(int(m["size_bytes"]), float(m["time_us"]), float(m["algbw_gbps"]), float(m["busbw_gbps"]),
+                        m["algo"], m["proto"], True, m.get("channels"), collective=str(m.get("collective", ALL_REDUCE)))
+            for m in trial["measurements"] if m["correct"]]
+
+
+def _busbw(measurements: Sequence[Measurement]) -> dict[Key, float]:
+    return {(m.collective, m.size_bytes): m.busbw_gbps for m in measurements}
 
 
 @dataclass
@@ -129,24 +163,39 @@ class _Candidate:
     env: dict[str, str]  # without NCCL_TOPO_FILE
     topology_file: bool
     label: str
-    runs: list[dict[int, float]] = field(default_factory=list)
+    runs: list[dict[Key, float]] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _PerSize:
+    """One per-size candidate's trials over the pool."""
+
+    runs: list[list[Measurement]] = field(default_factory=list)
     nodes: set[str] = field(default_factory=set)
 
 
 @dataclass
 class Pool:
-    baseline_runs: list[dict[int, float]]
+    baseline_runs: list[dict[Key, float]]
     candidates: dict[str, _Candidate]
     per_node: list[dict[str, Any]]
     profiles: set[str | None]
     backends: set[str]
     ranks_per_node: int
     policy: dict[str, str]  # carried by every candidate (TORCH_NCCL_ASYNC_ERROR_HANDLING), not swept
+    baseline_measurements: list[list[Measurement]] = field(default_factory=list)  # what NCCL's log showed
+    baseline_channels: list[int] = field(default_factory=list)  # the defaults' channel count, per trial logged
+    per_size: dict[SizeCandidate, _PerSize] = field(default_factory=dict)
 
 
 def pool(exports: Sequence[Export]) -> Pool:
-    """All ok baseline and finalist trials of all nodes, the candidates keyed by environment."""
-    base: list[dict[int, float]] = []
+    """All ok baseline, finalist and per-size trials of all nodes, the candidates keyed by
+    environment, the per-size ones by candidate."""
+    base: list[dict[Key, float]] = []
+    base_measurements: list[list[Measurement]] = []
+    base_channels: list[int] = []
+    per_size: dict[SizeCandidate, _PerSize] = {}
     cands: dict[str, _Candidate] = {}
     per_node = []
     profiles: set[str | None] = set()
@@ -163,11 +212,15 @@ def pool(exports: Sequence[Export]) -> Pool:
             for t in run["trials"]:
                 if t["status"] != "ok":
                     continue
-                values = _busbw(t)
+                measured = _measurements(t)
+                values = _busbw(measured)
                 if not values:
                     continue
                 if t["phase"] == "baseline":
                     base.append(values)
+                    base_measurements.append(measured)
+                    if t.get("coll_channels"):
+                        base_channels.append(int(t["coll_channels"]))
                     n_base += 1
                     continue
                 for name in sorted(CARRIED - {TOPO_FILE}):
@@ -178,7 +231,13 @@ def pool(exports: Sequence[Export]) -> Pool:
                         raise InputError(str(e.path), f"run {run['id']} trial {t['seq']}: {name}={t['env'][name]}, but "
                                          f"{first_seen} has {name}={value}",
                                          hint="sweep every node of the class with the same policy settings")
-                if t["phase"] in CANDIDATE_PHASES:
+                size_cand = candidate_of_env(t["env"]) if str(t["label"]).startswith(TRIAL_LABEL) else None
+                if size_cand is not None:
+                    got = per_size.setdefault(size_cand, _PerSize())
+                    got.runs.append(measured)
+                    got.nodes.add(e.name)
+                    n_cand += 1
+                elif t["phase"] in CANDIDATE_PHASES and not any(v in t["env"] for v in TUNER_VARS):
                     env = {k: v for k, v in t["env"].items() if k != TOPO_FILE}
                     topo_file = TOPO_FILE in t["env"]
                     key = json.dumps([sorted(env.items()), topo_file])
@@ -194,11 +253,13 @@ def pool(exports: Sequence[Export]) -> Pool:
         raise InputError(", ".join(sorted(nranks.values())), f"runs with different numbers of ranks ({sorted(nranks)}) "
                          "do not measure the same job shape", hint="sweep every node with the same bench settings")
     ranks = next(iter(nranks)) if nranks else int(exports[0].doc["node_class"]["facts"]["gpu_count"]) or 1
-    return Pool(base, cands, per_node, profiles, backends, ranks, {k: v for k, (v, _) in policy.items()})
+    return Pool(base, cands, per_node, profiles, backends, ranks, {k: v for k, (v, _) in policy.items()},
+                base_measurements, base_channels, per_size)
 
 
 def _size_doc(st: SizeStats, base: SizeStats | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = {"size_bytes": st.size_bytes, "samples": st.n, "median_busbw_gbps": round(st.median, 4),
+    doc: dict[str, Any] = {"collective": st.collective, "size_bytes": st.size_bytes, "samples": st.n,
+                           "median_busbw_gbps": round(st.median, 4),
                            "low_busbw_gbps": round(st.low, 4), "high_busbw_gbps": round(st.high, 4),
                            "noise_pct": round(st.noise_pct, 3)}
     if base is not None and base.median > 0:
@@ -211,7 +272,77 @@ class Rules:
     profile: str
     min_gain_pct: float
     max_regression_pct: float
-    custom_profiles: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    # sweep.profiles as the sweep reads them: name -> collective -> size -> weight (config.profile_collectives)
+    custom_profiles: profiles.Custom = field(default_factory=dict)
+
+
+def _weights(rules: Rules, baseline: Mapping[Key, SizeStats]) -> dict[Key, float]:
+    """The profile's weight per (collective, size), each collective over its own measured sizes, as
+    a node's sweep weighs them (sweep.profiles.weights).
+
+    Raises:
+        UsageError: a profile neither built in nor in this config's sweep.profiles (exit 2).
+    """
+    out: dict[Key, float] = {}
+    for collective in dict.fromkeys(c for c, _s in sorted(baseline)):
+        sizes = sorted(s for c, s in baseline if c == collective)
+        try:
+            got = profiles.weights(rules.profile, sizes, rules.custom_profiles)
+        except KeyError:
+            raise UsageError(f"profile {rules.profile!r} is neither built in ({', '.join(profiles.BUILTIN)}) nor in "
+                             "this config's sweep.profiles") from None
+        out.update({k: w for k, w in got.items() if k[0] == collective})
+    return out
+
+
+def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
+           all_nodes: set[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The class's tuner table entries (for one node of the class) and their evidence, from the
+    pooled per-size trials through the node's own per-size choice."""
+    order = profiles.collectives_of(rules.profile, rules.custom_profiles)
+    measured = {c for c, _s in baseline}
+    collectives = [TUNER_NAMES[c] for c in order if c in measured and c in TUNER_NAMES]
+    evidence: dict[str, Any] = {"collectives": collectives, "default_channels": None, "candidates": [], "wins": [],
+                                "notes": []}
+    if not pooled.per_size:
+        evidence["status"] = "no per-size trials in the exports (the nodes' sweeps had no tuner table)"
+        return [], evidence
+    if not collectives:
+        evidence["status"] = "no measured collective of the profile is steered by a tuner"
+        return [], evidence
+    counted: list[tuple[SizeCandidate, list[list[Measurement]]]] = []
+    for cand, got in sorted(pooled.per_size.items(), key=lambda kv: kv[0].label):
+        ok = got.nodes == all_nodes
+        evidence["candidates"].append({"label": cand.label, "env": cand.env(), "nodes": len(got.nodes),
+                                       "samples": len(got.runs), "counted": ok})
+        if ok:
+            counted.append((cand, got.runs))
+    channels = sorted(set(pooled.baseline_channels))
+    default_channels = channels[0] if len(channels) == 1 else None
+    if len(channels) > 1:
+        evidence["notes"].append(f"the defaults used different channel counts on the nodes "
+                                 f"({', '.join(map(str, channels))}): channel candidates are not placed")
+    elif not channels and any(cand.channels for cand, _runs in counted):
+        evidence["notes"].append("the exports do not give the defaults' channel count (older exports, or NCCL's "
+                                 "log not read): channel candidates are not placed")
+    evidence["default_channels"] = default_channels
+    choice = choose_table(table_inputs(collectives, baseline, counted, pooled.baseline_measurements),
+                          default_channels=default_channels, min_gain_pct=rules.min_gain_pct,
+                          max_regression_pct=rules.max_regression_pct, allow_raise=False, no_raise_reason=NO_RAISE)
+    evidence["wins"] = _wins_doc(choice)
+    evidence["notes"].extend(choice.notes)
+    entries = table_entries(choice, nranks=pooled.ranks_per_node)
+    evidence["status"] = (f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} from {len(counted)} per-size "
+                          f"candidate(s) measured on every node")
+    return [{"collective": e.collective, "min_bytes": e.min_bytes, "max_bytes": e.max_bytes, "nnodes": e.nnodes,
+             "nranks": e.nranks, "ranks_per_node": e.ranks_per_node, "algo": e.algo, "proto": e.proto,
+             "channels": e.channels or None} for e in entries], evidence
+
+
+def _wins_doc(choice: TableChoice) -> list[dict[str, Any]]:
+    return [{"collective": part.collective, "size_bytes": w.size_bytes, "label": w.candidate.label,
+             "ratio": round(w.ratio, 4), "reason": w.reason}
+            for part in choice.parts for _s, w in sorted(part.wins.items())]
 
 
 def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:
@@ -225,10 +356,10 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         raise InputError(str(exports[0].path), "no ok baseline trial in any export: nothing to compare with",
                          hint="export nodes after a finished sweep")
     baseline = size_stats(pooled.baseline_runs)
-    sizes = sorted(baseline)
-    weights = profile_weights(rules.profile, sizes, rules.custom_profiles)
+    keys = sorted(baseline)
+    weights = _weights(rules, baseline)
     all_nodes = {e.name for e in exports}
-    judged: list[tuple[_Candidate, Verdict[int] | None, dict[int, SizeStats], str]] = []
+    judged: list[tuple[_Candidate, Verdict[Key] | None, dict[Key, SizeStats], str]] = []
     for key in sorted(pooled.candidates):
         cand = pooled.candidates[key]
         stats = size_stats(cand.runs)
@@ -244,7 +375,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
     # the topology file alone only when nothing else qualifies.
     eligible = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label != TOPO_ONLY]
     topo = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label == TOPO_ONLY]
-    chosen: tuple[_Candidate, Verdict[int]] | None = None
+    chosen: tuple[_Candidate, Verdict[Key]] | None = None
     if eligible:
         chosen = max(eligible, key=lambda cv: cv[1].gain_pct)
     elif topo:
@@ -257,6 +388,10 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         verdict_text = "no candidate beat NCCL's defaults on the pooled samples; the class keeps the defaults"
     else:
         verdict_text = f"{chosen[0].label}: {chosen[1].reason}"
+    tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes)
+    if first["demo"]:
+        table_evidence["notes"].append("CPU demo: computed from gloo trials, which NCCL's tuner never steers; "
+                                       "`nccltune apply` does not publish it")
     created = (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds")
     return {
         "kind": PROFILE_KIND,
@@ -278,28 +413,31 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
             "nodes": pooled.per_node,
             "rules": {"profile": rules.profile, "min_gain_pct": rules.min_gain_pct,
                       "max_regression_pct": rules.max_regression_pct,
-                      "weights": {str(s): w for s, w in sorted(weights.items())}},
-            "baseline": [_size_doc(baseline[s]) for s in sizes],
+                      "weights": {f"{c}:{s}": w for (c, s), w in sorted(weights.items())}},
+            "baseline": [_size_doc(baseline[k]) for k in keys],
             "candidates": [
                 {"label": c.label, "env": dict(sorted(c.env.items())), "topology_file": c.topology_file,
                  "nodes": len(c.nodes), "eligible": bool(v and v.eligible), "reason": reason,
                  "gain_pct": None if v is None else round(v.gain_pct, 3),
                  "robust_gain_pct": None if v is None else round(v.robust_gain_pct, 3),
-                 "per_size": [_size_doc(st, baseline.get(s)) for s, st in sorted(stats.items())]}
+                 "per_size": [_size_doc(st, baseline.get(k)) for k, st in sorted(stats.items())]}
                 for c, v, stats, reason in judged
             ],
             "verdict": verdict_text,
+            "table": table_evidence,
         },
         "provenance": {"created_by": "nccltune fleet decide", "created_at": created, "nccltune_version": __version__},
-        "tuner_table": [],
+        "tuner_table": tuner_table,
     }
 
 
 def profile_gains(profile: Mapping[str, Any]) -> dict[str, float]:
-    """The chosen candidate's median ratio per size ("64MiB" -> 1.12), for the publish header."""
+    """The chosen candidate's median ratio per collective and size ("64MiB" for all_reduce,
+    "all_gather 64MiB" for another -> 1.12), for the publish header, as a node's sweep names them."""
     for cand in profile["evidence"]["candidates"]:
         if cand["label"] == profile["chosen"] and cand["eligible"]:
-            return {fmt_size(int(s["size_bytes"])): float(s["ratio"]) for s in cand["per_size"] if "ratio" in s}
+            return {key_label((str(s.get("collective", ALL_REDUCE)), int(s["size_bytes"]))): float(s["ratio"])
+                    for s in cand["per_size"] if "ratio" in s}
     return {}
 
 
@@ -308,7 +446,7 @@ def dumps_profile(doc: Mapping[str, Any]) -> str:
 
 
 def rules_from(profile: str | None, runs_profiles: set[str | None], *, min_gain_pct: float,
-               max_regression_pct: float, custom: Mapping[str, Mapping[int, float]]) -> Rules:
+               max_regression_pct: float, custom: profiles.Custom) -> Rules:
     """The choice rules: the objective the nodes swept for (or the one asked for), the thresholds
     of this config.
 

@@ -62,12 +62,17 @@ def run_nccl_version(run: RunRecord, trials: list[TrialRecord]) -> str | None:
 
 
 def _trial_doc(t: TrialRecord) -> dict[str, Any]:
+    channels = (t.nccl or {}).get("coll_channels")
     return {
         "seq": t.seq, "phase": t.phase, "label": t.label, "env": dict(sorted(t.env.items())),
         "status": t.status, "reason": t.reason, "wall_s": t.wall_s,
+        # The communicator's channel count as NCCL's log showed it: the per-size choice places a
+        # channel candidate above or below it.
+        "coll_channels": channels if isinstance(channels, int) and channels > 0 else None,
         "measurements": [
-            {"size_bytes": m.size_bytes, "time_us": m.time_us, "algbw_gbps": m.algbw_gbps,
-             "busbw_gbps": m.busbw_gbps, "algo": m.algo, "proto": m.proto, "correct": m.correct}
+            {"collective": m.collective, "size_bytes": m.size_bytes, "time_us": m.time_us,
+             "algbw_gbps": m.algbw_gbps, "busbw_gbps": m.busbw_gbps, "algo": m.algo, "proto": m.proto,
+             "channels": m.channels, "correct": m.correct}
             for m in t.measurements
         ],
     }

@@ -25,7 +25,7 @@ from ..topology.model import Topology
 from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
 from ..topology.paths import RANK, PathMatrix
 from ..tuner.build import is_own_tuner
-from .pertable import PrunedCandidate, SizeCandidate, algo_proto_candidates
+from .pertable import PrunedCandidate, SizeCandidate, per_size_candidates
 from .space import CATALOGUE, MANAGED, level_of
 
 NVLINK_TYPES = ("NVL", "NVB")
@@ -78,12 +78,13 @@ PER_SIZE_REASON = "measured per size as (algorithm, protocol, channels) candidat
 class PerSizePlan:
     """The per-size part of a plan: whether the tuner table is active, and what is measured for it.
 
-    Channel candidates are half and double the channel count NCCL's defaults use, known only once
-    the baseline's NCCL log shows it."""
+    Channel candidates are half and a third more of the channel count NCCL's defaults use, known
+    only once the baseline's NCCL log shows it."""
 
     active: bool
     reason: str | None = None  # why it is not active
     candidates: list[SizeCandidate] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)  # the measured ones the table steers (its spelling)
     channels: bool = False  # whether channel candidates follow the baseline
     pruned: list[PrunedCandidate] = field(default_factory=list)
     measured_with_nccl: bool = True  # False on the CPU demo: the table is computed, never loaded
@@ -244,10 +245,15 @@ def build_plan(
 
 
 def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_reason: str | None,
-                  user_variables: Sequence[str], demo: bool, exclude: Sequence[str] = ()) -> PerSizePlan:
+                  user_variables: Sequence[str], demo: bool, exclude: Sequence[str] = (),
+                  collectives: Sequence[str] = ("all_reduce",), nccl_version: str | None = None) -> PerSizePlan:
     """Add the per-size candidates to the plan (or say why there are none). When the table is active,
     the catalogue's algorithm, protocol and channel values leave the whole-environment search (the
-    per-size candidates measure them, in pairs), unless the config names them in sweep.variables."""
+    per-size candidates measure them, in pairs), unless the config names them in sweep.variables.
+
+    `collectives` are the ones every trial measures (nccltune's names); the table steers those NCCL
+    asks a tuner about. `nccl_version`, where known before the trials, decides whether an algorithm
+    that runs only some of them can be set for those alone (sweep.pertable.per_size_candidates)."""
     if inactive_reason is None and plan.nranks < 2:
         inactive_reason = "one rank: NCCL consults no tuner"
     if inactive_reason is None and plan.shape.crosses_nic:
@@ -256,7 +262,15 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
         plan.per_size = PerSizePlan(False, inactive_reason)
         plan.notes.append(plan.per_size.inactive_text)
         return plan.per_size
-    candidates, pruned = algo_proto_candidates(ll128=ll128_auto(topo, paths), nranks=plan.nranks)
+    got = per_size_candidates(collectives, ll128=ll128_auto(topo, paths), nranks=plan.nranks,
+                              nccl_version=nccl_version)
+    candidates, pruned = got.candidates, got.pruned
+    if not got.collectives:
+        why = "; ".join(f"{p.what}: {p.reason}" for p in pruned)
+        plan.per_size = PerSizePlan(False, f"no measured collective is steered by a tuner ({why})", pruned=pruned,
+                                    collectives=[])
+        plan.notes.append(plan.per_size.inactive_text)
+        return plan.per_size
     pinned_ap = [n for n in ("NCCL_ALGO", "NCCL_PROTO") if n in plan.pinned]
     if pinned_ap:
         candidates = []
@@ -274,10 +288,12 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
         pruned.append(PrunedCandidate("channels", "excluded by config (sweep.exclude)"))
     if not candidates and not channels:
         why = "; ".join(f"{p.what}: {p.reason}" for p in pruned if p.what in ("algorithm/protocol", "channels"))
-        plan.per_size = PerSizePlan(False, f"nothing left to measure per size ({why})", pruned=pruned)
+        plan.per_size = PerSizePlan(False, f"nothing left to measure per size ({why})", pruned=pruned,
+                                    collectives=got.collectives)
         plan.notes.append(plan.per_size.inactive_text)
         return plan.per_size
-    ps = PerSizePlan(True, None, candidates, channels, pruned, measured_with_nccl=not demo)
+    ps = PerSizePlan(True, None, candidates, got.collectives, channels, pruned, measured_with_nccl=not demo,
+                     notes=list(got.notes) if candidates else [])
     if demo:
         ps.notes.append("CPU demo: the table is computed and shown, not measured with NCCL (gloo cannot load "
                         "NCCL's tuner plugin)")

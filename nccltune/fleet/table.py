@@ -1,0 +1,82 @@
+"""A class profile's tuner table on one node: checked, rendered with this node's tuning
+fingerprint, and the plugin built, for `nccltune apply` to publish with the environment.
+
+The rules are a node's own sweep's: nothing of the table is published under `tuner.plugin: keep`,
+nor under `auto` when another tuner is already set (environment or NCCL's conf files), nor on
+the CPU demo (gloo never loads NCCL's tuner), nor without a C compiler; the profile's environment
+is published all the same, as it was judged on its own. A table the plugin would refuse is
+refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..doctor import default_conf_files, existing_tuner
+from ..errors import InputError
+from ..publish import Tuner
+from ..tuner.build import build_plugin
+from ..tuner.table import TableEntry, TunerTable, render_table
+
+log = logging.getLogger(__name__)
+
+
+def profile_table(doc: Mapping[str, Any], where: str, fingerprint: str) -> TunerTable:
+    """The profile's entries as a table carrying `fingerprint` (the tuning fingerprint the node
+    publishes, which the plugin checks).
+
+    Raises:
+        InputError: an entry the plugin would refuse (exit 78).
+    """
+    entries = tuple(TableEntry(str(e["collective"]), int(e["min_bytes"]), int(e["max_bytes"]), int(e["nnodes"]),
+                               int(e["nranks"]), int(e["ranks_per_node"]), str(e["algo"]), str(e["proto"]),
+                               int(e["channels"] or 0)) for e in doc["tuner_table"])
+    table = TunerTable(fingerprint, entries)
+    try:
+        render_table(table)
+    except ValueError as exc:
+        raise InputError(where, f"tuner_table: {exc}", hint="regenerate the profile with `nccltune fleet decide`") \
+            from exc
+    return table
+
+
+def profile_tuner(cfg: Config, doc: Mapping[str, Any], where: str, fingerprint: str,
+                  env: Mapping[str, str]) -> tuple[Tuner | None, str | None]:
+    """The plugin and table to publish for this profile, or None; and what to say about the table
+    (None when the profile has none). `env` is the calling environment (for a tuner already set).
+
+    Raises:
+        InputError: the table is malformed (exit 78).
+    """
+    if not doc["tuner_table"]:
+        return None, None
+    table = profile_table(doc, where, fingerprint)
+    why = _not_published(cfg, doc, env)
+    if why is None:
+        with tempfile.TemporaryDirectory(prefix="nccltune-apply-") as tmp:
+            built = build_plugin(Path(tmp))
+            if built.ok and built.path is not None:
+                plugin = built.path.read_bytes()
+                return Tuner(plugin, render_table(table)), f"tuner table of {len(table.entries)} entries"
+            why = built.reason or built.message
+    # The demo never publishes a table (as its own sweep never does): nothing to warn about.
+    (log.info if doc["demo"] else log.warning)("%s: the tuner table is not published: %s", where, why)
+    return None, f"tuner table not published: {why}"
+
+
+def _not_published(cfg: Config, doc: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+    if doc["demo"]:
+        return "CPU demo profile (gloo never loads NCCL's tuner)"
+    if cfg.tuner.plugin == "keep":
+        return "tuner.plugin is keep: nccltune never sets NCCL_TUNER_PLUGIN"
+    existing = existing_tuner(env, default_conf_files(env))
+    if existing is not None and cfg.tuner.plugin == "auto":
+        value, source = existing
+        return (f"NCCL_TUNER_PLUGIN={value} (from {source}) is already set and kept (tuner.plugin: auto; set "
+                "tuner.plugin: nccltune to replace it)")
+    return None
