@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__
 from .choice import Choice, choose, split_scopes
 from .config import Config
-from .errors import InputError
+from .errors import InputError, UnavailableError
 from .lock import SweepLock
 from .names import DEMO_LABEL
 from .node import ONE_GPU, Node, load_node, require_idle
@@ -114,6 +114,7 @@ class SweepPipeline:
         self.abort_check = abort_check
         self.env = dict(os.environ if env is None else env)
         self._node = node
+        self._probed: dict[str, str | None] = {}  # worker interpreter -> the NCCL version it loads
 
     @property
     def profile(self) -> str:
@@ -125,13 +126,31 @@ class SweepPipeline:
             self._node = load_node(self.cfg, self.demo)
         return self._node
 
+    def nccl_version(self, python: str | None = None) -> str | None:
+        """The NCCL version the trials will load, as the worker interpreter (`python`, default the
+        one bench.python names or the sweep finds) reports it: probed once per sweep, for the plan
+        (which per-size candidates NCCL can take) and the tuning fingerprint. None on the CPU demo,
+        on a node with nothing to measure, or when the probe fails."""
+        node = self.node()
+        if node.demo or not node.measurable:
+            return None
+        exe = python or find_worker_python(self.cfg.bench.python)
+        if exe not in self._probed:
+            version = probe_nccl(exe).get("nccl_version")
+            self._probed[exe] = version if isinstance(version, str) else None
+        return self._probed[exe]
+
     def job_shape(self) -> JobShape | None:
         """The shape the plan prunes for; None for a sweep of this node's own ranks."""
         return self.launch.shape(self.node().nranks).plan_shape() if self.launch else None
 
     def plan(self) -> tuple[Plan, Search]:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
-        plan = make_plan(self.cfg, self.node(), self.env, self.job_shape())
+        try:
+            nccl_version = self.nccl_version()
+        except UnavailableError:
+            nccl_version = None  # no worker interpreter yet: the plan can still be shown
+        plan = make_plan(self.cfg, self.node(), self.env, self.job_shape(), nccl_version=nccl_version)
         search = Search(plan, settings(self.cfg, plan), lambda e, p, lbl: None,
                         common={"NCCL_TOPO_FILE": "<topology file>"}, weights=self.workload(plan).weights)
         return plan, search
@@ -151,7 +170,7 @@ class SweepPipeline:
         started = time.monotonic()
         node = self.node()
         require_idle(node, self.cfg.sweep.force)
-        plan = make_plan(self.cfg, node, self.env, self.job_shape())
+        plan = make_plan(self.cfg, node, self.env, self.job_shape(), nccl_version=self.nccl_version())
         state = Path(self.cfg.state_dir)
         try:
             ensure_dir(state, "state directory")
@@ -315,9 +334,8 @@ class _Sweep:
         if self._tuning_fp is None:
             # The daemon compares this with what it computes from its own probe of the worker's
             # NCCL, so both sides take the version from the same place.
-            self._tuning_fp = tuning_fingerprint(
-                self.cfg, self.node.fingerprint,
-                None if self.node.demo else probe_nccl(self.engine.python).get("nccl_version"), self.node.demo)
+            self._tuning_fp = tuning_fingerprint(self.cfg, self.node.fingerprint,
+                                                 self.pipe.nccl_version(self.engine.python), self.node.demo)
         return self._tuning_fp
 
     def _per_size(self, session: TrialSession, result: SearchResult) -> SearchResult:
