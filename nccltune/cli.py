@@ -1085,7 +1085,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     doc = decide(exports, rules)
     atomic_write(Path(args.out), dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
-    out(f"{len(exports)} node(s); profile written to {args.out}")
+    out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")
     return EXIT_OK
 
 
