@@ -795,13 +795,14 @@ class SrunLaunch(Launch):
             # Slurm sets CUDA_VISIBLE_DEVICES for each task to them (the worker takes the one it sees).
             argv.append(f"--gpus-per-task={self.gpus_per_task}")
         # --kill-on-bad-exit=1: the step is terminated as soon as any task exits non-zero (this takes
-        # precedence over --wait). --wait: the remaining tasks are terminated this long after the
-        # first task ends; without it, slurm.conf's WaitTime decides (0 there: no limit).
+        # precedence over --wait; current Slurm documents it as needing proctrack/cgroup with
+        # cgroup/v2). --wait: the remaining tasks are terminated this long after the first task
+        # ends; without it, slurm.conf's WaitTime decides. The runner's timeout stays the last word.
         argv += ["--kill-on-bad-exit=1", f"--wait={SRUN_WAIT_S}"]
         # --export=ALL,NAMES: a name without a value passes srun's current value to every task (values
         # stay out of the list: it is comma-separated, and NCCL_IB_HCA's values hold commas). Given
-        # on the command line, it overrides SLURM_EXPORT_ENV, which `sbatch --export=NONE` leaves
-        # set for the steps of its job.
+        # on the command line, it wins over the export setting steps would otherwise inherit from
+        # sbatch (--export=NONE, say): srun's command line options override its environment variables.
         argv.append(f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}")
         return [*argv, f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", str(WORKER),
                 *worker_args(trial.worker)]
