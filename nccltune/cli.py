@@ -1085,7 +1085,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     atomic_write(Path(args.out), dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")
-    out(f"{len(exports)} node(s); profile written to {args.out}")
+    out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")
     return EXIT_OK
 
 

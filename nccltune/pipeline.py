@@ -234,7 +234,8 @@ class _Sweep:
         # A sweep over several nodes (or through the NICs) measures a job shape, not this node: its
         # trials are stored with the shape and the node class, for `nccltune export` and
         # `nccltune fleet decide`; nothing of it is published on this node.
-        self.launch = (pipe.launch.build(node.nranks, node_class=node_class(node.topo).id)
+        self.launch = (pipe.launch.build(node.nranks, node_class=node_class(node.topo).id,
+                                         gpus=node.backend == "nccl")
                        if pipe.launch else None)
         topology: dict[str, Any] = run_topology(node)
         if self.launch is not None:

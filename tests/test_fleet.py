@@ -261,7 +261,8 @@ def test_malformed_or_unsafe_profile_is_refused(fleet: dict[str, Any], tmp_path:
 
 
 def _synthetic_export(host: str, base: list[float], cand: list[float], tmp_path: Path,
-                      cand_env: dict[str, str]) -> Export:
+                      cand_env: dict[str, str], job: dict[str, Any] | None = None) -> Export:
+    """One node's export of one sweep; `job`: the run's job shape (None: the node's own ranks)."""
     sizes = [1 << 20, 1 << 24]
 
     def trial(seq: int, phase: str, env: dict[str, str], busbw: float) -> dict[str, Any]:
@@ -279,6 +280,8 @@ def _synthetic_export(host: str, base: list[float], cand: list[float], tmp_path:
                      "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
                      "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
                      "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
+    if job is not None:
+        doc["runs"][0]["job"] = job
     validate(doc, load_schema("export"))
     path = tmp_path / f"{host}.json"
     path.write_text(json.dumps(doc))
@@ -446,6 +449,36 @@ def test_apply_builds_the_plugin_for_the_profiles_table(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="tuner_table: entry 1: size range overlaps entry 0") as exc:
         profile_tuner(Config(), overlapping, "p.json", fp, {})
     assert exc.value.exit_code == 78
+
+
+def test_a_profile_is_for_the_job_shape_its_runs_measured(tmp_path: Path) -> None:
+    from nccltune.errors import InputError
+
+    ring = {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    rules = Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0)
+
+    def export(host: str, job: dict[str, Any] | None) -> Export:
+        return _synthetic_export(host, [100, 101, 99], [110, 111], tmp_path, ring, job)
+
+    # A node's own sweep: one node measured, the values fit jobs of any number of these nodes.
+    single = decide([export("a", None), export("b", None)], rules)
+    assert single["job_shape"] == {"ranks_per_node": 2, "measured_nnodes": 1, "min_nnodes": 1, "max_nnodes": None,
+                                   "label": "1x2", "loopback": False}
+    # A sweep over two nodes (its coordinator's export): for jobs of that shape.
+    two = {"label": "2x4", "nnodes": 2, "ranks_per_node": 4, "loopback": False, "launcher": "torchrun"}
+    prof = decide([export("c", two)], rules)
+    validate(prof, load_schema("profile"))
+    assert prof["job_shape"] == {"ranks_per_node": 4, "measured_nnodes": 2, "min_nnodes": 2, "max_nnodes": 2,
+                                 "label": "2x4", "loopback": False}
+    loop = {"label": "2x1-nic-loopback", "nnodes": 2, "ranks_per_node": 1, "loopback": True, "launcher": "local"}
+    prof = decide([export("d", loop)], rules)
+    validate(prof, load_schema("profile"))
+    assert prof["job_shape"]["label"] == "2x1-nic-loopback" and prof["job_shape"]["loopback"] is True
+    # Shapes do not pool, whichever comes first; the reason names both and where they are.
+    with pytest.raises(InputError, match=r"runs of different job shapes \(2x4 in .*c\.json run 1, 1x2 here\)"):
+        decide([export("c", two), export("a", None)], rules)
+    with pytest.raises(InputError, match=r"different job shapes \(2x1-nic-loopback in .*d\.json run 1, 2x4 here"):
+        decide([export("d", loop), export("c", two)], rules)
 
 
 # -- the schema files ----------------------------------------------------------------------------------

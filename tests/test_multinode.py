@@ -1,7 +1,9 @@
 """Trials over several "nodes" on this machine: two torchrun agents joined by c10d rendezvous over
 127.0.0.1 (the second one started by `nccltune sweep --join`), gloo, one rank per node, the real
-worker; srun through a stand-in that starts the tasks here the way srun does (Slurm itself cannot
-run here), with the command line it was given checked; NIC loopback's environment and shape.
+worker; rank 0's NCCL log sent back from the node it ran on (NCCL's logging played by a stand-in:
+NCCL cannot run here); workers dying with a killed agent; srun through a stand-in that starts the
+tasks here the way srun does (Slurm itself cannot run here), with the command line it was given
+checked; NIC loopback's environment and shape.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nccltune.cli import build_parser, main, sweep_launch_request
 from nccltune.errors import EXIT_USAGE, UsageError
 from nccltune.sweep.plan import JobShape
+from nccltune.trials import nccllog
 from nccltune.trials.launch import (
     RANKEXEC,
     WORKER,
@@ -36,34 +40,19 @@ from nccltune.trials.launch import (
 )
 from nccltune.trials.runner import Runner, TrialResult
 from nccltune.trials.worker import FAULT_VAR
+from tests.twonodes import end, kill_under, node_env, port_pair, processes_in, wait_gone
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parent.parent
 SIZES = [4096, 16384]
 
 
 def _base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "SLURM_")) and k != FAULT_VAR}
-    env.update(PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME="lo", **extra)
-    return env
+    return node_env(**extra)
 
 
 def _port_pair() -> int:
-    """A port P with P+1 free too (rendezvous and control channel)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = int(a.getsockname()[1])
-            if port >= 65534:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port pair")
+    return port_pair()
 
 
 def _run(runner: Runner, candidate: dict[str, str]) -> TrialResult:
@@ -77,7 +66,20 @@ def joiner_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def two_nodes(tmp_path: Path, joiner_env: dict[str, str]) -> Iterator[tuple[Runner, subprocess.Popen[bytes], Path]]:
+def coordinator_env() -> dict[str, str]:
+    """Variables of the coordinating node's own environment (a test parametrizes it)."""
+    return {}
+
+
+@pytest.fixture
+def coordinator_opts() -> dict[str, Any]:
+    """TorchrunLaunch and Runner options of the coordinator (a test parametrizes them)."""
+    return {}
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path, joiner_env: dict[str, str], coordinator_env: dict[str, str],
+              coordinator_opts: dict[str, Any]) -> Iterator[tuple[Runner, subprocess.Popen[bytes], Path]]:
     """A coordinator (this process's Runner) and a joining node (`nccltune sweep --join`)."""
     extra = joiner_env
     port = _port_pair()
@@ -87,20 +89,19 @@ def two_nodes(tmp_path: Path, joiner_env: dict[str, str]) -> Iterator[tuple[Runn
             [sys.executable, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--state-dir", str(join_state),
              "--python", sys.executable, "-v"],
             env=_base_env(**extra), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
-    launch = TorchrunLaunch(2, 1, ("127.0.0.1", port), node_class="cpu-test", join_wait_s=120)
-    runner = Runner(python=sys.executable, backend="gloo", nranks=1, base_env=_base_env(), work_dir=tmp_path / "work",
-                    timeout_s=120, launch=launch)
+    launch = TorchrunLaunch(2, 1, ("127.0.0.1", port), node_class="cpu-test", join_wait_s=120,
+                            local_addr=coordinator_opts.get("local_addr"))
+    runner = Runner(python=sys.executable, backend="gloo", nranks=1, base_env=_base_env(**coordinator_env),
+                    work_dir=tmp_path / "work", timeout_s=120, launch=launch,
+                    nccl_debug=coordinator_opts.get("nccl_debug"))
     try:
         yield runner, joiner, join_state
     finally:
         launch.close()
-        try:
-            joiner.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(joiner.pid, signal.SIGKILL)
-            joiner.wait()
+        end(joiner)
         if joiner.stdout:
             joiner.stdout.close()
+        kill_under(tmp_path)
 
 
 def _left_below(pid: int, keep: set[int], wait_s: float = 15.0) -> set[int]:
@@ -173,6 +174,108 @@ def test_a_crash_on_one_node_ends_the_trial_on_both(two_nodes: tuple[Runner, sub
     assert "no result within" not in (crashed.reason or "")
     assert _left_below(os.getpid(), {joiner.pid}) == set()
     assert _left_below(joiner.pid, set()) == set()
+
+
+# -- rank 0's NCCL log, from the node it ran on ----------------------------------------------------
+
+STANDIN = Path(__file__).resolve().parent / "ncclstandin"  # sitecustomize.py: writes logs as NCCL would
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("joiner_env", "coordinator_env", "coordinator_opts"), [(
+    {"PYTHONPATH": f"{STANDIN}:{REPO}", "STANDIN_NCCL_VERSION": "2.28.9"},
+    {"PYTHONPATH": f"{STANDIN}:{REPO}", "STANDIN_NCCL_VERSION": "2.27.3"},
+    # torchrun numbers the nodes in the order of their addresses: the joining node (127.0.0.1)
+    # before this one, so global rank 0 runs on the joining node.
+    {"local_addr": "127.0.0.2", "nccl_debug": True})])
+def test_rank_0s_nccl_log_comes_back_from_the_node_it_ran_on(
+        two_nodes: tuple[Runner, subprocess.Popen[bytes], Path], tmp_path: Path) -> None:
+    runner, _joiner, join_state = two_nodes
+    result = _run(runner, {"NCCL_ALGO": "Ring"})
+    assert result.status == "ok", result.reason
+    here, there = tmp_path / "work" / "trial-001", join_state / "join" / "trial-001"
+    assert (here / "agent.out").read_text() == "" and (there / "agent.out").read_text().strip()
+    # Both nodes ran their ranks with the coordinator's debug variables, each log in its own
+    # node's trial directory: rank 1 here, rank 0 (the pid its start record names) there.
+    rank0 = there / f"nccl.{result.start['pid']}.log"
+    (rank1,) = here.glob("nccl.*.log")
+    for log_file, version in ((rank0, "2.28.9"), (rank1, "2.27.3")):
+        text = log_file.read_text()
+        assert f"NCCL version {version}+cuda12.9" in text
+        assert f"NCCL_DEBUG_SUBSYS set by environment to {nccllog.NCCL_DEBUG_SUBSYS}\n" in text
+    assert "Bytes -> Algo" not in rank1.read_text()  # NCCL's TUNING lines come from rank 0 only
+    # Rank 0's log came back with the joining node's report and is the one the trial was read from.
+    assert (here / nccllog.RANK0_LOG).read_bytes() == rank0.read_bytes()
+    assert result.nccl["version"] == "2.28.9"
+    assert [(m.size_bytes, m.algo, m.proto, m.channels) for m in result.sizes] == [
+        (size, "RING", "SIMPLE", 2) for size in SIZES]
+
+
+def test_a_packed_nccl_log_unpacks_to_its_bytes_and_no_further(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"node-a:7001:7001 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}\n" * 2000
+    packed = nccllog.pack(data)
+    assert nccllog.unpack(packed) == data and len(packed) < len(data) // 10
+    monkeypatch.setattr(nccllog, "MAX_LOG_BYTES", 1000)  # a peer's message must not unpack without bound
+    assert nccllog.unpack(packed) == data[:1000]
+    for bad in ("not base64 at all!", "aGVsbG8="):  # not base64; base64 of something not compressed
+        with pytest.raises(ValueError, match="not a packed NCCL log"):
+            nccllog.unpack(bad)
+
+
+def test_rank_0s_log_is_the_one_sent_else_its_own_pid(tmp_path: Path) -> None:
+    assert nccllog.rank0_log(tmp_path, 22) is None
+    for pid in (11, 22):
+        (tmp_path / f"nccl.{pid}.log").write_text(str(pid))
+    assert nccllog.rank0_log(tmp_path, 22) == tmp_path / "nccl.22.log"
+    assert nccllog.rank0_log(tmp_path, 99) == tmp_path / "nccl.11.log"  # nccl-tests: one process, another pid
+    (tmp_path / nccllog.RANK0_LOG).write_text("sent")
+    assert nccllog.rank0_log(tmp_path, 22) == tmp_path / nccllog.RANK0_LOG
+    env = nccllog.debug_env(tmp_path)
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": nccllog.NCCL_DEBUG_SUBSYS,
+                   "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%p.log")}
+
+
+# -- workers die with their agent --------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def test_workers_die_with_a_torchrun_agent_killed_by_sigkill(tmp_path: Path) -> None:
+    import threading
+
+    launch = TorchrunLaunch(1, 2, ("127.0.0.1", _port_pair()))
+    runner = Runner(python=sys.executable, backend="gloo", nranks=2, base_env=_base_env(**{FAULT_VAR: "hang"}),
+                    work_dir=tmp_path / "work", timeout_s=600, launch=launch)
+    results: list[TrialResult] = []
+    thread = threading.Thread(target=lambda: results.append(_run(runner, {})), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        agents: list[int] = []
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            procs = {pid: _cmdline(pid) for pid in processes_in(tmp_path)}
+            agents = [pid for pid, argv in procs.items() if "torch.distributed.run" in argv]
+            # After rankexec's exec: [python, worker.py, ...], the death signal armed.
+            workers = [pid for pid, argv in procs.items() if argv[1:2] == [str(WORKER)]]
+        assert len(agents) == 1 and len(workers) == 2, (agents, workers)
+        os.kill(agents[0], signal.SIGKILL)
+        left = wait_gone(tmp_path, wait_s=60)
+        assert not left, f"workers outlived their agent: {left}"
+        thread.join(120)
+        assert results and results[0].status == "crashed"
+        assert "killed by signal SIGKILL" in (results[0].reason or "")
+    finally:
+        kill_under(tmp_path)
+        thread.join(30)
 
 
 def test_the_torchrun_command_line() -> None:
@@ -252,14 +355,41 @@ def test_srun_inside_an_allocation_builds_the_command_and_runs_the_trial(slurm_b
                             "launcher": "srun", "node_class": "cpu-test"}
     seen = json.loads((tmp_path / "srun.json").read_text())
     worker_args = ["--backend", "gloo", "--sizes", "4096,16384", "--warmup", "1", "--iters", "2", "--timeout-s", "120"]
+    # The CPU demo's allocation has no GPUs: no GPU binding asked for.
     assert seen["argv"] == [
-        str(slurm_bin / "srun"), "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+        str(slurm_bin / "srun"), "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1",
+        "--nodelist=localhost,node-b", "--distribution=block", "--kill-on-bad-exit=1", "--wait=60",
         "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCL_ALGO,NCCL_IB_HCA", "--time=4",
         sys.executable, str(RANKEXEC), "--slurm", str(WORKER), *worker_args]
     env = seen["env"]
     assert env["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1" and env["NCCL_ALGO"] == "Ring"
     assert env["MASTER_ADDR"] == "localhost" and env["MASTER_PORT"].isdigit()
     assert "RANK" not in env  # an enclosing launch's rank never reaches srun's tasks
+
+
+def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm_bin: Path, tmp_path: Path) -> None:
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "node-[a-c]",
+             "PATH": f"{slurm_bin}:{os.environ.get('PATH', '')}"}
+    launch = make_launch(LaunchShape(2, 4), "srun", None, node_class="gpu-test", env=slurm, gpus=True)
+    assert isinstance(launch, SrunLaunch) and launch.gpus_per_task == 1
+    assert launch.nodelist == ["localhost", "node-b"] and launch.master_addr == "localhost"
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/usr/bin", "RANK": "3", **nccllog.debug_env(tmp_path)}
+    worker = ["/opt/py/bin/python", str(WORKER), "--backend", "nccl", "--sizes", "1024"]
+    (spec,) = launch.start(TrialSpec(5, tmp_path, worker, env, {"NCCL_ALGO": "Ring"}, 300, nccl_log=True))
+    assert spec.argv == [
+        "srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4", "--nodelist=localhost,node-b",
+        "--distribution=block", "--gpus-per-task=1", "--kill-on-bad-exit=1", "--wait=60",
+        "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCL_ALGO,NCCL_DEBUG,NCCL_DEBUG_FILE,NCCL_DEBUG_SUBSYS", "--time=7",
+        "/opt/py/bin/python", str(RANKEXEC), "--slurm", str(WORKER), "--backend", "nccl", "--sizes", "1024"]
+    # Slurm sets CUDA_VISIBLE_DEVICES for each task from its binding; an enclosing rank never leaks.
+    assert "CUDA_VISIBLE_DEVICES" not in spec.env and "RANK" not in spec.env
+    assert spec.env["NCCL_ALGO"] == "Ring" and spec.env["NCCL_DEBUG"] == "INFO"
+    assert spec.env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%p.log")
+    without = make_launch(LaunchShape(2, 4), "srun", None, env=slurm)
+    assert isinstance(without, SrunLaunch) and without.gpus_per_task == 0
+    plain = without.start(TrialSpec(5, tmp_path, worker, {"CUDA_VISIBLE_DEVICES": "0"}, {}, 300))[0]
+    assert "--gpus-per-task=1" not in plain.argv and plain.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "--export=ALL,MASTER_ADDR,MASTER_PORT" in plain.argv  # no candidate, no log settings asked for
 
 
 def test_srun_refuses_a_candidate_that_is_not_safe(slurm_bin: Path, tmp_path: Path) -> None:
@@ -329,6 +459,23 @@ def test_launch_options_are_checked_together() -> None:
 def test_join_refuses_shape_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sweep", "--join", "node-a:29400", "--nodes", "2"]) == EXIT_USAGE
     assert "--join takes its shape from the coordinator: drop --nodes" in capsys.readouterr().err
+
+
+def test_a_fault_can_hit_one_candidate_on_one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nccltune.trials.worker import fault_for
+
+    monkeypatch.setenv(FAULT_VAR, "hang:NCCL_ALGO=Ring")
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    assert fault_for(0) is None
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    assert fault_for(0) == "hang" and fault_for(1) == "hang"
+    monkeypatch.setenv(FAULT_VAR, "crash@1:NCCL_IB_HCA=mlx5_0:1")  # the value may hold a colon
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0:1")
+    assert fault_for(1) == "crash" and fault_for(0) is None
+    monkeypatch.delenv("NCCL_IB_HCA")
+    assert fault_for(1) is None
+    monkeypatch.setenv(FAULT_VAR, "wrong_sum@0")
+    assert fault_for(0) == "wrong_sum" and fault_for(1) is None
 
 
 def test_rankexec_maps_slurm_variables() -> None:

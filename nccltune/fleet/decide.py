@@ -257,6 +257,36 @@ def pool(exports: Sequence[Export]) -> Pool:
                 base_measurements, base_channels, per_size)
 
 
+def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
+    """The profile's job shape: the one every run of the exports measured (`ranks_per_node`, the
+    pool's, for sweeps of a node's own ranks).
+
+    A node's own sweep measured one node, and every node of the class publishing the same values is
+    what makes it safe for jobs of any number of these nodes. A sweep over several nodes (or
+    through the NICs) measured one job shape: its profile is for that shape alone.
+
+    Raises:
+        InputError: runs of different shapes, naming two of them and where they are (exit 78).
+    """
+    shapes: dict[str, tuple[dict[str, Any] | None, str]] = {}  # label -> (job, where first seen)
+    for e in exports:
+        for run in e.doc["runs"]:
+            job = run.get("job")
+            label = str(job["label"]) if job else f"1x{run['nranks'] or ranks_per_node}"
+            shapes.setdefault(label, (job, f"{e.path} run {run['id']}"))
+    if len(shapes) > 1:
+        (a, (_, where_a)), (b, (_, where_b)) = list(shapes.items())[:2]
+        raise InputError(where_b, f"runs of different job shapes ({a} in {where_a}, {b} here) do not measure the "
+                         "same job", hint="decide each shape from its own exports (nccltune export --run ID)")
+    job = next(iter(shapes.values()))[0] if shapes else None
+    if job is None:
+        return {"ranks_per_node": ranks_per_node, "measured_nnodes": 1, "min_nnodes": 1, "max_nnodes": None,
+                "label": f"1x{ranks_per_node}", "loopback": False}
+    nnodes = int(job["nnodes"])
+    return {"ranks_per_node": int(job["ranks_per_node"]), "measured_nnodes": nnodes, "min_nnodes": nnodes,
+            "max_nnodes": nnodes, "label": str(job["label"]), "loopback": bool(job["loopback"])}
+
+
 def _size_doc(st: SizeStats, base: SizeStats | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {"collective": st.collective, "size_bytes": st.size_bytes, "samples": st.n,
                            "median_busbw_gbps": round(st.median, 4),
@@ -403,10 +433,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         "chosen": chosen[0].label if chosen else "NCCL defaults",
         "demo": bool(first["demo"]),
         "backend": next(iter(pooled.backends)) if pooled.backends else "nccl",
-        # Measured on one node at a time; every node of the class publishing the same values is
-        # what makes the profile safe for jobs of any number of these nodes.
-        "job_shape": {"ranks_per_node": pooled.ranks_per_node, "measured_nnodes": 1, "min_nnodes": 1,
-                      "max_nnodes": None},
+        "job_shape": job_shape(exports, pooled.ranks_per_node),
         "versions": {"nccltune": __version__, "nccl": facts.get("nccl_version"), "driver": facts.get("driver_version"),
                      "exporters": sorted({e.doc["versions"]["nccltune"] for e in exports})},
         "evidence": {

@@ -86,9 +86,21 @@ def run_nranks(run: RunRecord) -> int | None:
     return int(nranks) if isinstance(nranks, int) and nranks > 0 else None
 
 
+# What an export says of a run's job shape (trials.launch.Launch.record, less the class the export holds).
+JOB_KEYS = ("label", "nnodes", "ranks_per_node", "loopback", "launcher")
+
+
+def run_job(run: RunRecord) -> dict[str, Any] | None:
+    """The job shape a sweep for another shape (several nodes, NIC loopback) measured, as its run
+    was stored; None for a sweep of this node's own ranks."""
+    job = run.topology.get("job") if isinstance(run.topology, dict) else None
+    return {k: job.get(k) for k in JOB_KEYS} if isinstance(job, dict) else None
+
+
 def _run_doc(run: RunRecord, trials: list[TrialRecord], nccl_version: str | None) -> dict[str, Any]:
     return {
         "nranks": run_nranks(run),
+        "job": run_job(run),
         "id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
         "finished_at": run.finished_at, "backend": run.backend, "demo": run.demo, "profile": run.profile,
         "nccl_version": nccl_version, "driver_version": run.driver_version, "torch_version": run.torch_version,

@@ -15,9 +15,11 @@ kills them as before. A launch adds what several nodes need:
   `nccltune sweep --join HOST:PORT` (started by hand, by the site's pdsh/ssh, or by one Slurm
   step per node); it connects to the coordinator's control channel at HOST:PORT+1 and starts one
   agent per trial, on the coordinator's word.
-- `SrunLaunch`: inside a Slurm allocation, one `srun` per trial over all nodes; srun starts every
-  rank and passes this node's environment to all of them (`--export=ALL,NAMES`, with the values in
-  srun's own environment: Slurm's --export list cannot hold values with commas, NCCL_IB_HCA's can).
+- `SrunLaunch`: inside a Slurm allocation, one `srun` per trial over the allocation's first N nodes
+  (task 0 on the first, block distribution), one GPU bound to each task (`--gpus-per-task=1`);
+  srun starts every rank and passes this node's environment to all of them (`--export=ALL,NAMES`,
+  with the values in srun's own environment: Slurm's --export list cannot hold values with commas,
+  NCCL_IB_HCA's can). The options are explained where the command line is built.
 
 Same environment on every rank, by construction. With srun there is one environment, the one
 srun was started with. With torchrun the coordinator sends each trial's candidate (validated by
@@ -25,13 +27,17 @@ publish.validate_env on both ends) with the trial id over the control channel; a
 runs its agent with its own base environment plus exactly that candidate, and the rendezvous id
 is the trial id, so an agent started for another trial cannot join. A topology file among the
 candidate's variables (NCCL_TOPO_FILE) travels as its text and is written on the joining node:
-nodes of one class share one topology.
+nodes of one class share one topology. When the coordinator reads NCCL's log, every node runs its
+ranks with the same debug variables (trials.nccllog.debug_env, the log in its own trial
+directory), and the node where global rank 0 ran sends rank 0's log back with its result.
 
 Control channel: JSON lines over one TCP connection per joining node, coordinator at HOST:PORT+1.
   joiner -> {"hello": host, "version": V}; coordinator -> {"welcome": N, "nproc_per_node": P} or
   {"refuse": why} (another nccltune version); per trial coordinator -> {"trial": seq, "rdzv_id", "env", "files",
-  "worker_args", "timeout_s"}, joiner -> {"result": seq, "exit": code, "rank0_out", "err_tail"};
-  coordinator -> {"kill": seq} when the trial ends badly here, {"stop": true} at the end.
+  "worker_args", "timeout_s", "nccl_debug"}, joiner -> {"result": seq, "exit": code, "rank0_out", "err_tail"},
+  plus, where rank 0 ran on the joiner and nccl_debug was asked, "nccl_log" (rank 0's NCCL log,
+  zlib and base64: trials.nccllog.pack) or "nccl_log_missing" (why not); coordinator -> {"kill": seq}
+  when the trial ends badly here, {"stop": true} at the end.
 It is as unauthenticated as torch's c10d store on HOST:PORT: both ports must be reachable from the
 job's nodes only. A joiner runs nothing but its own worker.py, with argument lists, never a shell.
 
@@ -49,8 +55,12 @@ A trial that fails or hangs on any node ends on all of them, and the sweep goes 
   alive (measured here: a 20 s timeout, the joining node's agent gone 1.5 s after it), and
   timeout_s + 2 * KILL_GRACE_S when it is not; the coordinator then waits up to 2 * KILL_GRACE_S
   for the other nodes' reports, and the next trial starts.
-- with srun, the runner's timeout sends srun SIGTERM, which srun delivers to every task on every
-  node; Slurm's KillWait later kills what remains, and the runner SIGKILLs srun after KILL_GRACE_S.
+- an agent killed outright (SIGKILL, the OOM killer) takes its workers with it: each worker dies
+  with its parent (rankexec.die_with_parent), and a joiner's agent dies with the joiner.
+- with srun, a task that exits non-zero ends the step (--kill-on-bad-exit=1), one that ends while
+  the others still run ends them SRUN_WAIT_S later (--wait); the runner's timeout sends srun
+  SIGTERM, which srun delivers to every task on every node; Slurm's KillWait later kills what
+  remains, and the runner SIGKILLs srun after KILL_GRACE_S.
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ from typing import Any
 from ..errors import EXIT_CONFIG, NccltuneError, UnavailableError, UsageError
 from ..publish import validate_env
 from ..sweep.plan import JobShape
+from . import nccllog
+from .rankexec import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +148,8 @@ class ProcSpec:
 @dataclass(frozen=True)
 class TrialSpec:
     """What the runner knows of a trial: `worker` is [python, worker.py, args...]; `env` the full
-    environment with the candidate applied; `candidate` the candidate alone."""
+    environment with the candidate applied; `candidate` the candidate alone; `nccl_log`: the
+    runner reads NCCL's log of rank 0 (`env` holds nccllog.debug_env for this node)."""
 
     seq: int
     trial_dir: Path
@@ -144,6 +157,7 @@ class TrialSpec:
     env: dict[str, str]
     candidate: dict[str, str]
     timeout_s: float
+    nccl_log: bool = False
 
 
 class Launch:
@@ -492,7 +506,7 @@ class TorchrunLaunch(Launch):
                                               nproc_per_node=self.shape.ranks_per_node, join_wait_s=self.join_wait_s)
             self._control.publish({"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate,
                                    "files": _file_payload(candidate), "worker_args": args,
-                                   "timeout_s": trial.timeout_s})
+                                   "timeout_s": trial.timeout_s, "nccl_debug": trial.nccl_log})
         argv = torchrun_argv(trial.worker[0], nnodes=self.shape.nnodes, nproc_per_node=self.shape.ranks_per_node,
                              endpoint=self.endpoint, rdzv_id=rdzv_id, is_host=True, timeout_s=trial.timeout_s,
                              args=args, local_addr=self.local_addr)
@@ -508,10 +522,16 @@ class TorchrunLaunch(Launch):
             stop_tree(proc)
 
     def finish(self, trial_dir: Path) -> None:
+        """Rank 0's output from the node it ran on: this one, or the joiner whose report carries it,
+        with its NCCL log (nccllog.RANK0_LOG)."""
         remote = self._control.collect(KILL_GRACE_S * 2) if self._control is not None else []
         local = _read(trial_dir / "agent.out")
-        text = local if local.strip() else next((r["rank0_out"] for r in remote if str(r.get("rank0_out", "")).strip()),
-                                                "")
+        text = local
+        if not local.strip():
+            rank0 = next((r for r in remote if str(r.get("rank0_out", "")).strip()), None)
+            text = str(rank0["rank0_out"]) if rank0 else ""
+            if rank0 is not None:
+                _write_rank0_log(trial_dir, rank0)
         (trial_dir / "rank0.out").write_text(text)
         (trial_dir / "rank0.err").write_text(_read(trial_dir / "agent.err"))
 
@@ -519,6 +539,21 @@ class TorchrunLaunch(Launch):
         if self._control is not None:
             self._control.close()
             self._control = None
+
+
+def _write_rank0_log(trial_dir: Path, report: Mapping[str, Any]) -> None:
+    """The NCCL log a joiner sent with rank 0's output, as nccllog.RANK0_LOG; a warning when the
+    runner reads NCCL's log and none came."""
+    packed = report.get("nccl_log")
+    if isinstance(packed, str):
+        try:
+            (trial_dir / nccllog.RANK0_LOG).write_bytes(nccllog.unpack(packed))
+            return
+        except ValueError as exc:
+            log.warning("trial %s: rank 0's NCCL log from the other node is unreadable: %s", trial_dir.name, exc)
+    if report.get("nccl_log_missing"):
+        log.warning("trial %s: rank 0 ran on another node, whose NCCL log did not come: %s", trial_dir.name,
+                    report["nccl_log_missing"])
 
 
 def _read(path: Path) -> str:
@@ -609,6 +644,7 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any
         args = [str(a) for a in msg.get("worker_args") or []]
         timeout_s = min(float(msg.get("timeout_s", 180.0)), 24 * 3600.0)
         rdzv_id = str(msg["rdzv_id"])
+        nccl_debug = msg.get("nccl_debug") is True
     except (NccltuneError, KeyError, TypeError, ValueError) as exc:
         log.error("trial %d: %s", seq, exc)
         return {"result": seq, "exit": EXIT_CONFIG, "err_tail": f"the joining node refused the trial: {exc}"[:300]}
@@ -619,13 +655,17 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any
             candidate[name] = str(local)
     env = clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"})
     env.setdefault("OMP_NUM_THREADS", "1")
+    if nccl_debug:
+        # As the coordinator runs its own ranks, with the log in this node's trial directory.
+        env.update(nccllog.debug_env(trial_dir))
     argv = torchrun_argv(python, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
                          rdzv_id=rdzv_id, is_host=False, timeout_s=timeout_s, args=args,
                          local_addr=local_addr)
     started = time.monotonic()
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
+        # The agent dies with this process (as the runner's ranks do with theirs), its workers with it.
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=trial_dir)
+                                start_new_session=True, cwd=trial_dir, preexec_fn=die_with_parent(os.getpid()))
     log.info("trial %d: agent %d started", seq, proc.pid)
     try:
         deadline = started + timeout_s + KILL_GRACE_S
@@ -633,7 +673,10 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any
             got = peer.read(0.2)
             killed = any(m.get("kill") == seq for m in got)
             pending.extend(m for m in got if "kill" not in m)
-            if killed or peer.closed or time.monotonic() > deadline:
+            why = ("the coordinator ended it" if killed else "the coordinator is gone" if peer.closed
+                   else "its timeout passed" if time.monotonic() > deadline else None)
+            if why:
+                log.warning("trial %d: stopping this node's agent: %s", seq, why)
                 stop_tree(proc)
                 break
     except BaseException:
@@ -642,9 +685,35 @@ def _join_trial(msg: Mapping[str, Any], peer: _Peer, pending: list[dict[str, Any
     code = proc.wait()
     _kill_all(_descendants(proc.pid))
     err_lines = _read(trial_dir / "agent.err").strip().splitlines()
-    return {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
-            "rank0_out": _read(trial_dir / "agent.out")[:MAX_MESSAGE_BYTES // 2],
-            "err_tail": err_lines[-1][:300] if err_lines else ""}
+    rank0_out = _read(trial_dir / "agent.out")[:MAX_MESSAGE_BYTES // 4]
+    report: dict[str, Any] = {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
+                              "rank0_out": rank0_out, "err_tail": err_lines[-1][:300] if err_lines else ""}
+    if nccl_debug and rank0_out.strip():
+        report.update(_rank0_log_payload(trial_dir, rank0_out))
+    return report
+
+
+def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
+    """Rank 0 ran here (its JSON lines are on this agent's stdout): its NCCL log, packed, for the
+    coordinator's runner; or why there is none."""
+    pid = None
+    for line in rank0_out.splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and doc.get("event") == "start":
+                pid = doc.get("pid")
+                break
+    path = nccllog.rank0_log(trial_dir, pid)
+    if path is None:
+        return {"nccl_log_missing": f"no NCCL log in {trial_dir}"}
+    try:
+        packed = nccllog.pack(nccllog.read_log(path))
+    except OSError as exc:
+        return {"nccl_log_missing": f"{path}: {exc.strerror}"}
+    if len(packed) > MAX_MESSAGE_BYTES // 4:
+        log.warning("%s: too large to send even compressed (%d bytes)", path, len(packed))
+        return {"nccl_log_missing": f"{path} is over {MAX_MESSAGE_BYTES // 4} bytes compressed; it stays there"}
+    return {"nccl_log": packed}
 
 
 def _version() -> str:
@@ -686,24 +755,57 @@ def slurm_node_count(env: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() else 1
 
 
+SRUN_WAIT_S = 60  # srun --wait: a task that ended while others run means those others are stuck
+
+
 class SrunLaunch(Launch):
-    """One srun over the allocation's nodes per trial; rank 0's output comes back on srun's stdout."""
+    """One srun over the allocation's nodes per trial; rank 0's output comes back on srun's stdout.
+
+    `nodelist`: the nodes of the step, the first one hosting task 0 (rank 0, MASTER_ADDR; sbatch
+    runs its script there); `gpus_per_task`: GPUs bound to each task (0 for the CPU demo, whose
+    allocation has none)."""
 
     launcher = "srun"
 
     def __init__(self, nnodes: int, ntasks_per_node: int, *, master_addr: str, master_port: int | None = None,
-                 srun: str = "srun", node_class: str | None = None) -> None:
+                 nodelist: Sequence[str] = (), gpus_per_task: int = 0, srun: str = "srun",
+                 node_class: str | None = None) -> None:
         super().__init__(LaunchShape(nnodes, ntasks_per_node), node_class)
         self.master_addr = master_addr
         self.master_port = master_port
+        self.nodelist = list(nodelist)
+        self.gpus_per_task = gpus_per_task
         self.srun = srun
 
     def command(self, trial: TrialSpec, names: Sequence[str]) -> list[str]:
+        """srun's command line for `trial`; `names`: the variables every task must get from srun's
+        own environment (the candidate's, the rendezvous', NCCL's log settings). What each option
+        does, as srun(1) documents it, is said beside it."""
         minutes = int(trial.timeout_s // 60) + 2  # Slurm's own limit is a backstop behind the runner's
         n, p = self.shape.nnodes, self.shape.ranks_per_node
-        return [self.srun, "--nodes", str(n), "--ntasks", str(n * p), "--ntasks-per-node", str(p),
-                "--kill-on-bad-exit=1", f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}",
-                f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", str(WORKER), *worker_args(trial.worker)]
+        # An explicit task count: --gpus-per-task requires one.
+        argv = [self.srun, "--nodes", str(n), "--ntasks", str(n * p), "--ntasks-per-node", str(p)]
+        if self.nodelist:
+            argv.append(f"--nodelist={','.join(self.nodelist)}")
+        # block: consecutive tasks share a node, in node order, so task 0 runs on the first node.
+        # Without an explicit distribution, a configured topology plugin orders tasks by topology.
+        argv.append("--distribution=block")
+        if self.gpus_per_task:
+            # Implies --tres-bind=gres/gpu:per_task:N: each task is bound to its own GPU(s), and
+            # Slurm sets CUDA_VISIBLE_DEVICES for each task to them (the worker takes the one it sees).
+            argv.append(f"--gpus-per-task={self.gpus_per_task}")
+        # --kill-on-bad-exit=1: the step is terminated as soon as any task exits non-zero (this takes
+        # precedence over --wait; current Slurm documents it as needing proctrack/cgroup with
+        # cgroup/v2). --wait: the remaining tasks are terminated this long after the first task
+        # ends; without it, slurm.conf's WaitTime decides. The runner's timeout stays the last word.
+        argv += ["--kill-on-bad-exit=1", f"--wait={SRUN_WAIT_S}"]
+        # --export=ALL,NAMES: a name without a value passes srun's current value to every task (values
+        # stay out of the list: it is comma-separated, and NCCL_IB_HCA's values hold commas). Given
+        # on the command line, it wins over the export setting steps would otherwise inherit from
+        # sbatch (--export=NONE, say): srun's command line options override its environment variables.
+        argv.append(f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}")
+        return [*argv, f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", str(WORKER),
+                *worker_args(trial.worker)]
 
     def start(self, trial: TrialSpec) -> list[ProcSpec]:
         candidate = validate_env(trial.candidate, source="trial candidate")
@@ -711,7 +813,13 @@ class SrunLaunch(Launch):
         # so that is where rank 0 listens (elsewhere, give the port explicitly).
         port = self.master_port or free_port("0.0.0.0")
         env = {**clean_env(trial.env), **candidate, "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port)}
-        return [ProcSpec("srun", self.command(trial, sorted(candidate)), env, "srun")]
+        names = sorted(candidate)
+        if trial.nccl_log:
+            # The log's path is this node's trial directory: rank 0, on this node, writes it there.
+            names += sorted(set(nccllog.debug_env(trial.trial_dir)) - set(names))
+        if self.gpus_per_task:
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it for each task from its binding
+        return [ProcSpec("srun", self.command(trial, names), env, "srun")]
 
     def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
         # srun passes SIGTERM to every task on every node; the runner's SIGKILL follows.
@@ -752,8 +860,9 @@ def resolve_launcher(launcher: str, nnodes: int, env: Mapping[str, str]) -> str:
 
 
 def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | None, *,
-                node_class: str | None = None, env: Mapping[str, str] | None = None) -> Launch:
-    """The Launch for a sweep of `shape` (`launcher` one of LAUNCHERS, `endpoint` the rendezvous).
+                node_class: str | None = None, env: Mapping[str, str] | None = None, gpus: bool = False) -> Launch:
+    """The Launch for a sweep of `shape` (`launcher` one of LAUNCHERS, `endpoint` the rendezvous;
+    `gpus`: the ranks run on GPUs, one each, which srun then binds).
 
     Raises:
         UsageError: an impossible combination (exit 2); UnavailableError: Slurm asked for and
@@ -774,8 +883,14 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     hosts = slurm_nodes(env)
     if nnodes > len(hosts):
         raise UsageError(f"--nodes {nnodes}: the allocation has {len(hosts)} node(s)")
+    here = socket.gethostname().split(".")[0]
+    if hosts[0].split(".")[0] != here:
+        log.warning("rank 0 runs on %s, the allocation's first node, not on this node (%s): its NCCL log stays "
+                    "there, and trials go without the algorithm and protocol per size; run the sweep on %s",
+                    hosts[0], here, hosts[0])
     return SrunLaunch(nnodes, shape.ranks_per_node, master_addr=hosts[0],
-                      master_port=endpoint[1] if endpoint else None, node_class=node_class)
+                      master_port=endpoint[1] if endpoint else None, nodelist=hosts[:nnodes],
+                      gpus_per_task=1 if gpus else 0, node_class=node_class)
 
 
 @dataclass(frozen=True)
@@ -797,6 +912,6 @@ class LaunchRequest:
     def shape(self, ranks_per_node: int) -> LaunchShape:
         return loopback_shape(ranks_per_node) if self.loopback else LaunchShape(self.nodes, ranks_per_node)
 
-    def build(self, ranks_per_node: int, node_class: str | None = None) -> Launch:
+    def build(self, ranks_per_node: int, node_class: str | None = None, *, gpus: bool = False) -> Launch:
         return make_launch(self.shape(ranks_per_node), self.launcher, self.endpoint, node_class=node_class,
-                           env=self.env)
+                           env=self.env, gpus=gpus)

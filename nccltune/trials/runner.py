@@ -10,7 +10,6 @@ processes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -33,33 +32,16 @@ from ..records import Measurement, TrialResult, TrialStatus
 from ..trust import ensure_dir
 from . import nccltests
 from .launch import Launch, LocalLaunch, TrialSpec
+from .nccllog import debug_env, rank0_log
+from .rankexec import die_with_parent
 
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("worker.py")
 _EXIT_WRONG_RESULT = 3
 _EXIT_SETUP = 4
-# What NCCL logs during a trial: enough to tell versions, transports, topology file use and
-# the algorithm/protocol per size, into a file so that stdout stays clean JSON lines.
-NCCL_DEBUG_SUBSYS = "INIT,ENV,GRAPH,TUNING,NET,P2P,SHM"
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The rank record's name in the state directory (see reap_leftover_ranks).
 RANK_RECORD = "ranks.running"
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A preexec_fn that asks the kernel to SIGKILL the child when its parent dies, and exits at
-    once if the parent is already gone (it died between fork and prctl)."""
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return arm
 
 
 def reap_leftover_ranks(record: Path) -> list[int]:
@@ -181,13 +163,14 @@ class Runner:
         work_dir: Path,
         timeout_s: float = 180.0,
         gpus: Sequence[int] | None = None,
-        nccl_debug: bool = True,
+        nccl_debug: bool | None = None,
         abort_check: Callable[[], str | None] | None = None,
         nccl_tests: str | None = None,
         rank_record: Path | None = None,
         launch: Launch | None = None,
     ) -> None:
-        """`nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
+        """`nccl_debug`: run the ranks with NCCL's INFO log and read it (None: with the NCCL backend);
+        `nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
         `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
         start (trials.launch; default one process per rank here)."""
         self.python = python
@@ -197,7 +180,7 @@ class Runner:
         self.work_dir = work_dir
         self.timeout_s = timeout_s
         self.gpus = list(gpus) if gpus else None
-        self.nccl_debug = nccl_debug
+        self.nccl_debug = backend == "nccl" if nccl_debug is None else nccl_debug
         self.abort_check = abort_check
         self.nccl_tests = nccl_tests
         self.rank_record = rank_record
@@ -228,10 +211,8 @@ class Runner:
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         ensure_dir(trial_dir, "trial directory")
         env = self.trial_env(candidate)
-        if self.nccl_debug and self.backend == "nccl":
-            env["NCCL_DEBUG"] = "INFO"
-            env["NCCL_DEBUG_SUBSYS"] = NCCL_DEBUG_SUBSYS
-            env["NCCL_DEBUG_FILE"] = str(trial_dir / "nccl.%p.log")
+        if self.nccl_debug:
+            env.update(debug_env(trial_dir))
         cmd = [self.python, str(WORKER), "--backend", self.backend,
                "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
                "--timeout-s", str(max(30.0, self.timeout_s))]
@@ -251,7 +232,8 @@ class Runner:
         if self.nccl_tests:
             return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started, collectives)
         try:
-            specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s))
+            specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s,
+                                                nccl_log=self.nccl_debug))
             self._names = [s.who for s in specs]
             for spec in specs:
                 self._spawn(trial_dir, spec.name, spec.argv, spec.env)
@@ -280,7 +262,7 @@ class Runner:
             try:
                 proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                         start_new_session=True, cwd=trial_dir,
-                                        preexec_fn=_die_with_parent(os.getpid()))
+                                        preexec_fn=die_with_parent(os.getpid()))
             except OSError as exc:
                 # Not an interpreter after all (exec format error, no permission): the setting is wrong.
                 raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
@@ -454,12 +436,11 @@ class Runner:
 
     @staticmethod
     def _attach_nccl_log(trial_dir: Path, result: TrialResult) -> None:
-        """NCCL's INFO log of rank 0: versions, transports, and the algorithm/protocol per size."""
-        logs = sorted(trial_dir.glob("nccl.*.log"))
-        if not logs:
+        """NCCL's INFO log of rank 0 (nccllog.rank0_log: sent by its node when that was another):
+        versions, transports, and the algorithm/protocol per size."""
+        chosen = rank0_log(trial_dir, result.start.get("pid"))
+        if chosen is None:
             return
-        rank0_pid = result.start.get("pid")
-        chosen = next((p for p in logs if rank0_pid and p.name == f"nccl.{rank0_pid}.log"), logs[0])
         parsed = parse_nccl_log(chosen.read_text(errors="replace"))
         result.nccl = summarize(parsed)
         # nccl-tests runs one process per collective, each with its own log.

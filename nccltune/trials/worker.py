@@ -75,8 +75,9 @@ else:
 EXIT_WRONG_RESULT = 3
 EXIT_SETUP = 4
 # Fault injection for the runner's tests: NCCLTUNE_WORKER_FAULT=hang|crash|garbage|wrong_sum (the
-# checked result of every collective off by one), optionally "@rank" to hit one rank only. Unset
-# in real use.
+# checked result of every collective off by one), optionally "@rank" to hit one rank only, and
+# ":NAME=VALUE" to hit only the trials whose environment has that value (one candidate; set on
+# one node, one trial of one node). Unset in real use.
 FAULT_VAR = "NCCLTUNE_WORKER_FAULT"
 
 
@@ -92,11 +93,14 @@ def _significant(x: float) -> float:
 
 
 def fault_for(rank: int) -> str | None:
-    spec = os.environ.get(FAULT_VAR, "")
+    spec, _, condition = os.environ.get(FAULT_VAR, "").partition(":")
     if not spec:
         return None
     kind, _, who = spec.partition("@")
     if who and int(who) != rank:
+        return None
+    name, _, value = condition.partition("=")
+    if condition and os.environ.get(name) != value:
         return None
     return kind
 
@@ -421,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             emit({"event": "error", "rank": rank, "kind": "no_cuda", "message": "torch sees no CUDA device"})
             return EXIT_SETUP
-        device = torch.device("cuda", local_rank)
+        # A rank bound to one GPU (srun --gpus-per-task=1: Slurm sets CUDA_VISIBLE_DEVICES per task)
+        # sees only that one; otherwise every rank of the node sees them all and takes its own.
+        device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

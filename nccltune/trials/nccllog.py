@@ -1,0 +1,79 @@
+"""Where a trial's NCCL log is written, which file is rank 0's, and how it travels between nodes.
+
+The runner reads NCCL's INFO log of global rank 0 (nccl.debuglog): TUNING lines, which carry the
+algorithm and protocol per size, are printed by rank 0 alone. Every rank of a trial runs with the
+same debug variables (`debug_env`), each writing `nccl.<pid>.log` in its own node's trial
+directory. When rank 0 ran on another node (torchrun places ranks by its rendezvous), that node
+sends its log back with the trial's result over the control channel (trials.launch), compressed
+(`pack`), and the coordinator writes it as RANK0_LOG in its trial directory, where `rank0_log`
+finds it before any log of its own ranks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import zlib
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# What NCCL logs during a trial: enough to tell versions, transports, topology file use and
+# the algorithm/protocol per size, into a file so that stdout stays clean JSON lines.
+NCCL_DEBUG_SUBSYS = "INIT,ENV,GRAPH,TUNING,NET,P2P,SHM"
+LOG_GLOB = "nccl.*.log"  # NCCL expands %p of NCCL_DEBUG_FILE to the process id
+RANK0_LOG = "nccl-rank0.log"  # rank 0's log, sent by the node it ran on (outside LOG_GLOB)
+MAX_LOG_BYTES = 256 << 20  # a log read or unpacked beyond this is cut (the parser reads it whole)
+
+
+def debug_env(trial_dir: Path) -> dict[str, str]:
+    """The variables every rank of a trial gets for NCCL's log, on whichever node it runs."""
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": NCCL_DEBUG_SUBSYS,
+            "NCCL_DEBUG_FILE": str(trial_dir / "nccl.%p.log")}
+
+
+def rank0_log(trial_dir: Path, rank0_pid: object) -> Path | None:
+    """Rank 0's log in `trial_dir`: the one another node sent, else `nccl.<pid>.log` of rank 0's
+    process, else the first log there is (nccl-tests: one process holds every rank)."""
+    shipped = trial_dir / RANK0_LOG
+    if shipped.is_file():
+        return shipped
+    logs = sorted(trial_dir.glob(LOG_GLOB))
+    own = trial_dir / f"nccl.{rank0_pid}.log" if rank0_pid else None
+    if own is not None and own in logs:
+        return own
+    return logs[0] if logs else None
+
+
+def read_log(path: Path) -> bytes:
+    """A log's bytes, at most MAX_LOG_BYTES (the rest is cut, with a warning)."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_LOG_BYTES + 1)
+    if len(data) > MAX_LOG_BYTES:
+        log.warning("%s: over %d bytes; reading the first %d only", path, MAX_LOG_BYTES, MAX_LOG_BYTES)
+        data = data[:MAX_LOG_BYTES]
+    return data
+
+
+def pack(data: bytes) -> str:
+    """A log as text for a JSON message: zlib-compressed (NCCL's lines repeat a lot), base64."""
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def unpack(text: str) -> bytes:
+    """The log `pack` made, at most MAX_LOG_BYTES of it (a peer's message could unpack to any size).
+
+    Raises:
+        ValueError: not what `pack` makes.
+    """
+    try:
+        packed = base64.b64decode(text.encode("ascii"), validate=True)
+        inflater = zlib.decompressobj()
+        data = inflater.decompress(packed, MAX_LOG_BYTES)
+    except (binascii.Error, UnicodeEncodeError, zlib.error) as exc:
+        raise ValueError(f"not a packed NCCL log: {exc}") from exc
+    if inflater.unconsumed_tail:
+        log.warning("the NCCL log sent by another node unpacks to over %d bytes; keeping the first %d",
+                    MAX_LOG_BYTES, MAX_LOG_BYTES)
+    return data
