@@ -13,9 +13,10 @@ The tuner table comes from the per-size stage's trials of the exports (labelled
 sweep.pertable.TRIAL_LABEL), pooled per candidate, through the node's own per-size choice
 (sweep.pertable.choose_table), as entries for one node of the class (its ranks per node). A
 channel count above the defaults' is left out: on a node it is published for single-node jobs
-only, and a class profile is for jobs of any number of nodes. The table's entries are judged per
-size as a node screens them, now on every node's samples; the class has no final check of the
-environment and table together (each node's own final check ran its own table).
+only, and a class profile is for jobs of any number of nodes. The class has no final check of the
+environment and table together (each node's own final check ran its own table), so each entry is
+judged on every node's pooled samples with the sweep's full rule for its size, the bar for the
+number of runs included (select.judge), not only screened as a node's per-size stage does.
 
 A candidate counts only when every node of the pool measured it: comparing one node's candidate
 with every node's defaults would judge the node, not the candidate.
@@ -358,7 +359,8 @@ def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
     evidence["default_channels"] = default_channels
     choice = choose_table(table_inputs(collectives, baseline, counted, pooled.baseline_measurements),
                           default_channels=default_channels, min_gain_pct=rules.min_gain_pct,
-                          max_regression_pct=rules.max_regression_pct, allow_raise=False, no_raise_reason=NO_RAISE)
+                          max_regression_pct=rules.max_regression_pct, allow_raise=False, no_raise_reason=NO_RAISE,
+                          final=True)
     evidence["wins"] = _wins_doc(choice)
     evidence["notes"].extend(choice.notes)
     entries = table_entries(choice, nranks=pooled.ranks_per_node)

@@ -2,10 +2,11 @@
 and the tuner table that applies those wins to communicators of the measured shape.
 
 The candidates are measured as environment trials (NCCL_ALGO/NCCL_PROTO, NCCL_MIN_NCHANNELS and
-NCCL_MAX_NCHANNELS) over every size at once, one trial each. Each size is then judged on its own
-with the same rule the sweep uses for a whole setting (sweep.select.judge, weighted on that one
-size): a candidate wins a size only where it beats NCCL's defaults beyond that size's noise and the
-configured minimum gain. Where no candidate does, the table has no entry and NCCL decides.
+NCCL_MAX_NCHANNELS) over every size at once, one trial each. Each size is then screened on its own
+with the rules the sweep uses for a whole setting, less the bar for the number of runs, weighted
+on that one size (sweep.select.screen): a candidate wins a size only where it beats NCCL's
+defaults beyond that size's noise and the configured minimum gain. Where no candidate does, the
+table has no entry and NCCL decides.
 
 Why channel counts above the defaults' cannot live in the table: NCCL caps the channel count a tuner
 asks for at the communicator's channel count, fixed at init, which already includes
@@ -50,7 +51,7 @@ from ..names import format_size
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..records import Measurement
 from ..tuner.table import TableEntry, TunerTable
-from .select import Key, SizeStats, judge, size_stats
+from .select import Key, SizeStats, judge, screen, size_stats
 
 # NCCL's spelling in the environment, and the table's spelling (nccltune.tuner.table), per algorithm and protocol.
 ENV_ALGO = {"ring": "Ring", "tree": "Tree", "pat": "PAT", "nvls": "NVLS"}
@@ -377,9 +378,10 @@ class TableChoice:
 
 
 def _wins(inp: CollectiveInput, collective: str, default_channels: int | None, min_gain_pct: float,
-          max_regression_pct: float) -> dict[int, SizeWin]:
+          max_regression_pct: float, final: bool) -> dict[int, SizeWin]:
     """Per size, the candidate valid for this collective that beats the defaults by most beyond the
-    noise (select.judge on that size alone)."""
+    noise (on that size alone: select.screen, or select.judge where `final`)."""
+    rule = judge if final else screen
     wins: dict[int, SizeWin] = {}
     for size in sorted(inp.baseline):
         base = inp.baseline[size]
@@ -390,10 +392,11 @@ def _wins(inp: CollectiveInput, collective: str, default_channels: int | None, m
                 continue
             if m.candidate.channels and not default_channels:
                 continue  # above or below the defaults' count? Unknown, so it cannot be placed
-            # A screening decision: one run per candidate; the final check judges the table with
-            # the bar for its number of runs.
-            v = judge({size: st}, {size: base}, {size: 1.0}, min_gain_pct=min_gain_pct,
-                      max_regression_pct=max_regression_pct, require_support=False)
+            # A node's sweep screens (one run per candidate; its final check judges the table with
+            # the bar for its runs); a class decision has no final check, so its pooled samples
+            # must carry that bar themselves.
+            v = rule({size: st}, {size: base}, {size: 1.0}, min_gain_pct=min_gain_pct,
+                     max_regression_pct=max_regression_pct)
             ratio = st.median / base.median
             if v.eligible and (best is None or ratio > best.ratio):
                 best = SizeWin(size, m.candidate, ratio, v.reason)
@@ -404,13 +407,15 @@ def _wins(inp: CollectiveInput, collective: str, default_channels: int | None, m
 
 def choose_table(inputs: Mapping[str, CollectiveInput], *, default_channels: int | None, min_gain_pct: float,
                  max_regression_pct: float, allow_raise: bool = True,
-                 no_raise_reason: str = "") -> TableChoice:
+                 no_raise_reason: str = "", final: bool = False) -> TableChoice:
     """Every collective's per-size choice (inputs: table spelling -> evidence, in the profile's
     order), with one shared channel raise. `allow_raise=False` (a decision for jobs of any shape,
-    which cannot carry a single-node part) drops a raise with `no_raise_reason`."""
+    which cannot carry a single-node part) drops a raise with `no_raise_reason`. `final`: no
+    final check follows (a class decision), so each win needs the bar for its number of runs."""
     multi = len(inputs) > 1
-    parts = [PerSizeChoice(sorted(inp.baseline), _wins(inp, name, default_channels, min_gain_pct,
-                                                       max_regression_pct), {}, default_channels, collective=name)
+    parts = [PerSizeChoice(sorted(inp.baseline),
+                           _wins(inp, name, default_channels, min_gain_pct, max_regression_pct, final), {},
+                           default_channels, collective=name)
              for name, inp in inputs.items()]
     table = TableChoice(parts, default_channels)
     above = {p.collective: [s for s, w in p.wins.items()

@@ -304,14 +304,26 @@ class Verdict(Generic[K]):
 
 
 def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True,
-          require_support: bool = True) -> Verdict[K]:
+          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict[K]:
     """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
-    a regression of any collective at any size it weighs refuses the candidate.
+    a regression of any collective at any size it weighs refuses the candidate, and a gain must
+    be beyond the noise and supported by the number of runs on both sides."""
+    return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
+                    require_gain=require_gain, require_support=True)
 
-    `require_support=False` is for screening only (one run per candidate, as the per-size stage
-    measures them): the noise rules apply, the bar for the number of runs does not, because every
-    screened winner is measured again in a final check that must pass with it."""
+
+def screen(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
+           min_gain_pct: float, max_regression_pct: float) -> Verdict[K]:
+    """Is this candidate worth measuring again? The rules of judge() less the bar for the number
+    of runs: screening measures each candidate once (the per-size stage), and every screened
+    winner is measured again in a final check that must pass judge() with it."""
+    return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
+                    require_gain=True, require_support=False)
+
+
+def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
+             min_gain_pct: float, max_regression_pct: float, require_gain: bool,
+             require_support: bool) -> Verdict[K]:
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
