@@ -603,7 +603,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline
-    from .render import dumps, plan_doc, plan_text, pruned_list, sweep_doc, sweep_text
+    from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
     if args.join:
         return cmd_sweep_join(args)
@@ -622,8 +622,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)
         text = (f"{UNMEASURED_SUMMARY}: `nccltune sweep` runs no trial here and publishes the topology file "
                 "and the policy values (and the config's pins) for every job.")
-        out(dumps({"kind": "plan", "trials": 0, "measured": [], "reason": UNMEASURED_SUMMARY,
-                   "pruned": pruned_list(plan)}) if args.json else text)
+        out(dumps(plan_doc(plan, pipe.node(), 0, 0.0, pipe.profile, unmeasured=UNMEASURED_SUMMARY))
+            if args.json else text)
         return EXIT_OK
     if args.plan:
         plan, search = pipe.plan()

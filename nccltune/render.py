@@ -21,6 +21,7 @@ from .names import DEMO_LABEL, format_size
 from .publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from .records import Measurement, ReportRow
 from .store import RunRecord, TrialRecord
+from .sweep.plan import candidate_code
 from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import NicInfo, Topology
@@ -251,7 +252,8 @@ def _fmt_s(seconds: float) -> str:
 
 
 def pruned_list(plan: Plan) -> list[dict[str, str]]:
-    return [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned]
+    """The candidates the plan does not measure: `code` is stable for automation, `reason` the prose."""
+    return [{"name": p.name, "value": p.value, "code": p.code, "reason": p.reason} for p in plan.pruned]
 
 
 def _ranges(weights: dict[int, float]) -> list[tuple[int, int, float]]:
@@ -292,7 +294,8 @@ def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
             "candidates": [{"label": c.label, "env": c.env()} for c in ps.candidates],
             "channels": "half and double the defaults' channel count (from the baseline)" if ps.channels else None,
             "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
-            "pruned": [{"what": p.what, "reason": p.reason} for p in ps.pruned], "notes": ps.notes}
+            "pruned": [{"what": p.what, "code": candidate_code(p), "reason": p.reason} for p in ps.pruned],
+            "notes": ps.notes}
 
 
 def per_size_plan_text(plan: Plan) -> list[str]:
@@ -336,9 +339,12 @@ def table_lines(table: TableOutcome) -> list[str]:
 
 
 def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
-             workload: Workload | None = None) -> dict[str, Any]:
+             workload: Workload | None = None, *, unmeasured: str | None = None) -> dict[str, Any]:
+    """The plan as one document. `unmeasured`: why nothing is measured on this node (one GPU):
+    the same document then measures nothing, estimates no trial and says why under `reason`."""
     return {
         "kind": "sweep-plan",
+        "reason": unmeasured,
         "demo": node.demo,
         "label": DEMO_LABEL if node.demo else None,
         "backend": plan.backend,
@@ -347,7 +353,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         "fingerprint": node.fingerprint,
         "job_shape": {"nnodes": plan.shape.nnodes, "loopback": plan.shape.loopback},
         "sizes": plan.sizes,
-        "measure": plan.variables,
+        "measure": {} if unmeasured else plan.variables,
         "pruned": pruned_list(plan),
         "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
         "policy": plan.policy,
