@@ -28,7 +28,8 @@ from nccltune.render import ROUNDING, dumps, topocheck_doc
 from nccltune.topocheck import TopoCheck
 
 SCHEMAS = REPO / "schemas"
-KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare")
+KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare",
+         "import", "nccl-tests")
 ROW_LISTS = ("sizes", "rows", "measurements")
 
 
@@ -64,6 +65,12 @@ def documents(demo_sweep: DemoSweep, tmp_path_factory: pytest.TempPathFactory) -
     docs["env"] = cli_json("env", "--format", "json", *common)[1]
     docs["verify"] = cli_json("verify", "--demo", SNAPSHOT, "--threshold", "90", "--json", *common)[1]
     docs["topocheck"] = json.loads(dumps(topocheck_doc(_topocheck())))
+    # nccl-tests' document of the sweep (no schema_version: it is nccl-tests' format), read back in.
+    docs["nccl-tests"] = cli_json("report", "--format", "nccl-tests-json", *common)[1]
+    written = state.parent / "all_reduce_perf.json"
+    written.write_text(json.dumps(docs["nccl-tests"]))
+    docs["import"] = cli_json("import", written, "--json", *common)[1]
+    docs["report-import"] = cli_json("report", "--run", docs["import"]["run_id"], "--json", *common)[1]
     return docs
 
 
@@ -79,11 +86,11 @@ def _topocheck() -> TopoCheck:
 
 
 def _kind_schema(name: str) -> str:
-    return {"history-run": "history"}.get(name, name)
+    return {"history-run": "history", "report-import": "report"}.get(name, name)
 
 
 @pytest.mark.parametrize("name", ["sweep", "plan", "history", "history-run", "report", "doctor", "topology",
-                                  "env", "verify", "topocheck"])
+                                  "env", "verify", "topocheck", "nccl-tests", "import", "report-import"])
 def test_every_document_matches_its_schema(documents: dict[str, dict[str, Any]], name: str) -> None:
     validate(documents[name], schema(_kind_schema(name)))
 
@@ -125,7 +132,7 @@ def _rows(doc: Any, where: str = "$") -> list[tuple[str, dict[str, Any]]]:
 
 def test_every_per_size_row_starts_with_size_and_collective(documents: dict[str, dict[str, Any]]) -> None:
     count = 0
-    for name in ("sweep", "history-run", "report", "verify"):
+    for name in ("sweep", "history-run", "report", "verify", "import", "report-import"):
         for where, row in _rows(documents[name]):
             if "size_bytes" not in row:
                 continue  # a verification's stored summary rows are prose-side history
