@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
     from .doctor import Finding
     from .records import TrialResult
-    from .store import Store, TrialRecord
+    from .store import RunRecord, Store, TrialRecord
     from .trials.launch import LaunchRequest
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,12 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
     "uninstall": ("Remove what `nccltune install` wrote, by its manifest: files changed since stay (and are "
                   "named); the state directory (history, published settings) is never touched.",
                   "nccltune uninstall --dry-run"),
-    "report": ("The last (or a given) sweep's table size by size, or a plot of bus bandwidth against size.",
-               "nccltune report --plot busbw.png"),
+    "report": ("The last (or a given) sweep's table size by size, a plot of bus bandwidth against size, or "
+               "nccl-tests' JSON document (-J, format version 3) of one collective of a run.",
+               "nccltune report --format nccl-tests-json --run 3 > run3.json"),
+    "import": ("Read a JSON document an nccl-tests *_perf binary wrote (-J FILE.json, format version 3) into the "
+               "history as a run of kind import, for `report` and `compare` beside nccltune's own runs. Never "
+               "taken for a sweep's result.", "nccltune import all_reduce_perf.json"),
     "export": ("This node's sweep measurements as one JSON document, the input of `nccltune fleet decide`.",
                "nccltune export --out $(hostname).json"),
     "fleet": ("Decisions for a class of identical nodes, from their exports.",
@@ -300,8 +305,34 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     _demo_state(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
-    rep.add_argument("--json", action="store_true", help="print one JSON document")
+    rep.add_argument("--json", action="store_true", help="print one JSON document (the same as --format json)")
+    rep.add_argument("--format", choices=("text", "json", "nccl-tests-json"),
+                     help="text (default), json, or nccl-tests-json: the document all_reduce_perf -J writes "
+                          "(format version 3), for one collective of the run")
+    rep.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
+                     help=f"with --format nccl-tests-json: which collective ({', '.join(COLLECTIVE_NAMES)}; "
+                          "default all_reduce): nccl-tests writes one document per binary")
+    rep.add_argument("--setting", choices=("published", "defaults"),
+                     help="with --format nccl-tests-json: the trials of the published setting (default) or of NCCL's "
+                          "defaults, per size the median over them (what report and compare show)")
+    rep.add_argument("--trial", type=_positive_int, metavar="SEQ",
+                     help="with --format nccl-tests-json: one trial's numbers (SEQ from `nccltune history --run ID`)")
     _add_compare_parser(sub)
+    _add_import_parser(sub)
+
+
+def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    imp = sub.add_parser("import", help="read an nccl-tests -J document into the history (for report and compare)")
+    _common(imp)
+    imp.add_argument("--demo", action="store_true",
+                     help=f"store it in the CPU demo's history in ./{DEMO_STATE_DIR}/ (also where it goes when the "
+                          "state directory has no history and ./nccltune-demo/ has)")
+    imp.add_argument("file", metavar="FILE",
+                     help="the JSON document a *_perf binary wrote with -J FILE.json (format version 3)")
+    imp.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
+                     help="the collective measured, where the document's binary (args[0]) is no *_perf binary "
+                          "nccltune knows (a renamed build)")
+    imp.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -423,7 +454,7 @@ def _demo_snapshot() -> str | None:
         return None
     try:
         with Store(path) as store:
-            runs = store.runs(limit=1)
+            runs = store.runs(limit=1, kinds=("sweep", "verify"))  # an import measured no demo topology
     except (NccltuneError, OSError) as exc:
         log.debug("cannot read %s: %s", path, exc)
         return None
@@ -603,7 +634,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .pipeline import SweepPipeline
-    from .render import dumps, plan_doc, plan_text, pruned_list, sweep_doc, sweep_text
+    from .render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
     if args.join:
         return cmd_sweep_join(args)
@@ -622,8 +653,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)
         text = (f"{UNMEASURED_SUMMARY}: `nccltune sweep` runs no trial here and publishes the topology file "
                 "and the policy values (and the config's pins) for every job.")
-        out(dumps({"kind": "plan", "trials": 0, "measured": [], "reason": UNMEASURED_SUMMARY,
-                   "pruned": pruned_list(plan)}) if args.json else text)
+        out(dumps(plan_doc(plan, pipe.node(), 0, 0.0, pipe.profile, unmeasured=UNMEASURED_SUMMARY))
+            if args.json else text)
         return EXIT_OK
     if args.plan:
         plan, search = pipe.plan()
@@ -849,9 +880,14 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .render import dumps, report_doc, report_text
 
+    fmt = _report_format(args)
     with _history(args) as store:
         runs = [store.run(args.run)] if args.run is not None else store.runs(limit=1, kind="sweep")
         run = runs[0] if runs else None
+        if fmt == "nccl-tests-json" or (run is not None and run.kind == "import"):
+            if run is None:
+                raise CheckFailed("no finished sweep to report on")
+            return _report_perf(args, fmt, run, store.trials(run.id))
         # A sweep's rows are a table of the store; a verification keeps its own in its summary.
         if run is None or not (run.rows if run.kind == "sweep" else (run.summary or {}).get("rows")):
             raise CheckFailed("no finished sweep to report on")
@@ -859,18 +895,60 @@ def cmd_report(args: argparse.Namespace) -> int:
     if run.kind == "verify":
         if args.plot:
             raise UsageError(f"run {run.id} is a verification: --plot needs a sweep run")
-        out(dumps(report_doc(run, trials, plot=None)) if args.json else _verify_report_text(run))
+        out(dumps(report_doc(run, trials, plot=None)) if fmt == "json" else _verify_report_text(run))
         return EXIT_OK
     if args.plot:
         from .plot import plot_run
 
         plot_run(run, trials, Path(args.plot))
-    if args.json:
+    if fmt == "json":
         out(dumps(report_doc(run, trials, plot=args.plot)))
     else:
         out(report_text(run, trials))
         if args.plot:
             out(f"Plot written to {args.plot}")
+    return EXIT_OK
+
+
+def _report_format(args: argparse.Namespace) -> str:
+    """--format, with --json as its short form; the nccl-tests options only go with that format.
+
+    Raises:
+        UsageError: contradicting or misplaced options (exit 2).
+    """
+    fmt = str(args.format or ("json" if args.json else "text"))
+    if args.json and fmt != "json":
+        raise UsageError(f"nccltune report: --json and --format {fmt} contradict each other")
+    misplaced = [flag for flag, value in (("--collective", args.collective), ("--setting", args.setting),
+                                          ("--trial", args.trial)) if value is not None]
+    if misplaced and fmt != "nccl-tests-json":
+        raise UsageError(f"nccltune report: {', '.join(misplaced)} only with --format nccl-tests-json")
+    if args.trial is not None and args.setting is not None:
+        raise UsageError("nccltune report: --trial names one trial, --setting a setting's trials: one of them")
+    if args.plot and fmt == "nccl-tests-json":
+        raise UsageError("nccltune report: --plot and --format nccl-tests-json: one output at a time")
+    return fmt
+
+
+def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Sequence[TrialRecord]) -> int:
+    """An nccl-tests document of the run (--format nccl-tests-json), or the report of an import."""
+    import json
+
+    from .nccltests_json import run_document
+    from .render import dumps, import_text, report_doc
+
+    if run.kind == "import" and args.plot:
+        raise UsageError(f"run {run.id} is an import: --plot needs a sweep run")
+    collective = args.collective or str((run.summary or {}).get("collective") or "all_reduce")
+    doc = run_document(run, trials, collective=collective, trial_seq=args.trial, setting=args.setting or "published")
+    if fmt == "nccl-tests-json":
+        which = f"run {run.id}" + ("" if args.run is not None else " (the last sweep; --run ID for another)")
+        note(f"{which}, {collective}: {doc['nccltune']['shows']}")
+        out(json.dumps(doc, indent=2))
+    elif fmt == "json":
+        out(dumps(report_doc(run, trials, plot=None, perf=doc)))
+    else:
+        out(import_text(run, doc))
     return EXIT_OK
 
 
@@ -901,7 +979,55 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if comparison.slower else EXIT_OK
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from .atomicfile import FileError
+    from .nccltests_json import import_document, read_document, run_document
+    from .render import dumps, import_doc, import_text
+    from .store import Store
+    from .trust import ensure_dir
+
+    doc = read_document(Path(args.file), collective=args.collective)
+    cfg = reading_cfg(args)
+    path = cfg.state_path("history.db")
+    try:
+        ensure_dir(path.parent, "state directory")
+    except OSError as exc:
+        raise FileError(path.parent, exc, action="cannot create the state directory") from None
+    fingerprint = doc.fingerprint or _node_fingerprint(cfg, doc.hostname)
+    with Store(path) as store:
+        run_id = import_document(store, doc, fingerprint=fingerprint)
+        run = store.run(run_id)
+        trials = store.trials(run_id)
+    assert run is not None
+    perf = run_document(run, trials, collective=doc.collective)
+    if args.json:
+        out(dumps(import_doc(run, perf)))
+        return EXIT_OK
+    out(import_text(run, perf))
+    out(f"Stored as run {run_id} in {path}: `nccltune report --run {run_id}`, `nccltune compare RUN {run_id}` "
+        "(RUN from `nccltune history`)")
+    return EXIT_OK
+
+
+def _node_fingerprint(cfg: Config, hostname: str) -> str:
+    """This node's topology fingerprint, for a document measured here (its hostname is this
+    node's); "unknown" for one from elsewhere, or where the node cannot be read (no NVML)."""
+    from .names import short_hostname
+    from .node import load_node
+
+    if hostname.split(".")[0] != short_hostname():
+        note(f"the document was measured on {hostname}, not on this node: its topology is recorded as unknown")
+        return "unknown"
+    try:
+        return load_node(cfg, None).fingerprint
+    except (NccltuneError, OSError) as exc:
+        note(f"cannot read this node's topology ({getattr(exc, 'message', exc)}): the import's topology is "
+             "recorded as unknown")
+        return "unknown"
+
+
 _HANDLERS.update({
+    "import": cmd_import,
     "compare": cmd_compare,
     "sweep": cmd_sweep,
     "env": cmd_env,

@@ -13,6 +13,10 @@ Definitions follow nccl-tests (src/<collective>.cu), so numbers compare with its
 - algbw = size / time; busbw = algbw x factor: 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
   reduce_scatter and all_to_all, 1 for broadcast, reduce and sendrecv.
 Every measurement is float32 (sum for the reductions, root 0 for broadcast and reduce).
+Each `*_perf` binary also prints a reduction-operation and a root column: "sum" where it runs a
+reduction (sendrecv too: it passes the operation list), "none" for all_gather, broadcast and
+alltoall; root -1 ("no root") except broadcast and reduce, which the binaries run for root 0
+by default.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Collective:
     # torch's gloo backend has it (checked with torch 2.13 on two gloo ranks; on one rank gloo
     # cannot send to itself, and the worker reports sendrecv as not measured with torch's reason).
     gloo: bool
+    perf_redop: str = "sum"  # the redop column of the `*_perf` binary
+    perf_root: int = -1  # the root column: -1 where the collective has no root
 
     def busbw_factor(self, nranks: int) -> float:
         """busbw / algbw for `nranks` ranks, as nccl-tests computes it."""
@@ -87,13 +93,13 @@ def algbw_gbps(size_bytes: int, time_us: float) -> float:
 
 COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("all_reduce", "all_reduce_perf", "ncclAllReduce", "AllReduce", False, "2(n-1)/n", True),
-    Collective("all_gather", "all_gather_perf", "ncclAllGather", "AllGather", True, "(n-1)/n", True),
+    Collective("all_gather", "all_gather_perf", "ncclAllGather", "AllGather", True, "(n-1)/n", True, "none"),
     Collective("reduce_scatter", "reduce_scatter_perf", "ncclReduceScatter", "ReduceScatter", True, "(n-1)/n",
                True),
-    Collective("broadcast", "broadcast_perf", "ncclBroadcast", "Broadcast", False, "1", True),
-    Collective("reduce", "reduce_perf", "ncclReduce", "Reduce", False, "1", True),
+    Collective("broadcast", "broadcast_perf", "ncclBroadcast", "Broadcast", False, "1", True, "none", 0),
+    Collective("reduce", "reduce_perf", "ncclReduce", "Reduce", False, "1", True, "sum", 0),
     # ncclAlltoAll exists from NCCL 2.28 on; with older libraries the worker groups send/recv pairs.
-    Collective("all_to_all", "alltoall_perf", "ncclAlltoAll", "AlltoAll", True, "(n-1)/n", True),
+    Collective("all_to_all", "alltoall_perf", "ncclAlltoAll", "AlltoAll", True, "(n-1)/n", True, "none"),
     # One ring step: every rank sends to rank+1 and receives from rank-1, in one group.
     Collective("sendrecv", "sendrecv_perf", "ncclSend/ncclRecv", None, False, "1", True),
 )}
@@ -111,6 +117,13 @@ def get(name: str) -> Collective:
         return COLLECTIVES[name]
     except KeyError:
         raise ValueError(f"unknown collective {name!r} (known: {', '.join(NAMES)})") from None
+
+
+def by_perf_binary(name: str) -> Collective | None:
+    """The collective a `*_perf` binary measures ("all_reduce_perf", or a path to it); None for a
+    binary nccltune has no collective for (alltoallv_perf, gather_perf, ...)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return next((c for c in COLLECTIVES.values() if c.perf_binary == base), None)
 
 
 def parse_list(text: str) -> list[Collective]:

@@ -53,8 +53,13 @@ class RunComparison:
 def side_trials(run: RunRecord, trials: Sequence[TrialRecord], side: Side) -> list[TrialRecord]:
     """The ok trials of `run` that measured one setting: NCCL's defaults, or what was published."""
     ok = [t for t in trials if t.status == "ok" and t.measurements]
+    if run.kind == "import":
+        # One setting, measured in one or both placements: the one the import compares with
+        # (out of place where the document has it) is its side.
+        primary = (run.summary or {}).get("placement", "out_of_place")
+        return [t for t in ok if (t.nccl or {}).get("placement", primary) == primary]
     if run.kind != "sweep":
-        return ok  # a verification or an import measures one setting only
+        return ok  # a verification measures one setting only
     chosen = str((run.summary or {}).get("chosen") or DEFAULTS_LABEL)
     if side == "defaults" or chosen == DEFAULTS_LABEL:
         return [t for t in ok if not t.env]

@@ -270,8 +270,10 @@ def _calling_env_findings(env: Mapping[str, str], published: Mapping[str, str],
             continue
         if name == "NCCL_PROTO" and "explicit-ll128" in reported:
             continue  # already said, more precisely
-        f.append(Finding("warning", f"forced-{name[5:].lower()}", f"{name}={value} in the environment forces "
-                         f"NCCL's {'algorithm' if name == 'NCCL_ALGO' else 'protocol'} for every size and every "
+        algo = name == "NCCL_ALGO"
+        # Each code spelled out: codes are a schema enum, collected from this file by the tests.
+        f.append(Finding("warning", "forced-algo" if algo else "forced-proto", f"{name}={value} in the environment "
+                         f"forces NCCL's {'algorithm' if algo else 'protocol'} for every size and every "
                          "job started from here, and wins over the published tuning",
                          f"unset {name} (nccltune sweep measures whether it helps on this node)"))
     return f

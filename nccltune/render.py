@@ -21,6 +21,7 @@ from .names import DEMO_LABEL, format_size
 from .publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from .records import Measurement, ReportRow
 from .store import RunRecord, TrialRecord
+from .sweep.plan import candidate_code
 from .sweep.select import key_label
 from .topology.fingerprint import topology_fingerprint
 from .topology.model import NicInfo, Topology
@@ -251,7 +252,8 @@ def _fmt_s(seconds: float) -> str:
 
 
 def pruned_list(plan: Plan) -> list[dict[str, str]]:
-    return [{"name": p.name, "value": p.value, "reason": p.reason} for p in plan.pruned]
+    """The candidates the plan does not measure: `code` is stable for automation, `reason` the prose."""
+    return [{"name": p.name, "value": p.value, "code": p.code, "reason": p.reason} for p in plan.pruned]
 
 
 def _ranges(weights: dict[int, float]) -> list[tuple[int, int, float]]:
@@ -295,7 +297,8 @@ def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
             "channels": ("half and a third more of the defaults' channel count (from the baseline)"
                          if ps.channels else None),
             "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
-            "pruned": [{"what": p.what, "reason": p.reason} for p in ps.pruned], "notes": ps.notes}
+            "pruned": [{"what": p.what, "code": candidate_code(p), "reason": p.reason} for p in ps.pruned],
+            "notes": ps.notes}
 
 
 def per_size_plan_text(plan: Plan) -> list[str]:
@@ -340,9 +343,12 @@ def table_lines(table: TableOutcome) -> list[str]:
 
 
 def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
-             workload: Workload | None = None) -> dict[str, Any]:
+             workload: Workload | None = None, *, unmeasured: str | None = None) -> dict[str, Any]:
+    """The plan as one document. `unmeasured`: why nothing is measured on this node (one GPU):
+    the same document then measures nothing, estimates no trial and says why under `reason`."""
     return {
         "kind": "sweep-plan",
+        "reason": unmeasured,
         "demo": node.demo,
         "label": DEMO_LABEL if node.demo else None,
         "backend": plan.backend,
@@ -351,7 +357,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         "fingerprint": node.fingerprint,
         "job_shape": {"nnodes": plan.shape.nnodes, "loopback": plan.shape.loopback},
         "sizes": plan.sizes,
-        "measure": plan.variables,
+        "measure": {} if unmeasured else plan.variables,
         "pruned": pruned_list(plan),
         "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
         "policy": plan.policy,
@@ -669,11 +675,11 @@ def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None)
 def history_text(runs: Sequence[RunRecord]) -> str:
     if not runs:
         return "No runs yet."
-    lines = [f"{'id':>4}  {'kind':6}  {'status':11}  {'started':25}  {'backend':7}  chosen"]
+    lines = [f"{'id':>4}  {'kind':6}  {'status':11}  {'started':25}  {'backend':10}  chosen"]
     for r in runs:
         chosen = (r.summary or {}).get("chosen") or (r.summary or {}).get("error") or ""
         demo = " [CPU demo]" if r.demo else ""
-        lines.append(f"{r.id:>4}  {r.kind:6}  {r.status:11}  {r.started_at[:25]:25}  {r.backend:7}  {chosen}{demo}")
+        lines.append(f"{r.id:>4}  {r.kind:6}  {r.status:11}  {r.started_at[:25]:25}  {r.backend:10}  {chosen}{demo}")
     return "\n".join(lines)
 
 
@@ -687,9 +693,91 @@ def trials_text(run: RunRecord, trials: Sequence[TrialRecord]) -> str:
     return "\n".join(lines)
 
 
-def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None) -> dict[str, Any]:
-    return {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
-            "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
+def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None,
+               perf: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`perf`: an imported run's nccl-tests document (nccltests_json.run_document), shown under
+    `imported` in the import's row shape (an import has no report rows of defaults and tuned)."""
+    doc: dict[str, Any] = {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
+                           "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
+    if perf is not None:
+        doc["imported"] = {"placement": (run.summary or {}).get("placement"), "sizes": perf_rows(perf)}
+    return doc
+
+
+# -- nccl-tests documents (report --format nccl-tests-json, import) ------------------------------------
+
+
+def _perf_side(side: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if side is None:
+        return None
+    wrong = side.get("nwrong")
+    return {"time_us": side.get("time", side.get("cpu_time")), "algbw_gbps": side.get("alg_bw"),
+            "busbw_gbps": side.get("bus_bw"), "wrong": None if wrong is None else int(wrong)}
+
+
+def perf_rows(perf: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An nccl-tests document's results as per-size rows: size, collective and count first, then
+    each placement (time, algbw, busbw, wrong elements; null where not measured)."""
+    collective = str((perf.get("nccltune") or {}).get("collective") or "all_reduce")
+    return [size_row(int(r["size"]), collective, count=r.get("count"), out_of_place=_perf_side(r.get("out_of_place")),
+                     in_place=_perf_side(r.get("in_place"))) for r in perf.get("results", [])]
+
+
+def _perf_cells(side: Mapping[str, Any] | None) -> list[str]:
+    if side is None:
+        return ["-", "-", "-", "-"]
+    wrong = side.get("nwrong")
+    # Two decimals as nccl-tests prints them; three digits below 0.1 GB/s (CPU demo sizes).
+    def bw(x: float) -> str:
+        return f"{x:.2f}" if x >= 0.1 else f"{x:.3g}"
+
+    return [f"{side.get('time', side.get('cpu_time', 0.0)):.2f}", bw(float(side["alg_bw"])), bw(float(side["bus_bw"])),
+            "N/A" if wrong is None else str(int(wrong))]
+
+
+def perf_table(perf: Mapping[str, Any]) -> list[str]:
+    """An nccl-tests document's results in all_reduce_perf's columns: size, count, type, redop,
+    root, then time, algbw, busbw and #wrong out of place and in place ("-" where not measured)."""
+    table = [["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+              "#wrong"]]
+    for r in perf.get("results", []):
+        table.append([str(r["size"]), "-" if r.get("count") is None else str(r["count"]), str(r["type"]),
+                      str(r["redop"]), str(r["root"]).strip(), *_perf_cells(r.get("out_of_place")),
+                      *_perf_cells(r.get("in_place"))])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    # Every line starts with two characters ("# " on the headers), then the cells two apart.
+    lead = 2 + sum(widths[:5]) + 2 * 5
+    out_w, in_w = sum(widths[5:9]) + 2 * 3, sum(widths[9:13]) + 2 * 3
+    lines = [TABLE_UNITS, ("#" + " " * (lead - 1) + "out-of-place".center(out_w) + "  " + "in-place".center(in_w))
+             .rstrip()]
+    for i, row in enumerate(table):
+        lines.append(("# " if i == 0 else "  ") + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    return lines
+
+
+def import_doc(run: RunRecord, perf: Mapping[str, Any]) -> dict[str, Any]:
+    """What `nccltune import --json` prints: the run it made and what it holds, size by size."""
+    s = run.summary or {}
+    return {"kind": "import", "run_id": run.id, "file": s.get("source_file"), "collective": s.get("collective"),
+            "binary": s.get("binary"), "nranks": s.get("nranks"), "backend": run.backend, "demo": run.demo,
+            "label": DEMO_LABEL if run.demo else None, "nccl_version": run.nccl_version,
+            "hostname": run.hostname, "fingerprint": run.fingerprint, "cycles": s.get("cycles"),
+            "placement": s.get("placement"), "summary": s.get("summary"), "notes": list(s.get("notes") or []),
+            "sizes": perf_rows(perf)}
+
+
+def import_text(run: RunRecord, perf: Mapping[str, Any]) -> str:
+    """An imported run: where it came from, the nccl-tests table, and what to run next."""
+    s = run.summary or {}
+    lines = [f"*** {DEMO_LABEL} ***"] if run.demo else []
+    lines.append(f"Import {run.id} of {run.started_at}: {s.get('binary')} ({run.backend}), {s.get('nranks')} ranks, "
+                 f"NCCL {run.nccl_version or 'n/a'}, from {s.get('source_file')}")
+    shows = str((perf.get("nccltune") or {}).get("shows") or "")
+    lines.append(f"{s.get('datatype', 'float')}, {s.get('redop')}; {s.get('cycles')} cycle(s)"
+                 + (f"; {shows}" if shows else ""))
+    lines.extend(perf_table(perf))
+    lines.extend(f"Note: {n}" for n in s.get("notes") or [])
+    return "\n".join(lines)
 
 
 def report_text(run: RunRecord, trials: Sequence[TrialRecord] = ()) -> str:

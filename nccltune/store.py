@@ -33,16 +33,24 @@ from typing import Any, Literal
 from . import trust
 from .atomicfile import FileError
 from .errors import BusyError, InputError
-from .records import BACKENDS, TRIAL_STATUSES, Backend, Measurement, ReportRow, TrialStatus
+from .records import TRIAL_STATUSES, Measurement, ReportRow, TrialStatus
 
 log = logging.getLogger(__name__)
 
 RunStatus = Literal["running", "ok", "failed", "interrupted"]
-RunKind = Literal["sweep", "verify"]
-Phase = Literal["baseline", "screen", "combine", "final", "verify", "exhaustive"]
+# "import": a document of another tool (nccl-tests' -J output) read into the history, for
+# `report` and `compare`. It measured nothing nccltune chose, so no reader that wants a sweep's
+# result (verify's expectations, the upgrade gate, metrics, export, publish) may take one:
+# they ask for kind "sweep" by name.
+RunKind = Literal["sweep", "verify", "import"]
+# What produced a run's numbers: nccltune's worker on NCCL or on gloo (the CPU demo), or
+# nccl-tests' `*_perf` binaries (an imported document).
+RunBackend = Literal["nccl", "gloo", "nccl-tests"]
+Phase = Literal["baseline", "screen", "combine", "final", "verify", "exhaustive", "import"]
 
 _RUN_STATUSES: frozenset[str] = frozenset(typing.get_args(RunStatus))
 _RUN_KINDS: frozenset[str] = frozenset(typing.get_args(RunKind))
+_RUN_BACKENDS: frozenset[str] = frozenset(typing.get_args(RunBackend))
 _PHASES: frozenset[str] = frozenset(typing.get_args(Phase))
 
 BUSY_TIMEOUT_MS = 5000
@@ -79,7 +87,7 @@ def _utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A sweep or verify run. JSON columns come back decoded; times are ISO-8601 UTC text.
+    """A sweep, verify or import run. JSON columns come back decoded; times are ISO-8601 UTC text.
 
     `rows` is a sweep's report, size by size, from the report_rows table. `summary` shows the
     same rows under "rows" too, as the JSON documents (history, report) have always carried them.
@@ -91,7 +99,7 @@ class RunRecord:
     started_at: str
     finished_at: str | None
     fingerprint: str
-    backend: Backend
+    backend: RunBackend
     demo: bool
     profile: str | None
     nccl_version: str | None
@@ -529,7 +537,7 @@ class Store:
         *,
         kind: RunKind,
         fingerprint: str,
-        backend: Backend,
+        backend: RunBackend,
         demo: bool,
         profile: str | None,
         nccl_version: str | None,
@@ -546,7 +554,7 @@ class Store:
             ValueError: an unknown kind or backend, or topology/config that is not JSON.
         """
         _check("kind", kind, _RUN_KINDS)
-        _check("backend", backend, BACKENDS)
+        _check("backend", backend, _RUN_BACKENDS)
         topology_json, config_json = _dump(dict(topology)), _dump(dict(config))
         with self._write() as conn:
             cur = conn.execute(
@@ -706,13 +714,16 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def runs(self, limit: int | None = 20, kind: RunKind | None = None) -> list[RunRecord]:
-        """The newest runs first; `limit=None` for all of them."""
+    def runs(self, limit: int | None = 20, kind: RunKind | None = None,
+             kinds: Sequence[RunKind] | None = None) -> list[RunRecord]:
+        """The newest runs first; `limit=None` for all of them. `kind` (or several, `kinds`)
+        keeps runs of that kind only; without either, every kind (imports too)."""
+        wanted = [kind] if kind is not None else list(kinds or ())
         sql = "SELECT * FROM runs"
         params: list[Any] = []
-        if kind is not None:
-            sql += " WHERE kind = ?"
-            params.append(kind)
+        if wanted:
+            sql += f" WHERE kind IN ({', '.join('?' for _ in wanted)})"
+            params.extend(wanted)
         sql += " ORDER BY started_at DESC, id DESC LIMIT ?"
         params.append(-1 if limit is None else limit)
         return [self._run_record(row) for row in self._conn.execute(sql, params).fetchall()]
@@ -765,7 +776,7 @@ class Store:
         This is what `verify` compares against. Only ok trials and correct measurements count.
         None when there is no ok sweep for this fingerprint or it measured no baseline.
         """
-        latest = self.latest_run(fingerprint)
+        latest = self.latest_run(fingerprint, kind="sweep")
         if latest is None:
             return None
         samples: dict[int, list[float]] = {}
@@ -783,7 +794,7 @@ class Store:
 
     def latest_published(self, fingerprint: str) -> PublishedEnv | None:
         """The chosen environment and publish generation of the latest ok sweep, if any."""
-        latest = self.latest_run(fingerprint)
+        latest = self.latest_run(fingerprint, kind="sweep")
         if latest is None:
             return None
         return PublishedEnv(
@@ -811,7 +822,7 @@ def _run_record(row: sqlite3.Row, rows: tuple[ReportRow, ...]) -> RunRecord:
         started_at=str(row["started_at"]),
         finished_at=row["finished_at"],
         fingerprint=str(row["fingerprint"]),
-        backend=typing.cast(Backend, row["backend"]),
+        backend=typing.cast(RunBackend, row["backend"]),
         demo=bool(row["demo"]),
         profile=row["profile"],
         nccl_version=row["nccl_version"],

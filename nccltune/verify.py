@@ -297,7 +297,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                 code, passed, reason = "slower_than_baseline", False, slower
         session.finish("ok" if passed else "failed",
                        {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
-                        "rows": [vars(r) for r in rows], "env_source": source})
+                        "rows": [vars(r) for r in rows], "env_source": source, "method": session.method})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
                         nccl_version=nccl_version, code=code)

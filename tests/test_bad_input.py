@@ -171,6 +171,20 @@ def test_nccl_xml(work: Path, case: str) -> None:
     assert_nothing_written(work)
 
 
+# The nccl-tests document `nccltune import` reads: the JSON cases of the snapshot, as that file.
+NCCL_TESTS_CASES = {k: v for k, v in SNAPSHOT_CASES.items() if k not in ("duplicate-bus-id", "400-gpus")}
+
+
+@pytest.mark.parametrize("case", list(NCCL_TESTS_CASES))
+def test_nccl_tests_document(work: Path, case: str) -> None:
+    path = _make(work / "in" / "all_reduce_perf.json", NCCL_TESTS_CASES[case])
+    run = nccltune(work / "cwd", "import", path, "--state-dir", work / "state")
+    assert_refused(run, EXIT_CONFIG, path)
+    if case == "malformed":
+        assert f"{path}:2:" in run.err
+    assert_nothing_written(work)
+
+
 def _prov() -> Provenance:
     return Provenance("0", "now", "f", None, "gloo", True, None)
 

@@ -17,12 +17,14 @@ from unittest import mock
 
 import pytest
 import yaml
+from conftest import REPO
 from demo_state import BASE_CONFIG
 
 from nccltune.cli import main
 from nccltune.config import load_config
 from nccltune.daemon import Daemon, DaemonOptions, actions, scheduler
 from nccltune.daemon.actions import NcclInfo
+from nccltune.fleet.schema import validate
 from nccltune.node import load_node
 from nccltune.publish import read_set
 from nccltune.sdnotify import Notifier
@@ -94,7 +96,12 @@ def test_plan_says_nothing_is_measured(tmp_path: Path) -> None:
     assert out.startswith(MESSAGE) and "runs no trial" in out
     rc, out, err = cli("sweep", "--plan", "--json", "--config", config(tmp_path), "--state-dir", tmp_path / "state")
     assert rc == 0, err
-    assert json.loads(out)["trials"] == 0 and json.loads(out)["reason"] == MESSAGE
+    # The plan document every plan is (schemas/plan.schema.json), measuring nothing, saying why.
+    doc = json.loads(out)
+    validate(doc, json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
+    assert doc["kind"] == "sweep-plan" and doc["nranks"] == 1 and doc["measure"] == {}
+    assert doc["estimate"] == {"trials": 0, "seconds": 0.0} and doc["reason"] == MESSAGE
+    assert all(p["code"] for p in doc["pruned"])
     assert not (tmp_path / "state" / "nccl.sh").exists()
 
 

@@ -139,6 +139,10 @@ def test_runs_lists_newest_first_and_filters_kind(store: Store) -> None:
     assert [r.id for r in store.runs(limit=1)] == [c]
     assert store.run(9999) is None
     assert store.trials(9999) == []
+    d = _start(store, kind="import")
+    assert [r.id for r in store.runs(kinds=("sweep", "verify"))] == [c, b, a]
+    assert [r.id for r in store.runs(kind="import")] == [d]
+    assert [r.id for r in store.runs(limit=2)] == [d, c]  # no kind named: every kind
 
 
 @pytest.mark.parametrize(
@@ -500,3 +504,43 @@ def test_foreign_keys_and_argument_checks(store: Store) -> None:
             "INSERT INTO trials (run_id, seq, phase, label, env_json, status, started_at) "
             "VALUES (999, 0, 'screen', 'x', '{}', 'ok', 'now')"
         )
+
+
+def test_a_version_2_file_takes_an_import_without_a_migration(db_path: Path) -> None:
+    """Kinds, backends and phases are text checked in Python: a history written before imports
+    existed takes one as it is (an older nccltune reading it back sees a kind it does not ask
+    for), and every reader of a sweep's result still finds the sweep."""
+    raw = sqlite3.connect(db_path)
+    for migrate in store_mod.MIGRATIONS[:2]:
+        migrate(raw)
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    assert store_mod.schema_version() == 2
+    with Store(db_path) as s:
+        sweep = _start(s)
+        _baseline_trial(s, sweep, 1, {1024: 5.0})
+        s.finish_run(sweep, status="ok", chosen_env={})
+        imported = s.start_run(kind="import", fingerprint="fp-a", backend="nccl-tests", demo=False, profile=None,
+                               nccl_version="2.28.9", driver_version=None, torch_version=None,
+                               nccltune_version="0.2.0", hostname="node1", topology={"nranks": 2}, config={})
+        s.add_trial(imported, seq=1, phase="import", label="all_reduce_perf out of place #1", env={}, status="ok",
+                    nccl={"placement": "out_of_place", "cycle": 1},
+                    measurements=[Measurement(1024, 10.0, 50.0, 50.0)])
+        s.finish_run(imported, status="ok", summary={"placement": "out_of_place"})
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    raw.close()
+    with Store(db_path) as s:
+        run = s.run(imported)
+        assert run is not None and (run.kind, run.backend) == ("import", "nccl-tests")
+        assert s.trials(imported)[0].phase == "import"
+        latest = s.latest_run("fp-a")
+        assert latest is not None and latest.id == sweep
+        assert s.baseline("fp-a") == {1024: 5.0}
+        published = s.latest_published("fp-a")
+        assert published is not None and published.run_id == sweep
+        with pytest.raises(ValueError, match="backend"):
+            s.start_run(kind="import", fingerprint="x", backend="mpi", demo=False,  # type: ignore[arg-type]
+                        profile=None, nccl_version=None, driver_version=None, torch_version=None,
+                        nccltune_version="0", hostname="h", topology={}, config={})

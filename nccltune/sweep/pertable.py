@@ -159,6 +159,7 @@ def candidate_of_env(env: Mapping[str, str]) -> SizeCandidate | None:
 class PrunedCandidate:
     what: str
     reason: str
+    code: str = ""  # stable for automation; "" takes sweep.plan's code for `what`
 
 
 def _version(text: str | None) -> tuple[int, int] | None:
@@ -188,7 +189,8 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
     with the version unknown it is measured in that syntax (an older NCCL refuses it, and the
     trial counts as no result, which never wins and never forces another collective's algorithm)."""
     steered = list(dict.fromkeys(TUNER_NAMES[c] for c in collectives if c in TUNER_NAMES))
-    pruned = [PrunedCandidate(c, NOT_STEERED[c]) for c in dict.fromkeys(collectives) if c in NOT_STEERED]
+    pruned = [PrunedCandidate(c, NOT_STEERED[c], "not-steered-by-tuner")
+              for c in dict.fromkeys(collectives) if c in NOT_STEERED]
     if nranks < 2:
         return Candidates(steered, [], [PrunedCandidate("*", "one rank: NCCL consults no tuner"), *pruned])
     if not steered:
@@ -221,7 +223,8 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
             if version is not None and version < PER_COLLECTIVE_SYNTAX:
                 out.pruned.append(PrunedCandidate(algo, f"NCCL {nccl_version} has no per-collective NCCL_ALGO (2.24 "
                                                   f"and newer), and {ENV_ALGO[algo]} set for every collective leaves "
-                                                  "the others with no algorithm (NCCL fails them)"))
+                                                  "the others with no algorithm (NCCL fails them)",
+                                                  "no-per-collective-algo"))
                 continue
             if version is None:
                 syntax += ("; NCCL's version is not known when planning: an older NCCL refuses that syntax, and those "

@@ -34,10 +34,24 @@ P2P_OFF_REASON = ("turns P2P off between NVLink-connected GPUs, which moves all-
 
 
 @dataclass(frozen=True)
+class Why:
+    """Why a candidate is not measured: a stable code for automation (`sweep --plan --json`, an
+    enum in the plan schema) beside the prose for people."""
+
+    code: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Pruned:
     name: str
     value: str  # "*" when the whole variable is pruned
     reason: str
+    code: str  # Why.code: stable across versions and wordings
+
+    @classmethod
+    def of(cls, name: str, value: str, why: Why) -> Pruned:
+        return cls(name, value, why.text, why.code)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class JobShape:
 
 SINGLE_NODE_NET_REASON = ("single-node sweep: all-reduce between local GPUs never crosses a NIC, so network "
                           "settings cannot change the result")
+EXCLUDED = Why("excluded-by-config", "excluded by config (sweep.exclude)")
 SOCKET_KNOBS = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")
 CHANNEL_NOTE = ("Channel values that cannot change NCCL's channel count are dropped once the baseline shows how "
                 "many channels NCCL uses.")
@@ -72,6 +87,27 @@ OWN_TUNER_VARS = ("NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
 # The variables a per-size candidate sets: measured per size, not as whole-environment candidates.
 PER_SIZE_VARS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
 PER_SIZE_REASON = "measured per size as (algorithm, protocol, channels) candidates for the tuner table"
+
+# The per-size candidates a plan leaves out (PrunedCandidate, named by what they are), by code.
+CANDIDATE_CODES = {"nvls": "nvls-never-swept", "collnet": "collnet-unavailable", "tree": "tree-all-reduce-only",
+                   "pat": "pat-not-applicable", "ll128": "ll128-not-auto", "*": "one-rank"}
+
+
+@dataclass(frozen=True)
+class CodedCandidate(PrunedCandidate):
+    """A per-size candidate this module leaves out, with its code (pinned, excluded)."""
+
+    code: str = "excluded-by-config"
+
+
+def candidate_code(p: PrunedCandidate) -> str:
+    """The stable code of a per-size candidate left out of the plan."""
+    if p.code:
+        return p.code
+    try:
+        return CANDIDATE_CODES[p.what]
+    except KeyError:
+        raise ValueError(f"per-size candidate {p.what!r} has no code in sweep.plan.CANDIDATE_CODES") from None
 
 
 @dataclass
@@ -218,23 +254,23 @@ def build_plan(
         if name in pinned:
             continue  # listed under pinned, never swept
         if name in exclude:
-            pruned.append(Pruned(name, "*", "excluded by config (sweep.exclude)"))
+            pruned.append(Pruned.of(name, "*", EXCLUDED))
             continue
         values = list(variables.get(name, tunable.sweep))
         if not values:
             continue
         if tunable.scope == "net" and net is None:
-            pruned.append(Pruned(name, "*", SINGLE_NODE_NET_REASON))
+            pruned.append(Pruned.of(name, "*", Why("single-node-network", SINGLE_NODE_NET_REASON)))
             continue
         keep: list[str] = []
         for value in values:
             if net is not None and tunable.scope == "net":
-                reason = net.prune(name, value, tunable.default)
+                why = net.prune(name, value, tunable.default)
             else:
-                reason = _prune_value(name, value, tunable.default, paths, refused, default_sig, nvlink_pairs,
-                                      seen_sigs, nvs, min_sm, ll128, plan.default_p2p_level)
-            if reason:
-                pruned.append(Pruned(name, value, reason))
+                why = _prune_value(name, value, tunable.default, paths, refused, default_sig, nvlink_pairs,
+                                   seen_sigs, nvs, min_sm, ll128, plan.default_p2p_level)
+            if why:
+                pruned.append(Pruned.of(name, value, why))
             else:
                 keep.append(value)
         if keep:
@@ -274,18 +310,18 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
     pinned_ap = [n for n in ("NCCL_ALGO", "NCCL_PROTO") if n in plan.pinned]
     if pinned_ap:
         candidates = []
-        pruned.append(PrunedCandidate("algorithm/protocol", f"{' and '.join(pinned_ap)} pinned: the environment "
-                                      "always wins over a tuner"))
+        pruned.append(CodedCandidate("algorithm/protocol", f"{' and '.join(pinned_ap)} pinned: the environment "
+                                     "always wins over a tuner", "pinned"))
     elif any(n in exclude for n in ("NCCL_ALGO", "NCCL_PROTO")):
         candidates = []
-        pruned.append(PrunedCandidate("algorithm/protocol", "excluded by config (sweep.exclude)"))
+        pruned.append(CodedCandidate("algorithm/protocol", EXCLUDED.text, EXCLUDED.code))
     channel_vars = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
     channels = not any(n in plan.pinned or n in exclude for n in channel_vars)
     if any(n in plan.pinned for n in channel_vars):
-        pruned.append(PrunedCandidate("channels", "NCCL_MIN/MAX_NCHANNELS pinned: the communicator's channel count "
-                                      "is fixed, and a table can only ask for up to it"))
+        pruned.append(CodedCandidate("channels", "NCCL_MIN/MAX_NCHANNELS pinned: the communicator's channel count "
+                                     "is fixed, and a table can only ask for up to it", "pinned"))
     elif not channels:
-        pruned.append(PrunedCandidate("channels", "excluded by config (sweep.exclude)"))
+        pruned.append(CodedCandidate("channels", EXCLUDED.text, EXCLUDED.code))
     if not candidates and not channels:
         why = "; ".join(f"{p.what}: {p.reason}" for p in pruned if p.what in ("algorithm/protocol", "channels"))
         plan.per_size = PerSizePlan(False, f"nothing left to measure per size ({why})", pruned=pruned,
@@ -300,7 +336,7 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
     for name in PER_SIZE_VARS:
         if name in plan.variables and name not in user_variables:
             for value in plan.variables.pop(name):
-                plan.pruned.append(Pruned(name, value, PER_SIZE_REASON))
+                plan.pruned.append(Pruned.of(name, value, Why("measured-per-size", PER_SIZE_REASON)))
     if not any(n in plan.variables for n in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")):
         plan.notes = [n for n in plan.notes if n != CHANNEL_NOTE]
     plan.per_size = ps
@@ -310,41 +346,43 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
 def _prune_value(name: str, value: str, default: str | None, paths: PathMatrix, refused: set[tuple[int, int]],
                  default_sig: frozenset[tuple[int, int]], nvlink_pairs: set[tuple[int, int]],
                  seen_sigs: dict[frozenset[tuple[int, int]], str], nvs: bool, min_sm: int, ll128: bool,
-                 default_level: str) -> str | None:
+                 default_level: str) -> Why | None:
     if default is not None and value == default:
-        return f"equal to NCCL's default ({default})"
+        return Why("equal-to-default", f"equal to NCCL's default ({default})")
     if name in ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE"):
         level = "LOC" if name == "NCCL_P2P_DISABLE" and value == "1" else (
             default_level if name == "NCCL_P2P_DISABLE" else level_of(value))
         if level is None:
-            return "NCCL ignores this value"
+            return Why("ignored-by-nccl", "NCCL ignores this value")
         sig = p2p_signature(level, paths, refused)
         lost = default_sig - sig
         if lost & nvlink_pairs:
-            return P2P_OFF_REASON
+            return Why("p2p-off-over-nvlink", P2P_OFF_REASON)
         if sig in seen_sigs:
             other = seen_sigs[sig]
-            return ("same GPU pairs use P2P as with NCCL's default on this topology" if other == "the default"
-                    else f"same effect as {other} on this topology")
+            return Why("same-path-signature",
+                       "same GPU pairs use P2P as with NCCL's default on this topology" if other == "the default"
+                       else f"same effect as {other} on this topology")
         seen_sigs[sig] = f"{name}={value}"
         return None
     if name == "NCCL_SHM_DISABLE":
         if len(default_sig) == sum(1 for (a, b) in paths.gpu_gpu if a < b):
-            return "every GPU pair already uses P2P, and SHM is only the fallback for pairs without it"
+            return Why("all-pairs-use-p2p",
+                       "every GPU pair already uses P2P, and SHM is only the fallback for pairs without it")
         return None
     if name == "NCCL_NVLS_ENABLE":
         if not nvs:
-            return "no NVSwitch: NVLS cannot run here"
+            return Why("no-nvswitch", "no NVSwitch: NVLS cannot run here")
         if min_sm < 90:
-            return "NVLS needs sm90 or newer"
+            return Why("nvls-needs-sm90", "NVLS needs sm90 or newer")
         return None
     if name == "NCCL_PROTO":
         # Any entry that names LL128 without `^` forces it, for whatever function it is scoped
         # to, and the published value reaches every collective of the user's jobs.
         forced = any(not excluded and "ll128" in tokens for _func, excluded, tokens in _list_entries(value))
         if forced and not ll128:
-            return ("NCCL would not enable LL128 on this topology; forcing it bypasses NCCL's checks "
-                    "(data corruption where data transits the CPU)")
+            return Why("ll128-not-auto", "NCCL would not enable LL128 on this topology; forcing it bypasses "
+                       "NCCL's checks (data corruption where data transits the CPU)")
         return None
     if name == "NCCL_ALGO":
         return _prune_algo(value, nvs and min_sm >= 90)
@@ -382,46 +420,50 @@ class _NetRules:
     def _at(self, options: NicPathOptions) -> NicPaths:
         return compute_nic_paths(self.topo, self.paths, options)
 
-    def prune(self, name: str, value: str, default: str | None) -> str | None:
+    def prune(self, name: str, value: str, default: str | None) -> Why | None:
         if default is not None and value == default:
-            return f"equal to NCCL's default ({default})"
+            return Why("equal-to-default", f"equal to NCCL's default ({default})")
         if not self.topo.nics:
-            return "no network device: nothing crosses a NIC"
+            return Why("no-nic", "no network device: nothing crosses a NIC")
         if name == "NCCL_NET_GDR_LEVEL":
             return self._prune_gdr_level(value)
         if name == "NCCL_NET_GDR_READ":
             if not self.default_gdr:
-                return "no GPU-NIC pair uses GDR here, so GDR reads change nothing"
+                return Why("no-gdr", "no GPU-NIC pair uses GDR here, so GDR reads change nothing")
             if value == "1" and all((g.sm or 0) >= 80 for g in self.topo.gpus):
-                return "NCCL already uses GDR reads on sm80 and newer (its auto setting)"
+                return Why("nccl-auto-already", "NCCL already uses GDR reads on sm80 and newer (its auto setting)")
             return None
         if name == "NCCL_PXN_DISABLE":
             if self.no_peers:
-                return "NIC loopback: each rank's topology holds only its own GPU, so no peer GPU can relay"
+                return Why("no-peer-gpu", "NIC loopback: each rank's topology holds only its own GPU, so no peer "
+                           "GPU can relay")
             if "PXN" not in self.default.final_types():
-                return "no GPU reaches a NIC through a peer GPU (no PXN path), so PXN cannot change anything"
+                return Why("no-pxn-path", "no GPU reaches a NIC through a peer GPU (no PXN path), so PXN cannot "
+                           "change anything")
             return None
         if name == "NCCL_CROSS_NIC":
             if len(self.topo.nics) < 2:
-                return "one NIC: a ring has no other NIC to cross to"
+                return Why("one-nic", "one NIC: a ring has no other NIC to cross to")
             return None
         if name == "NCCL_IB_QPS_PER_CONNECTION" and not self.rdma:
-            return "no RDMA NIC: NCCL uses the socket transport, which has no queue pairs"
+            return Why("no-rdma-nic", "no RDMA NIC: NCCL uses the socket transport, which has no queue pairs")
         if name in SOCKET_KNOBS and self.rdma:
-            return "RDMA NICs present: NCCL uses the IB transport, not sockets"
+            return Why("rdma-nics-present", "RDMA NICs present: NCCL uses the IB transport, not sockets")
         return None
 
-    def _prune_gdr_level(self, value: str) -> str | None:
+    def _prune_gdr_level(self, value: str) -> Why | None:
         level = level_of(value)
         if level is None:
-            return "NCCL ignores this value"
+            return Why("ignored-by-nccl", "NCCL ignores this value")
         sig = self.gdr_signature(level)
         if sig in self.gdr_seen:
             other = self.gdr_seen[sig]
             if not sig and not self.default_gdr:
-                return "no GPU-NIC pair can use GDR here (a NIC or GPU without GPUDirect RDMA support)"
-            return ("same GPU-NIC pairs use GDR as with NCCL's default on this topology" if other == "the default"
-                    else f"same effect as {other} on this topology")
+                return Why("no-gdr", "no GPU-NIC pair can use GDR here (a NIC or GPU without GPUDirect RDMA "
+                           "support)")
+            return Why("same-path-signature",
+                       "same GPU-NIC pairs use GDR as with NCCL's default on this topology" if other == "the default"
+                       else f"same effect as {other} on this topology")
         self.gdr_seen[sig] = f"NCCL_NET_GDR_LEVEL={value}"
         return None
 
@@ -438,7 +480,7 @@ def _list_entries(value: str) -> list[tuple[str, bool, set[str]]]:
     return out
 
 
-def _prune_algo(value: str, nvls_ok: bool) -> str | None:
+def _prune_algo(value: str, nvls_ok: bool) -> Why | None:
     # All-reduce follows its own `allreduce:` entry (the last one replaces earlier ones), else the
     # unscoped first entry (NCCL_ALGO syntax, 2.24+).
     entries = _list_entries(value)
@@ -446,26 +488,27 @@ def _prune_algo(value: str, nvls_ok: bool) -> str | None:
     unscoped = [e for e in entries if e[0] == ""]
     effective = scoped[-1] if scoped else (unscoped[0] if unscoped else None)
     if effective is None:
-        return "does not restrict all-reduce, so it measures the same as NCCL's default"
+        return Why("same-as-default", "does not restrict all-reduce, so it measures the same as NCCL's default")
     _func, excluded, tokens = effective
     # What can run for a single-node all-reduce: NVLSTree is multi-node only, CollNet needs a
     # CollNet plugin and several nodes, PAT never applies to all-reduce.
     runnable = {"ring", "tree"} | ({"nvls"} if nvls_ok else set())
     if excluded:
         if not runnable - tokens:
-            return "leaves no algorithm that can run an all-reduce here (NCCL fails with ncclInvalidUsage)"
+            return Why("no-algorithm-left", "leaves no algorithm that can run an all-reduce here (NCCL fails with "
+                       "ncclInvalidUsage)")
         if not tokens & runnable:
-            return "excludes only algorithms that cannot run here: same as NCCL's default"
+            return Why("same-as-default", "excludes only algorithms that cannot run here: same as NCCL's default")
         return None
     if tokens & runnable:
         return None
     if tokens & {"nvls"}:
-        return "NVLS needs an NVSwitch and sm90"
+        return Why("nvls-unavailable", "NVLS needs an NVSwitch and sm90")
     if tokens & {"collnetdirect", "collnetchain"}:
-        return "CollNet needs a CollNet network plugin and several nodes"
+        return Why("collnet-unavailable", "CollNet needs a CollNet network plugin and several nodes")
     if tokens & {"nvlstree"}:
-        return "NVLSTree runs only across nodes"
-    return "PAT never applies to all-reduce"
+        return Why("multi-node-only", "NVLSTree runs only across nodes")
+    return Why("pat-not-applicable", "PAT never applies to all-reduce")
 
 
 def _at_or_below(limit: int) -> Callable[[str], bool]:
@@ -492,7 +535,8 @@ def prune_channels(plan: Plan, coll_channels: int | None) -> list[Pruned]:
         for v in list(values):
             if test(v):
                 values.remove(v)
-                dropped.append(Pruned(name, v, f"{why} the {coll_channels} channels NCCL already uses"))
+                dropped.append(Pruned.of(name, v, Why("channels-no-effect",
+                                                      f"{why} the {coll_channels} channels NCCL already uses")))
         if not values:
             del plan.variables[name]
     plan.pruned.extend(dropped)

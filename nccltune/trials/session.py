@@ -70,11 +70,13 @@ def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_r
 
 def start_run(store: Store, *, kind: RunKind, cfg: Config, node: Node, profile: str | None,
               topology: Mapping[str, Any]) -> int:
-    """Record a run of this node as started; its id."""
+    """Record a run of this node as started; its id. The topology record gets the ranks this
+    node's trials run (`nranks`), which the nccl-tests document of a run states."""
     return store.start_run(
         kind=kind, fingerprint=node.fingerprint, backend=node.backend, demo=node.demo, profile=profile,
         nccl_version=None, driver_version=node.topo.driver_version, torch_version=None,
-        nccltune_version=__version__, hostname=short_hostname(), topology=topology, config=config_to_dict(cfg))
+        nccltune_version=__version__, hostname=short_hostname(), topology={**topology, "nranks": node.nranks},
+        config=config_to_dict(cfg))
 
 
 class TrialSession:
