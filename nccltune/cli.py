@@ -888,6 +888,14 @@ def cmd_report(args: argparse.Namespace) -> int:
             if run is None:
                 raise CheckFailed("no finished sweep to report on")
             return _report_perf(args, fmt, run, store.trials(run.id))
+        if run is not None and _measured_nothing(run):
+            if args.plot:
+                raise CheckFailed(f"sweep {run.id} measured nothing, so there is nothing to plot: "
+                                  f"{(run.summary or {}).get('summary', '')}")
+            out(dumps(report_doc(run, [], plot=None)) if fmt == "json" else
+                f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}: "
+                f"{(run.summary or {}).get('summary', 'nothing measured')}.\nNo table: it ran no trial.")
+            return EXIT_OK
         # A sweep's rows are a table of the store; a verification keeps its own in its summary.
         if run is None or not (run.rows if run.kind == "sweep" else (run.summary or {}).get("rows")):
             raise CheckFailed("no finished sweep to report on")
@@ -908,6 +916,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.plot:
             out(f"Plot written to {args.plot}")
     return EXIT_OK
+
+
+def _measured_nothing(run: RunRecord) -> bool:
+    """A finished sweep that ran no trial (one GPU: nothing between GPUs to measure)."""
+    return run.kind == "sweep" and run.status == "ok" and not run.rows and (run.summary or {}).get("trials") == 0
 
 
 def _report_format(args: argparse.Namespace) -> str:

@@ -172,3 +172,18 @@ def test_topo_check_runs_nccl_with_one_rank(tmp_path: Path) -> None:
     assert ONE_RANK_NOTE in check.notes
     assert check.trial_status in {"ok", "crashed", "error", "timeout"}
     assert check.verdict
+
+
+def test_report_after_a_one_gpu_sweep_says_why_there_is_no_table(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert cli("sweep", "--config", config(tmp_path), "--state-dir", state)[0] == 0
+    rc, out, err = cli("report", "--config", config(tmp_path), "--state-dir", state)
+    assert rc == 0, err
+    assert MESSAGE in out and "No table: it ran no trial." in out
+    rc, out, err = cli("report", "--json", "--config", config(tmp_path), "--state-dir", state)
+    assert rc == 0, err
+    doc = json.loads(out)
+    validate(doc, json.loads((REPO / "schemas" / "report.schema.json").read_text()))
+    assert doc["sizes"] == [] and doc["trials"] == 0 and doc["run"]["summary"]["summary"] == MESSAGE
+    rc, _out, err = cli("report", "--plot", tmp_path / "p.png", "--config", config(tmp_path), "--state-dir", state)
+    assert rc == 1 and "measured nothing" in err and not (tmp_path / "p.png").exists()
