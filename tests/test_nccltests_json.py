@@ -85,6 +85,20 @@ def test_the_document_reads_as_the_same_binarys_table() -> None:
     assert got.counts[MiB] == MiB // 4 and got.primary == "out_of_place" and got.notes == []
 
 
+def test_a_document_all_reduce_perf_wrote_on_a_one_gpu_node_imports() -> None:
+    """all_reduce_perf (nccl-tests 2.19.6, built against NCCL 2.28.9) run with -g 1 -J on a 1x H200
+    node; its environment list is cut to the NCCL variables, as the rest describes that machine."""
+    path = NCCL_TESTS_OUTPUT / "all_reduce_perf.v3-1rank.h200.json"
+    got = parse_document(path.read_bytes(), str(path))
+    assert (got.collective, got.binary, got.nranks, got.nccl_version) == ("all_reduce", "all_reduce_perf", 1, "2.28.9")
+    (cycle,) = got.cycles
+    out = cycle["out_of_place"]
+    assert [r.size_bytes for r in out] == [4096 * 4**i for i in range(8)]
+    # One rank: the bus factor is 0, so busbw is 0 and algbw carries the number.
+    assert all(r.busbw_gbps == 0.0 and r.nwrong == 0 for r in out) and out[-1].algbw_gbps == pytest.approx(1894.5, abs=0.1)
+    assert got.notes == []
+
+
 def test_only_ncclss_variables_of_the_environment_are_kept() -> None:
     got = parse_document(FIXTURE.read_bytes(), str(FIXTURE))
     # nccl-tests writes the whole environment (tokens included); the history keeps NCCL's variables.
