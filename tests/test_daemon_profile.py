@@ -302,3 +302,26 @@ def test_the_heartbeat_is_written_every_poll_and_the_probe_reads_it(harness: Har
         os.utime(path, (time.time() - 3600, time.time() - 3600))
         assert subprocess.run(["/bin/sh", "-c", script], timeout=10).returncode != 0, name
         d.poll()
+
+
+def test_a_directory_of_profiles_gives_each_node_its_classes(harness: Harness, seeded: Path, tmp_path: Path,
+                                                             profile: dict[str, Any]) -> None:
+    """profile.path may be a directory of <class id>.json (one ConfigMap for every class): the
+    daemon takes its own class's and leaves the others alone."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    other = copy.deepcopy(profile)
+    _other_class(other)
+    (profiles / f"{other['node_class']['id']}.json").write_text(dumps(other))
+    d = harness.daemon(seeded=seeded, **{"profile.path": str(profiles)})
+    assert d.profile.state == "absent" and d.profile.code == "missing" and d.state.profile is None
+    own = profiles / f"{profile['node_class']['id']}.json"
+    own.write_text(dumps(profile))
+    d.poll()
+    assert d.profile.state == "in_force" and d.profile.file == str(own)
+    assert provenance(tmp_path / "state")["class_profile"]["file"] == own.name
+    generation = provenance(tmp_path / "state")["generation"]
+    own.unlink()  # gone from the directory: what was applied stays published and in force
+    d.poll()
+    assert d.profile.state == "absent" and d.state.profile == own.name
+    assert provenance(tmp_path / "state")["generation"] == generation
