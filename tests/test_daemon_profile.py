@@ -325,3 +325,18 @@ def test_a_directory_of_profiles_gives_each_node_its_classes(harness: Harness, s
     d.poll()
     assert d.profile.state == "absent" and d.state.profile == own.name
     assert provenance(tmp_path / "state")["generation"] == generation
+
+
+def test_a_publish_by_hand_over_the_profile_is_undone_at_the_next_poll(harness: Harness, seeded: Path,
+                                                                        tmp_path: Path,
+                                                                        profile: dict[str, Any]) -> None:
+    import datetime as dt
+
+    d, _cm = start_with_profile(harness, seeded, tmp_path, dumps(profile))
+    state = tmp_path / "state"
+    applied = provenance(state)["class_profile"]
+    # What a `nccltune sweep` run by hand publishes: a node-local set, no class profile.
+    actions.republish_safe(d.cfg, d.watcher.node, d.watcher.nccl, "by hand", dt.datetime.now())
+    assert "class_profile" not in provenance(state)
+    d.poll()
+    assert provenance(state)["class_profile"] == applied and provenance(state)["state"] == "tuned"

@@ -24,8 +24,8 @@ from ..compare import upgrade_gate
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
 from ..doctor import default_conf_files, diagnose, history_findings
 from ..errors import BusyError, NccltuneError, UnavailableError
-from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, load_profile, publish_loaded
-from ..fleet.node import FleetNode, fleet_node_of
+from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
+from ..fleet.node import fleet_node_of
 from ..lock import SweepLock
 from ..metrics import LiveState, write_metrics_from_store
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
@@ -39,12 +39,12 @@ from ..verify import VerifyCode, run_verify
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "HEARTBEAT_FILE", "Config", "FleetNode", "LiveState", "LoadedProfile", "NcclInfo", "Node", "ProfileRefused",
+    "HEARTBEAT_FILE", "Config", "LiveState", "LoadedProfile", "NcclInfo", "Node", "ProfileRefused",
     "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock", "export_metrics",
-    "fleet_node", "load_class_profile", "open_history", "prepare_state_dir", "probe_worker_nccl",
-    "profile_still_valid", "publish_class_profile", "read_config", "read_node", "read_published_state",
-    "refresh_topology_file", "republish_safe", "run_sweep", "run_verification", "tuning_fingerprint_of",
-    "write_heartbeat",
+    "load_class_profile", "node_class_id", "open_history", "prepare_state_dir", "probe_worker_nccl",
+    "profile_file_for", "profile_still_valid", "publish_class_profile", "read_config", "read_node",
+    "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
+    "tuning_fingerprint_of", "write_heartbeat",
 ]
 
 # In the state directory: the liveness file (time, pid, state), replaced atomically at every poll
@@ -220,14 +220,14 @@ def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at
 # -- the class profile ----------------------------------------------------------------------------
 
 
-def fleet_node(cfg: Config, node: Node) -> FleetNode:
-    """The node as the fleet code sees it (its class counts the NICs)."""
-    return fleet_node_of(cfg, node)
-
-
 def node_class_id(cfg: Config, node: Node, nccl: NcclInfo) -> str:
     """The class id `nccltune topo` shows for this node (fleet.node): the metrics' `class` label."""
     return fleet_node_of(cfg, node).node_class(nccl.version).id
+
+
+def profile_file_for(path: Path, cfg: Config, node: Node, nccl: NcclInfo) -> Path:
+    """The file profile.path stands for on this node (a directory: its class's `<class id>.json`)."""
+    return file_for(path, node_class_id(cfg, node, nccl))
 
 
 def load_class_profile(path: Path, cfg: Config, node: Node, nccl: NcclInfo) -> LoadedProfile:

@@ -40,12 +40,6 @@ def stamp_of(path: Path) -> Stamp | None:
     return Stamp(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def file_for(path: Path, class_id: str) -> Path:
-    """The file profile.path stands for: itself, or `<class id>.json` in it when it is a
-    directory (as fleet.apply.profile_file resolves it)."""
-    return path / f"{class_id}.json" if path.is_dir() else path
-
-
 @dataclass(frozen=True)
 class ProfileStatus:
     """The daemon's last look at profile.path.

@@ -41,7 +41,7 @@ from ..errors import BusyError, InputError, NccltuneError
 from ..sdnotify import Notifier, watchdog_interval_s
 from . import actions, scheduler
 from .actions import Config, LiveState, LoadedProfile, NcclInfo, Node, ProfileRefused, SweepLock, TrialAborted
-from .profile import ProfileStatus, Stamp, file_for, stamp_of
+from .profile import ProfileStatus, Stamp, stamp_of
 from .scheduler import Action, Decision
 from .watcher import (
     ConfigRejected,
@@ -339,9 +339,14 @@ class Daemon:
                 log.warning("profile.path is no longer set: %s is not kept in force any more", was.path)
             return self._profile_settled(was)
         node, nccl = self.watcher.node, self.watcher.nccl
-        stamp = stamp_of(file_for(path, actions.node_class_id(self.cfg, node, nccl)))
+        stamp = stamp_of(actions.profile_file_for(path, self.cfg, node, nccl))
         if not force and stamp == self._profile_stamp:
-            return self.profile_in_force is not None
+            kept = self.profile_in_force
+            if kept is None or actions.read_published_state(self.cfg.publish_dir).class_profile_sha256 == kept.sha256:
+                return kept is not None
+            # Something else published here (a `nccltune sweep` or `apply` by hand): the configured
+            # profile is the class's decision, and goes back in force.
+            log.warning("the published files no longer carry the class profile %s: applying it again", kept.path)
         self._profile_stamp = stamp
         try:
             loaded = actions.load_class_profile(path, self.cfg, node, nccl)
@@ -497,7 +502,6 @@ class Daemon:
 
     def sweep(self, why: str) -> None:
         log.info("sweeping: %s", why)
-        started_s = self.clock()
         try:
             outcome = actions.run_sweep(self.cfg, self.opts.demo, self.opts.python, self._progress,
                                         self.abort_check)
@@ -525,7 +529,7 @@ class Daemon:
             return
         self.state = scheduler.sweep_done(self.state)
         self.metrics.nccl_version = outcome.nccl_version or self.metrics.nccl_version
-        log.info("sweep %s done in %.0f s: %s", outcome.run_id, self.clock() - started_s, outcome.summary)
+        log.info("sweep done in %.0f s (run %s): %s", outcome.wall_s, outcome.run_id, outcome.summary)
         self._refresh_tuning_fingerprint()
         self.status("idle")
 

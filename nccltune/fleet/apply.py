@@ -164,13 +164,19 @@ def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance) -> Pu
     return published
 
 
+def file_for(path: Path, class_id: str) -> Path:
+    """The file a profile path stands for: itself, or `<path>/<class id>.json` when it is a
+    directory (where `fleet decide --out` results are kept per class, one ConfigMap key each)."""
+    return path / f"{class_id}.json" if path.is_dir() else path
+
+
 def profile_in(directory: Path, class_id: str) -> Path:
-    """`<directory>/<class id>.json`: where `fleet decide --out` results are kept per class.
+    """`<directory>/<class id>.json`, which must exist.
 
     Raises:
         ProfileRefused: there is no profile for this class there (exit 78, code "missing").
     """
-    path = directory / f"{class_id}.json"
+    path = file_for(directory, class_id)
     if not path.is_file():
         there = sorted(p.stem for p in directory.glob("*.json"))
         raise ProfileRefused(str(directory), f"no profile for this node's class {class_id} "
