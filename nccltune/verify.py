@@ -32,7 +32,8 @@ from typing import Literal
 from .compare import baseline_slower
 from .config import Config, SweepConfig
 from .errors import BusyError, CheckFailed, UsageError
-from .fleet.outlier import ClassReference, ClassVerdict, judge_node
+from .fleet.apply import profile_in_force
+from .fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
 from .lock import SweepLock
 from .names import format_size
 from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
@@ -213,9 +214,6 @@ def _class_in_force(cfg: Config, published: PublishedSet | None
     class profile whose evidence has per-node numbers; and nccl.json's record of that profile."""
     if published is None:
         return None, None
-    from .fleet.apply import profile_in_force
-    from .fleet.outlier import class_reference
-
     loaded = profile_in_force(cfg, published.provenance)
     if loaded is None:
         return None, None

@@ -289,10 +289,11 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
 
     Raises:
         ProfileRefused: the profile is malformed or not for this node (exit 78); nothing was written.
+        UnavailableError: a GPU node without a worker interpreter, so without the NCCL version (exit 69).
         PublishError, BusyError: as publish.publish.
     """
     node = load_fleet_node(cfg, demo)
-    nccl_version = worker_nccl(cfg, node.demo, python).version
+    nccl_version = worker_nccl(cfg, node.demo, python, strict=True).version
     return publish_loaded(cfg, node, nccl_version, load_profile(path, node, nccl_version), now=now)
 
 

@@ -66,9 +66,13 @@ def fleet_node_of(cfg: Config, node: Node) -> FleetNode:
     return FleetNode(node.topo, class_topo, node.demo)
 
 
-def worker_nccl(cfg: Config, demo: bool, python: str | None = None) -> WorkerNccl:
+def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: bool = False) -> WorkerNccl:
     """The NCCL version this node's jobs load, as the sweep's worker interpreter (bench.python,
-    or --python) reports it; None in the CPU demo and where the worker has no torch."""
+    or --python) reports it; None in the CPU demo and where the worker has no torch.
+
+    Raises:
+        UnavailableError: with `strict`, no interpreter with torch was found (exit 69).
+    """
     if demo:
         return WorkerNccl(None, DEMO_NCCL)
     from ..errors import UnavailableError
@@ -78,6 +82,8 @@ def worker_nccl(cfg: Config, demo: bool, python: str | None = None) -> WorkerNcc
     try:
         interpreter = find_worker_python(python or cfg.bench.python)
     except UnavailableError as exc:
+        if strict:
+            raise
         return WorkerNccl(None, f"no worker interpreter ({exc.message})")
     got = probe_nccl(interpreter)
     version = got.get("nccl_version")
