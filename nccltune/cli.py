@@ -20,6 +20,7 @@ from .errors import EXIT_OK, CheckFailed, NccltuneError, UnavailableError, Usage
 if TYPE_CHECKING:
     from .config import Config
     from .doctor import Finding
+    from .node import Node
     from .records import TrialResult
     from .store import RunRecord, Store, TrialRecord
     from .trials.launch import LaunchRequest
@@ -413,20 +414,32 @@ def cmd_topo(args: argparse.Namespace) -> int:
         return cmd_topo_check(args)
     source = args.input or (str(resolve_snapshot(args.demo if isinstance(args.demo, str) else None))
                             if args.demo else None)
+    demo_fallback: str | None = None
     try:
         topo = load_topology(source, with_nics=not args.no_nics)
     except UnavailableError:
-        demo = None if source is not None else _demo_snapshot()
-        if demo is None:
+        demo_fallback = None if source is not None else _demo_snapshot()
+        if demo_fallback is None:
             raise
         note(f"cannot read this node ({sys.exc_info()[1]}); showing the CPU demo's recorded "
-             f"topology {demo} (--demo SNAPSHOT or --input FILE to choose)")
-        source = demo
+             f"topology {demo_fallback} (--demo SNAPSHOT or --input FILE to choose)")
+        source = demo_fallback
         topo = load_topology(source, with_nics=not args.no_nics)
     paths = compute_paths(topo)
+    from .fleet.node import DEMO_NCCL, WorkerNccl, worker_nccl
     from .topology.nodeclass import node_class, with_class_line
 
-    cls = node_class(load_topology(source) if args.no_nics else topo)  # NICs count for the class
+    # One class definition (fleet.node): the NCCL version is the worker's on this node; a
+    # recording or an XML says nothing of the NCCL the node ran.
+    if source is None:
+        nccl = worker_nccl(load_cfg(args), False)
+    elif args.demo or source == demo_fallback:
+        nccl = WorkerNccl(None, DEMO_NCCL)
+    else:
+        nccl = WorkerNccl(None, "a recorded topology holds no NCCL version (the node's own class includes it)")
+    cls = node_class(load_topology(source) if args.no_nics else topo,  # NICs count for the class
+                     nccl_version=nccl.version)
+    version_note = f"NCCL {nccl.version}, {nccl.source}" if nccl.version else f"no NCCL version: {nccl.source}"
     if args.xml:
         from .topology.ncclxml import write_xml
 
@@ -435,11 +448,12 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.json:
         doc = topology_doc(topo, paths, with_nics=not args.no_nics)
         doc["node_class"] = cls.as_dict()
+        doc["node_class_nccl"] = {"version": nccl.version, "source": nccl.source}
         if args.xml:
             doc["xml"] = str(args.xml)
         out(dumps(doc))
     else:
-        out(with_class_line(topology_text(topo, paths, with_nics=not args.no_nics), topo, cls))
+        out(with_class_line(topology_text(topo, paths, with_nics=not args.no_nics), topo, cls, version_note))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
     return EXIT_OK
@@ -665,14 +679,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan)))
         return EXIT_OK
-    fingerprint = pipe.node().fingerprint
+    node = pipe.node()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    report = None
     try:
         report = pipe.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
-        _write_metrics(cfg, fingerprint)  # a failed or interrupted sweep is history too
+        # A failed or interrupted sweep is history too.
+        _write_metrics(cfg, node, report.nccl_version if report is not None else None)
     stored = _run_trials(cfg, report.run_id)
     _upgrade_gate(cfg, report.run_id)
     out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
@@ -681,14 +697,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _upgrade_gate(cfg: Config, run_id: int | None) -> None:
     """After a sweep: warn (stderr, the journal) where it is slower than the last sweep of the
-    previous NCCL/driver/torch versions beyond noise."""
-    from .compare import upgrade_check
+    previous NCCL/driver/torch versions beyond noise (the daemon calls the same compare.upgrade_gate)."""
+    from .compare import upgrade_gate
     from .store import Store
 
     with Store(cfg.state_path("history.db")) as store:
-        run = store.run(run_id) if run_id is not None else None
-        if run is not None and run.status == "ok":
-            upgrade_check(store, run)
+        upgrade_gate(store, run_id)
 
 
 def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
@@ -701,20 +715,29 @@ def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
         return list(store.trials(run_id))
 
 
-def _write_metrics(cfg: Config, fingerprint: str) -> None:
-    """Rewrite the node_exporter textfile from the history (publish.metrics_dir), as the daemon does.
+def _write_metrics(cfg: Config, node: Node, nccl_version: str | None) -> None:
+    """Rewrite the node_exporter textfile from the history (publish.metrics_dir), as the daemon does,
+    with the node's class (as `nccltune topo` shows it) on every series. `nccl_version` is what
+    this command's worker reported; without one, the newest run of this topology that recorded one.
 
     A file that cannot be written is a warning: what the run published stays good.
     """
     directory = cfg.metrics_dir
     if directory is None:
         return
+    from .fleet.node import fleet_node_of
     from .metrics import write_metrics_from_store
     from .store import Store
 
     try:
         with Store(cfg.state_path("history.db")) as store:
-            write_metrics_from_store(directory, store, fingerprint=fingerprint, publish_dir=cfg.publish_dir)
+            if nccl_version is None and not node.demo:
+                recorded = [r.nccl_version for r in store.runs(limit=None) if r.fingerprint == node.fingerprint
+                            and r.nccl_version]
+                nccl_version = recorded[0] if recorded else None
+            write_metrics_from_store(directory, store, fingerprint=node.fingerprint,
+                                     node_class=fleet_node_of(cfg, node).node_class(nccl_version).id,
+                                     publish_dir=cfg.publish_dir)
     except (OSError, NccltuneError) as exc:
         log.warning("cannot write metrics to %s: %s", directory, exc)
 
@@ -1081,14 +1104,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     topo = load_topology(source)
     findings = diagnose(topo, compute_paths(topo), env=dict(os.environ), publish_dir=cfg.publish_dir,
                         conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
-    findings += _upgrade_findings(cfg, topo)
+    findings += _history_findings(cfg, topo)
     out(dumps_doc(doctor_doc(topo, findings)) if args.json else doctor_text(topo, findings))
     return 1 if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
-def _upgrade_findings(cfg: Config, topo: object) -> list[Finding]:
-    """The upgrade gate's finding from this node's history, where there is one."""
-    from .doctor import upgrade_findings
+def _history_findings(cfg: Config, topo: object) -> list[Finding]:
+    """What this node's history says: the upgrade gate's finding, a verify that found the node
+    below its class."""
+    from .doctor import history_findings
     from .store import Store
     from .topology.fingerprint import topology_fingerprint
     from .topology.model import Topology
@@ -1098,9 +1122,9 @@ def _upgrade_findings(cfg: Config, topo: object) -> list[Finding]:
         return []
     try:
         with Store(path) as store:
-            return upgrade_findings(store, topology_fingerprint(topo))
+            return history_findings(store, topology_fingerprint(topo))
     except (OSError, NccltuneError) as exc:
-        log.warning("cannot read the history for the upgrade check: %s", exc)
+        log.warning("cannot read the history for the upgrade and class checks: %s", exc)
         return []
 
 
@@ -1124,7 +1148,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_OK
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
                         threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline)
-    _write_metrics(cfg, result.fingerprint)
+    _write_metrics(cfg, node, result.nccl_version)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1
 

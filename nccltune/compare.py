@@ -157,6 +157,15 @@ def upgrade_check(store: Store, run: RunRecord, *, warn: bool = True) -> Upgrade
     return None
 
 
+def upgrade_gate(store: Store, run_id: int | None) -> UpgradeCheck | None:
+    """After a sweep (`nccltune sweep` or the daemon's): when it finished ok, the upgrade check
+    with its warnings in the log (stderr, the journal under systemd)."""
+    run = store.run(run_id) if run_id is not None else None
+    if run is None or run.kind != "sweep" or run.status != "ok":
+        return None
+    return upgrade_check(store, run)
+
+
 def _names(v: tuple[str | None, str | None, str | None]) -> str:
     return f"NCCL {v[0] or '?'}, driver {v[1] or '?'}, torch {v[2] or '?'}"
 

@@ -50,6 +50,7 @@ __all__ = [
     "Config",
     "DaemonConfig",
     "Engine",
+    "ProfileConfig",
     "ProfileWeights",
     "PublishConfig",
     "Strategy",
@@ -315,6 +316,17 @@ class TunerConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """A class profile (`nccltune fleet decide`) that the daemon keeps applied."""
+
+    # An absolute path: a profile file, or a directory of profiles named <class id>.json (the
+    # daemon takes the one of its own class). Config management, a shared filesystem or a
+    # Kubernetes ConfigMap puts it there; the daemon applies it at start, on reload and whenever
+    # the file changes. None: no class profile, the daemon publishes its own sweeps.
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with load_config or with_overrides, which validate it;
     constructing it directly (in tests) trusts the values given."""
@@ -326,6 +338,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     # The file it came from (None: built-in defaults), and the line of every key written there,
     # by dotted key ("bench.iters", "sweep.pin.NCCL_PROTO", "sweep.exclude[0]" and also
     # "sweep.exclude.NCCL_ALGO"), so that checks made elsewhere can still name file:line.
@@ -361,6 +374,11 @@ class Config:
     def metrics_dir(self) -> Path | None:
         """The node_exporter textfile directory, or None when metrics are off."""
         return self._under_state(self.publish.metrics_dir)
+
+    @property
+    def profile_path(self) -> Path | None:
+        """The class profile the daemon keeps applied (profile.path), or None."""
+        return None if self.profile.path is None else Path(self.profile.path)
 
 
 class _Spec(NamedTuple):
@@ -626,6 +644,9 @@ class _Builder:
             self.fail(
                 node.line,
                 f"{where}: expected a mapping of settings ({', '.join(specs)}), got {_describe(node)}",
+                # `profile: large` means the sweep objective, which lives in the sweep section.
+                "the sweep's objective is sweep.profile; profile.path names a class profile"
+                if prefix == "profile" else None,
             )
         kwargs: dict[str, object] = {}
         for entry in node.entries:
@@ -945,6 +966,17 @@ class _Builder:
             result.append(index)
         return result
 
+    def absolute_path(self, dotted: str, node: _Node) -> str | None:
+        """A path that must not depend on the working or state directory (profile.path)."""
+        if _is_null(node):
+            return None
+        text = self.string(dotted, node)
+        if not os.path.isabs(text):
+            self.fail(node.line, f"{dotted}: must be an absolute path, got {text!r}",
+                      "a class profile file, or a directory of <class id>.json profiles, e.g. "
+                      "/etc/nccltune/profile/profile.json")
+        return text
+
     def window(self, dotted: str, node: _Node) -> str | None:
         if _is_null(node):
             return None
@@ -1008,6 +1040,7 @@ _SPECIAL: dict[str, Callable[[_Builder, str, _Node], object]] = {
     "sweep.variables": _Builder.variables,
     "sweep.exclude": _Builder.var_list,
     "daemon.maintenance_window": _Builder.window,
+    "profile.path": _Builder.absolute_path,
 }
 
 

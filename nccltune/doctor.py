@@ -337,3 +337,27 @@ def upgrade_findings(store: Store, fingerprint: str) -> list[Finding]:
                     f"{worst.collective}, {-(worst.change_pct or 0.0):.1f}%)",
                     f"nccltune compare {check.previous_run_id} {check.run_id} --side defaults; pin the previous "
                     "versions or re-tune, and gate jobs with nccltune verify --baseline RUN")]
+
+
+def class_findings(store: Store, fingerprint: str) -> list[Finding]:
+    """A class profile is in force and the latest verify of this topology found the node below its
+    class beyond noise (the verify's rule: nccltune.fleet.outlier.judge_node)."""
+    run = store.latest_run(fingerprint, kind="verify", status=None)
+    summary = (run.summary or {}) if run is not None else {}
+    if run is None or summary.get("code") != "below_class":
+        return []
+    profile = summary.get("class_profile") or {}
+    below = [r for r in summary.get("rows", []) if r.get("ok") is False and r.get("drift_pct") is not None]
+    sizes = ", ".join(f"{r.get('collective', 'all_reduce')} {r['size_bytes']} B {float(r['drift_pct']):+.1f}% "
+                      f"(allowed -{float(r['allowed_pct']):.1f}%)" for r in below[:4])
+    more = f" and {len(below) - 4} more" if len(below) > 4 else ""
+    return [Finding("warning", "class-outlier",
+                    f"verify {run.id} found this node below its class {profile.get('class_id', '?')} (profile "
+                    f"{profile.get('file', '?')}, {profile.get('nodes', '?')} node(s)) beyond noise: {sizes}{more}",
+                    "check this node's links and clocks (nvidia-smi nvlink -s, nvidia-smi -q -d PCIE,CLOCK) against "
+                    "a sibling; re-run nccltune verify after a fix")]
+
+
+def history_findings(store: Store, fingerprint: str) -> list[Finding]:
+    """What the history says about this topology: the upgrade gate and the class comparison."""
+    return upgrade_findings(store, fingerprint) + class_findings(store, fingerprint)

@@ -4,7 +4,8 @@ Every series that describes a sweep, a verify or what is published is read back 
 database (and the published nccl.json), never from what one process happens to remember: the
 file has the same series after a daemon restart as before it, and a one-shot `nccltune sweep` or
 `nccltune verify` writes the same file the daemon does. Only what a running daemon alone knows
-(its state, compute processes of others on the GPUs, heartbeat, doctor counts) comes in as `LiveState`.
+(its state, compute processes of others on the GPUs, heartbeat, doctor counts, the class profile
+it watches) comes in as `LiveState`.
 
 Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
 series carries a `class` label (the node class fingerprint) once one is known, so that fleet
@@ -42,6 +43,8 @@ DEFAULT_COLLECTIVE = "all_reduce"
 # What a running daemon is doing; `nccltune_daemon_state` has one series per state (1 for the current one).
 DAEMON_STATES = ("starting", "idle", "sweep_pending", "sweeping", "verifying", "degraded", "stopping")
 SEVERITIES = ("error", "warning", "info")
+# The class profile a daemon watches (profile.path): none there for this node, applied, or refused.
+PROFILE_STATES = ("absent", "in_force", "refused")
 _GBPS = 1e9  # GB/s as the store keeps it, to bytes per second
 
 
@@ -61,10 +64,17 @@ class LiveState:
     driver_version: str | None = None
     nccl_version: str | None = None
     topology_changes_total: int = 0
+    # With profile.path set: PROFILE_STATES, and why the profile there is refused (a word such as
+    # "stale" or "other_class"; fleet.apply.REFUSAL_CODES).
+    profile_state: str | None = None
+    profile_refused: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in DAEMON_STATES:
             raise ValueError(f"LiveState.state must be one of {', '.join(DAEMON_STATES)}; got {self.state!r}")
+        if self.profile_state is not None and self.profile_state not in PROFILE_STATES:
+            raise ValueError(f"LiveState.profile_state must be one of {', '.join(PROFILE_STATES)}; "
+                             f"got {self.profile_state!r}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,9 @@ class PublishedInfo:
     state: str  # "tuned" or "safe"
     decision: str  # "node" (this node's own sweep) or "class" (a class profile)
     env_digest: str  # same published variables <=> same digest, on any node
-    profile_generation: str  # the class profile's generation; "" for a node-local decision
+    # The class profile's identity (the start of its sha256: every node applying the same file
+    # has the same); "" for a node-local decision.
+    profile_generation: str
 
 
 @dataclass
@@ -108,6 +120,10 @@ class Snapshot:
     # (collective, size_bytes, "default"|"published") -> new over old busbw minus 1, at the sizes the
     # latest ok sweep is slower than the last sweep of the previous NCCL/driver/torch beyond noise
     upgrade_regression: dict[tuple[str, int, str], float] = field(default_factory=dict)
+    # The latest verify, when it compared the node with its class (a class profile in force):
+    # (collective, size_bytes) -> the node's best run over the class median, and whether it was below.
+    class_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
+    class_outlier: bool | None = None
     doctor: Mapping[str, int] | None = None  # severity -> count; None: not known to the writer
     topology_changes_total: int | None = None  # a daemon process's own count
     live: LiveState | None = None
@@ -150,11 +166,12 @@ def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> Publ
             env, prov = got
             generation = prov.get("generation")
             class_profile = prov.get("class_profile")
+            digest = class_profile.get("sha256") if isinstance(class_profile, dict) else None
             return PublishedInfo(
                 generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
                 demo=prov.get("demo") is True, state=str(prov.get("state") or "tuned"),
                 decision="class" if class_profile else "node", env_digest=env_digest(env),
-                profile_generation=str(prov.get("class_profile_generation") or "") if class_profile else "")
+                profile_generation=str(digest)[:16] if isinstance(digest, str) else "")
     latest = store.latest_published(fingerprint)
     if latest is None:
         return None
@@ -206,6 +223,13 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
                 snap.verify_drift_ratio[key] = round(float(row["drift_pct"]) / 100.0, 6)
             if row.get("allowed_pct") is not None:
                 snap.verify_allowed_drift_ratio[key] = round(float(row["allowed_pct"]) / 100.0, 6)
+        if (verify.summary or {}).get("reference") == "class":
+            # The rows compared with the class carry its median as their expectation.
+            for row in (verify.summary or {}).get("rows", []):
+                if row.get("measured_gbps") is not None and row.get("expected_gbps"):
+                    key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
+                    snap.class_ratio[key] = round(float(row["measured_gbps"]) / float(row["expected_gbps"]), 6)
+            snap.class_outlier = (verify.summary or {}).get("code") == "below_class"
     snap.published = _published(publish_dir, store, fingerprint)
     if live is not None:
         snap.doctor = live.doctor
@@ -303,6 +327,10 @@ class _SnapshotCollector(Collector):
         yield from gauge("nccltune_verify_allowed_drift_ratio", "latest verify: the drop below expectation it "
                          "allowed (threshold or twice the noise, whichever is larger)",
                          per_size(s.verify_allowed_drift_ratio))
+        yield from gauge("nccltune_class_ratio", "latest verify with a class profile in force: this node's bus "
+                         "bandwidth over its class median", per_size(s.class_ratio))
+        yield from one("nccltune_class_outlier", "1 when the latest verify found this node below its class beyond "
+                       "noise (class profile in force)", s.class_outlier)
         sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=list(cls))
         sweeps.add_metric(list(cls.values()), float(s.sweeps_total))
         yield sweeps
@@ -323,6 +351,13 @@ class _SnapshotCollector(Collector):
                        live.busy_processes)
         yield from one("nccltune_heartbeat_timestamp_seconds", "when the daemon last wrote this file (unix time)",
                        live.heartbeat_ts)
+        if live.profile_state is not None:
+            yield from gauge("nccltune_profile_state", "the class profile at profile.path: 1 for absent (none for "
+                             "this node), in_force or refused, 0 for the others",
+                             [({"state": st}, 1.0 if st == live.profile_state else 0.0) for st in PROFILE_STATES])
+        if live.profile_refused is not None:
+            yield from gauge("nccltune_profile_refused_info", "why the class profile at profile.path is refused "
+                             "(always 1)", [({"reason": live.profile_refused}, 1.0)])
 
 
 def _scaled(value: float, scale: float) -> float:
@@ -383,54 +418,3 @@ def write_metrics_from_store(directory: Path, store: Store, *, fingerprint: str,
     snap = snapshot_from_store(store, fingerprint=fingerprint, node_class=node_class, live=live,
                                publish_dir=publish_dir)
     return write_snapshot(directory, snap)
-
-
-# ---------------------------------------------------------------------------------------------
-# The daemon's in-memory state, until it calls write_metrics_from_store: rendered the same way.
-
-
-@dataclass
-class MetricsState:
-    """What a daemon process remembers; `write_metrics` renders it through the same Snapshot."""
-
-    fingerprint: str | None = None
-    gpus: int = 0
-    driver_version: str | None = None
-    nccl_version: str | None = None
-    demo: bool = False
-    degraded: bool = False
-    last_sweep_ts: float | None = None
-    last_sweep_duration_s: float | None = None
-    last_sweep_success: bool | None = None
-    published_generation: int | None = None
-    busbw: dict[tuple[int, str], float] = field(default_factory=dict)  # (size, "default"|"published") -> GB/s
-    last_verify_ts: float | None = None
-    last_verify_success: bool | None = None
-    verify_drift: dict[int, float] = field(default_factory=dict)  # size -> ratio measured/expected - 1
-    doctor: dict[str, int] = field(default_factory=dict)  # severity -> count
-    sweeps_total: int = 0
-    topology_changes_total: int = 0
-
-    def snapshot(self) -> Snapshot:
-        c = DEFAULT_COLLECTIVE
-        ratios = {(c, size): bw / self.busbw[(size, "default")] for (size, which), bw in self.busbw.items()
-                  if which == "published" and self.busbw.get((size, "default"))}
-        published = None
-        if self.published_generation is not None or self.demo:
-            published = PublishedInfo(generation=self.published_generation, demo=self.demo, state="tuned",
-                                      decision="node", env_digest="", profile_generation="")
-        return Snapshot(
-            fingerprint=self.fingerprint or "", gpus=self.gpus, driver_version=self.driver_version,
-            nccl_version=self.nccl_version, degraded=self.degraded, last_sweep_ts=self.last_sweep_ts,
-            last_sweep_duration_s=self.last_sweep_duration_s, last_sweep_success=self.last_sweep_success,
-            last_successful_sweep_ts=self.last_sweep_ts if self.last_sweep_success else None,
-            sweeps_total=self.sweeps_total, published=published,
-            busbw_gbps={(c, size, which): bw for (size, which), bw in self.busbw.items()},
-            tuned_ratio=ratios, last_verify_ts=self.last_verify_ts, last_verify_success=self.last_verify_success,
-            verify_drift_ratio={(c, size): d for size, d in self.verify_drift.items()},
-            doctor=self.doctor, topology_changes_total=self.topology_changes_total)
-
-
-def write_metrics(directory: Path, state: MetricsState) -> Path:
-    """Write a daemon's in-memory state; superseded by write_metrics_from_store."""
-    return write_snapshot(directory, state.snapshot())

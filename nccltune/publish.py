@@ -179,6 +179,9 @@ class Provenance:
     tuning_fingerprint: str | None = None
     # "tuned" after a sweep; "safe" when republished without tuned values (topology changed).
     state: str = "tuned"
+    # The class profile the values come from (file, path, sha256, class_id, chosen, decided_at,
+    # nodes), in nccl.json only; None for a node's own decision.
+    class_profile: Mapping[str, str | int] | None = None
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,9 @@ def _check_provenance(prov: Provenance) -> None:
             raise InputError("provenance", f"gains[{label!r}]: {ratio!r} is not a finite number")
     if not isinstance(prov.demo, bool):
         raise InputError("provenance", f"demo: {prov.demo!r} is not a boolean")
+    for key, value in (prov.class_profile or {}).items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise InputError("provenance", f"class_profile[{key!r}]: {value!r} is neither a string nor an integer")
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -354,6 +360,8 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
         "tuning_fingerprint": prov.tuning_fingerprint,
         "state": prov.state,
     }
+    if prov.class_profile is not None:
+        doc["class_profile"] = dict(prov.class_profile)
     if generation is not None:
         doc["generation"] = generation
     return doc

@@ -10,10 +10,17 @@ drift threshold, twice the noise that sweep measured at that size, and the drop 
 unchanged node show by chance one time in a hundred, given how few runs are behind each number
 (`allowed_drift_pct`). Usable from a Slurm prolog or a health check: two short trials, exit 1 on
 failure.
+
+With a class profile in force (the published set came from `nccltune apply` or the daemon's
+profile.path), the published setting is the class's, and the expectation is the class's
+measured distribution in the profile's evidence: a node below it beyond noise fails with code
+`below_class` (the rule is nccltune.fleet.outlier.judge_node). Sizes the profile has no
+per-node numbers for are compared with this node's own last sweep, where it has one.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
@@ -25,16 +32,20 @@ from typing import Literal
 from .compare import baseline_slower
 from .config import Config, SweepConfig
 from .errors import BusyError, CheckFailed, UsageError
+from .fleet.apply import profile_in_force
+from .fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
 from .lock import SweepLock
 from .names import format_size
 from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
 from .planning import check_profile, workload
-from .publish import job_env, read_set
+from .publish import PublishedSet, job_env, read_set
 from .store import Store
 from .sweep.select import Key, d2, key_label, t_quantile
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
+
+log = logging.getLogger(__name__)
 
 GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
@@ -124,7 +135,10 @@ class VerifyRow:
 
 
 # The verdict as a stable word beside the prose `reason` (the verify schema lists them).
-VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "slower_than_baseline"]
+VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "below_class",
+                     "slower_than_baseline"]
+# What the expectations came from (kept in the run's summary, for the metrics and doctor).
+Reference = Literal["sweep", "floor", "class"]
 
 
 @dataclass
@@ -141,6 +155,9 @@ class VerifyResult:
     nccl_version: str | None = None
     notes: list[str] = field(default_factory=list)
     code: VerifyCode = "passed"
+    reference: Reference = "sweep"
+    # The class profile in force (nccl.json's class_profile) when the class was the expectation.
+    class_profile: dict[str, object] | None = None
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -191,6 +208,43 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
+def _class_in_force(cfg: Config, published: PublishedSet | None
+                    ) -> tuple[ClassReference | None, dict[str, object] | None]:
+    """The class distribution to compare the node with, when the published set came from a
+    class profile whose evidence has per-node numbers; and nccl.json's record of that profile."""
+    if published is None:
+        return None, None
+    loaded = profile_in_force(cfg, published.provenance)
+    if loaded is None:
+        return None, None
+    prov = dict(published.provenance["class_profile"])
+    reference = class_reference(loaded.doc, str(prov.get("file") or loaded.path.name))
+    if reference is None:
+        log.info("the class profile in force (%s) has no per-node numbers of two nodes or more: verify "
+                 "compares this node with its own last sweep", prov.get("file"))
+    return reference, prov
+
+
+def _with_class(reference: ClassReference, class_keys: set[Key], keys: list[Key], store: Store, node: Node,
+                sizes: list[int], collectives: tuple[str, ...]
+                ) -> tuple[dict[Key, tuple[float, float, float | None]], str, SampleCounts]:
+    """Expectations where the class is the reference, and this node's own sweep's for the other
+    sizes where it has one (a node that only ever applied profiles has none)."""
+    own: dict[Key, tuple[float, float, float | None]] = {}
+    counts = SampleCounts(0, 0)
+    expectation = reference.describe()
+    if set(keys) - class_keys:
+        try:
+            own, own_text, counts = _expectations(store, node, None, False, sizes, collectives)
+            expectation += f"; other sizes: {own_text}"
+        except CheckFailed as exc:
+            log.info("no expectation for the sizes the class profile lacks: %s", exc.message)
+    for key in class_keys:
+        ref = reference.sizes[key]
+        own[key] = (ref.median_gbps, ref.noise_pct, None)
+    return own, expectation, counts
+
+
 def verify_sizes(cfg: Config, node: Node) -> list[int]:
     if node.demo:
         return list(DEMO_VERIFY_SIZES)
@@ -222,6 +276,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     state = Path(cfg.state_dir)
     env: dict[str, str] = {}
     source = "current environment"
+    got: PublishedSet | None = None
     if not use_current:
         got = read_set(cfg.publish_dir)
         if got is None:
@@ -233,9 +288,15 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)
     ensure_dir(state, "state directory")
+    reference, class_prov = (None, None) if use_current or floor_gbps is not None else _class_in_force(cfg, got)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
-        expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes, collectives)
+        keys = [(c, s) for c in collectives for s in sizes]
+        class_keys = {k for k in keys if reference is not None and k in reference.sizes}
+        if class_keys and reference is not None:
+            expected, expectation, counts = _with_class(reference, class_keys, keys, store, node, sizes, collectives)
+        else:
+            expected, expectation, counts = _expectations(store, node, floor_gbps, use_current, sizes, collectives)
         if baseline_run is not None and store.run(baseline_run) is None:
             raise UsageError(f"--baseline {baseline_run}: no such run in the history", hint="see `nccltune history`")
         engine = resolve_engine(cfg, node, collectives)
@@ -264,8 +325,16 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         failures = [reason for _label, reason in session.failed]
         nccl_version = session.nccl_version
         rows = []
-        for key in [(c, s) for c in collectives for s in sizes]:
+        below_class: list[tuple[Key, ClassVerdict]] = []
+        for key in keys:
             exp = expected.get(key)
+            if key in class_keys and reference is not None and samples.get(key):
+                verdict = judge_node(samples[key], reference.sizes[key], threshold)
+                rows.append(VerifyRow(key[1], verdict.measured_gbps, verdict.class_median_gbps, verdict.allowed_pct,
+                                      verdict.drift_pct, not verdict.below, key[0]))
+                if verdict.below:
+                    below_class.append((key, verdict))
+                continue
             got_bw = best.get(key)
             allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(key, []), expected_gbps=exp[0],
                                         defaults_gbps=exp[2]) if exp else threshold
@@ -283,21 +352,33 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             passed, reason = False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
                                      "not measured"
                                      + (f" ({failures[0]})" if failures else ""))
+        elif below_class and reference is not None:
+            key, worst = min(below_class, key=lambda kv: kv[1].ratio)
+            code = "below_class"
+            passed, reason = False, (f"{key_label(key)}: {worst.measured_gbps:.2f} GB/s is "
+                                     f"{-worst.drift_pct:.1f}% below the median {worst.class_median_gbps:.2f} GB/s "
+                                     f"of the {len(reference.sizes[key].node_medians_gbps)} node(s) of its class "
+                                     f"{reference.class_id} (allowed {worst.allowed_pct:.1f}%)")
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
-            worst = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
+            worst_row = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
             code = "below_expectation"
-            passed, reason = False, (f"{key_label((worst.collective, worst.size_bytes))}: "
-                                     f"{worst.measured_gbps:.2f} GB/s is "
-                                     f"{-(worst.drift_pct or 0):.1f}% below the expected {worst.expected_gbps:.2f}")
+            passed, reason = False, (f"{key_label((worst_row.collective, worst_row.size_bytes))}: "
+                                     f"{worst_row.measured_gbps:.2f} GB/s is "
+                                     f"{-(worst_row.drift_pct or 0):.1f}% below the expected "
+                                     f"{worst_row.expected_gbps:.2f}")
         else:
             passed, reason = True, "bus bandwidth as expected"
         if passed and baseline_run is not None:
             slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
             if slower:
                 code, passed, reason = "slower_than_baseline", False, slower
+        ref_kind: Reference = "floor" if floor_gbps is not None else "class" if class_keys else "sweep"
         session.finish("ok" if passed else "failed",
                        {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
-                        "rows": [vars(r) for r in rows], "env_source": source, "method": session.method})
+                        "rows": [vars(r) for r in rows], "env_source": source, "method": session.method,
+                        "reference": ref_kind,
+                        "class_profile": class_prov if class_keys else None})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
-                        nccl_version=nccl_version, code=code)
+                        nccl_version=nccl_version, code=code, reference=ref_kind,
+                        class_profile=class_prov if class_keys else None)

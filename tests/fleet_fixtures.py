@@ -62,3 +62,31 @@ def sibling(doc: dict[str, Any], seed: int = 1) -> dict[str, Any]:
 def write(doc: dict[str, Any], path: Path) -> Path:
     path.write_text(json.dumps(doc, indent=1))
     return path
+
+
+def demo_profile(state: Path, snapshot: Path, out: Path, *, scale: float = 0.97) -> dict[str, Any]:
+    """A class profile of two demo nodes made from one demo sweep's history (in `state`, over
+    `snapshot`): the node itself and a twin (another hostname) whose every bus bandwidth is
+    `scale` times the node's; written to `out` as `fleet decide` writes it."""
+    from nccltune.config import Config
+    from nccltune.fleet.decide import Rules, decide, dumps_profile, load_exports
+    from nccltune.fleet.export import build_export, dumps_export, node_identity
+    from nccltune.fleet.node import load_fleet_node
+    from nccltune.store import Store
+
+    node = load_fleet_node(Config(state_dir=str(state)), str(snapshot))
+    with Store(state / "history.db") as store:
+        doc = build_export(store, node_identity(node))
+    twin = copy.deepcopy(doc)
+    twin["hostname"] = f"{doc['hostname']}-twin"
+    for run in twin["runs"]:
+        for trial in run["trials"]:
+            for m in trial["measurements"]:
+                m["busbw_gbps"] = m["busbw_gbps"] * scale
+                m["algbw_gbps"] = m["algbw_gbps"] * scale
+    paths = [out.parent / f"{out.stem}.export-{i}.json" for i in (1, 2)]
+    for path, export in zip(paths, (doc, twin), strict=True):
+        path.write_text(dumps_export(export))
+    profile = decide(load_exports(paths), Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
+    out.write_text(dumps_profile(profile))
+    return profile

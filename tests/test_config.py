@@ -303,6 +303,25 @@ def test_wrong_type(tmp_path: Path, text: str, line: int, message: str) -> None:
     assert f"{err.path}:{line}: {message}" in str(err)
 
 
+def test_profile_path(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "profile:\n  path: /etc/nccltune/profile/profile.json\n"))
+    assert cfg.profile.path == "/etc/nccltune/profile/profile.json"
+    assert cfg.profile_path == Path("/etc/nccltune/profile/profile.json")
+    assert Config().profile_path is None
+    err = fault(tmp_path, "state_dir: /srv\nprofile:\n  path: profiles/a.json\n")
+    assert err.line == 3 and "profile.path: must be an absolute path, got 'profiles/a.json'" in str(err)
+    err = fault(tmp_path, "profile:\n  path: 7\n")
+    assert err.line == 2 and "profile.path: expected a string, got an integer (7)" in str(err)
+    # `profile: large` is the sweep objective written in the wrong place.
+    err = fault(tmp_path, "profile: large\n")
+    assert err.line == 1 and "profile: expected a mapping of settings (path)" in str(err)
+    assert err.hint is not None and "sweep.profile" in err.hint
+    err = fault(tmp_path, "profile:\n  pth: /x\n")
+    assert "unknown key profile.pth" in str(err) and err.hint == "did you mean profile.path?"
+    with pytest.raises(InputError, match="must be an absolute path"):
+        with_overrides(Config(), **{"profile.path": "relative.json"})
+
+
 def test_wrong_choice_suggests(tmp_path: Path) -> None:
     err = fault(tmp_path, "bench:\n  backend: ncl\n")
     assert err.hint == 'did you mean "nccl"?'

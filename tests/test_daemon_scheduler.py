@@ -146,3 +146,17 @@ def test_in_window_without_wrapping() -> None:
     window = (dt.time(1, 0), dt.time(2, 0))
     assert [scheduler.in_window(dt.time(h, m), window) for h, m in ((0, 59), (1, 0), (1, 59), (2, 0))] == [
         False, True, True, False]
+
+
+def test_a_class_profile_in_force_means_no_sweep_but_verifies() -> None:
+    in_force = scheduler.profile_in_force(PENDING, "c0ffee.json")
+    assert in_force.profile == "c0ffee.json" and in_force.sweep_pending is None  # entering force drops it
+    assert scheduler.sweep_needed(in_force, "topology changed") == in_force  # nothing asks for one
+    assert scheduler.decide(in_force, POLICY, at(0)) == Decision(Action.WAIT, "nothing due", 60.0)
+    assert scheduler.decide(replace(in_force, verify_due=True), POLICY, at(0)) == Decision(Action.VERIFY,
+                                                                                          "after the sweep")
+    assert scheduler.decide(in_force, POLICY, at(86400)) == Decision(Action.VERIFY, "verify interval")
+    # Even a pending sweep set behind the rule's back does not start while the profile is in force.
+    assert scheduler.decide(replace(in_force, sweep_pending="x"), POLICY, at(0)).action is Action.WAIT
+    left = scheduler.profile_in_force(in_force, None)
+    assert left.profile is None and scheduler.sweep_needed(left, "NCCL changed").sweep_pending == "NCCL changed"

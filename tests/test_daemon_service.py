@@ -4,43 +4,19 @@ node loader and NCCL probe injected, stepped through start, poll, act and reload
 from __future__ import annotations
 
 import datetime as dt
-import json
-import shutil
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from demo_state import BASE_CONFIG, SNAPSHOT, seeded_state
+from daemon_harness import PUBLISHED, RETUNE, FakeClock, Harness, config_text, published_bytes
+from demo_state import seeded_state
 
 from nccltune.config import Config, with_overrides
-from nccltune.daemon import DEMO_BUSY_FILE, Daemon, DaemonOptions, actions, scheduler
-from nccltune.daemon.actions import NcclInfo, Node
+from nccltune.daemon import DEMO_BUSY_FILE, Daemon, actions, scheduler
+from nccltune.daemon.actions import Node
 from nccltune.daemon.scheduler import Action
 from nccltune.errors import BusyError
-from nccltune.sdnotify import Notifier
-
-PUBLISHED = ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
-# The published tuning depends on this setting (see test_daemon.py).
-RETUNE = {"sweep": {"min_gain_pct": 2.5}}
-
-
-def config_text(**changes: dict[str, Any]) -> str:
-    doc = json.loads(json.dumps(BASE_CONFIG))
-    for section, values in changes.items():
-        doc.setdefault(section, {}).update(values)
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
-def published_bytes(state: Path) -> dict[str, bytes]:
-    return {name: (state / name).read_bytes() for name in PUBLISHED if (state / name).exists()}
-
-
-def seeded_nccl_version(state: Path) -> str | None:
-    version = json.loads((state / "nccl.json").read_text())["provenance"].get("nccl_version")
-    assert version is None or isinstance(version, str)
-    return version
 
 
 @pytest.fixture(scope="module")
@@ -48,47 +24,11 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return seeded_state(tmp_path_factory)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Harness:
-    """Builds started daemons and releases their locks at the end of the test."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.daemons: list[Daemon] = []
-
-    def daemon(self, *, clock: Callable[[], float] | None = None, wall: dt.datetime | None = None,
-               seeded: Path | None = None, node_loader: Callable[[Config, str | bool | None], Node] = actions.read_node,
-               **overrides: object) -> Daemon:
-        state = self.tmp_path / "state"
-        nccl_version = None
-        if seeded is not None:
-            shutil.copytree(seeded, state, symlinks=True)
-            nccl_version = seeded_nccl_version(state)
-        cfg = self.tmp_path / "config.yaml"
-        if not cfg.exists():
-            cfg.write_text(config_text())
-        opts = DaemonOptions(config_path=cfg, overrides={"state_dir": str(state), **overrides}, demo=str(SNAPSHOT))
-        d = Daemon(opts, notifier=Notifier(env={}), clock=clock or FakeClock(),
-                   wall_clock=(lambda: wall) if wall is not None else dt.datetime.now,
-                   node_loader=node_loader, nccl_probe=lambda cfg, python: NcclInfo(version=nccl_version))
-        self.daemons.append(d)
-        d.start()
-        return d
-
-
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
     h = Harness(tmp_path)
     yield h
-    for d in h.daemons:
-        d.close()
+    h.close()
 
 
 def may_sweep_now(d: Daemon) -> str | None:
@@ -197,7 +137,9 @@ def test_an_nvml_error_during_a_poll_degrades_and_keeps_the_published_files(harn
     assert may_sweep_now(d) == "degraded"
     assert d.act().reason == "degraded"  # refused: nothing runs, nothing is published
     d.write_metrics()
-    assert "nccltune_degraded 1.0" in (state / "metrics" / "nccltune.prom").read_text()
+    # The daemon's series carry the node's class.
+    assert re.search(r'^nccltune_degraded\{class="[0-9a-f]{16}"\} 1\.0$',
+                     (state / "metrics" / "nccltune.prom").read_text(), re.M)
     assert published_bytes(state) == before
     lost = False
     d.poll()
@@ -241,3 +183,27 @@ def test_a_second_daemon_object_on_the_same_state_is_refused(harness: Harness) -
     harness.daemon()
     with pytest.raises(BusyError, match="another daemon is running"):
         harness.daemon()
+
+
+def test_the_daemons_sweep_runs_the_upgrade_gate(harness: Harness, seeded: Path, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A sweep of the daemon's on a topology measured before under another torch: where the new
+    sweep is slower beyond noise, the journal says so (compare.upgrade_gate, as after `nccltune sweep`)."""
+    import logging
+    import sqlite3
+
+    state = tmp_path / "state"
+    (tmp_path / "config.yaml").write_text(config_text(**RETUNE))  # the seeded tuning is stale: it sweeps
+    d = harness.daemon(seeded=seeded)
+    # The seeded sweep becomes one of another torch, ten times as fast as anything gloo does here.
+    with sqlite3.connect(state / "history.db") as db:
+        db.execute("UPDATE runs SET torch_version = '1.0.0' WHERE kind = 'sweep'")
+        db.execute("UPDATE measurements SET busbw_gbps = busbw_gbps * 10")
+    db.close()
+    assert d.state.sweep_pending is not None
+    with caplog.at_level(logging.WARNING, logger="nccltune.compare"):
+        d.sweep("test")
+    gate = [r for r in caplog.records if r.name == "nccltune.compare" and "after the upgrade" in r.getMessage()]
+    assert gate and all("slower than run 1" in r.getMessage() and "torch 1.0.0" in r.getMessage() for r in gate)
+    d.write_metrics()
+    assert "nccltune_upgrade_regression{" in (state / "metrics" / "nccltune.prom").read_text()

@@ -1,6 +1,7 @@
 """What a reviewer checks in the Kubernetes manifest and the container build file: the mounts
-match the config the daemon reads, the security context, cheap probes, resources, the profile
-mount, hostPID, no GPU request, and an image that runs `nccltune daemon`."""
+match the config the daemon reads, the security context, cheap probes of the heartbeat file the
+daemon writes (test_daemon_profile.py runs them on a real one), resources, the profile mount that
+profile.path names, hostPID, no GPU request, and an image that runs `nccltune daemon`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nccltune.config import DEFAULT_STATE_DIR, load_config
+from nccltune.config import DEFAULT_STATE_DIR, Config, load_config
+from nccltune.daemon.actions import HEARTBEAT_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
@@ -73,12 +75,26 @@ def test_config_mount_holds_a_config_the_daemon_accepts(docs: dict[str, Any], po
     assert host_env["readOnly"] is True and "hostPath" in _volume(pod, host_env["name"])
 
 
-def test_profile_comes_from_a_configmap(pod: dict[str, Any], container: dict[str, Any]) -> None:
+def _daemon_config(docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any], tmp_path: Path) -> Config:
+    """The config the daemon reads in the pod, through its own loader."""
+    args = container["args"]
+    config_path = Path(args[args.index("--config") + 1])
+    cm = docs[f"ConfigMap/{_volume(pod, _mounts(container)[str(config_path.parent)]['name'])['configMap']['name']}"]
+    (tmp_path / "config.yaml").write_text(cm["data"][config_path.name])
+    return load_config(tmp_path / "config.yaml", required=True)
+
+
+def test_profile_comes_from_a_configmap(docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any],
+                                        tmp_path: Path) -> None:
     mount = _mounts(container)["/etc/nccltune/profile"]
     assert mount["readOnly"] is True
+    assert "subPath" not in mount  # a subPath mount never sees a ConfigMap update
     vol = _volume(pod, mount["name"])
     assert vol["configMap"]["name"] == "nccltune-profile"
     assert vol["configMap"]["optional"] is True  # a class without a profile still runs
+    # The daemon's profile.path is that mount: the directory of <class id>.json profiles.
+    cfg = _daemon_config(docs, pod, container, tmp_path)
+    assert cfg.profile_path == Path(mount["mountPath"])
 
 
 def test_gpu_access_without_taking_the_gpus(pod: dict[str, Any], container: dict[str, Any]) -> None:
@@ -115,7 +131,8 @@ def test_probes_are_cheap_and_read_the_heartbeat(container: dict[str, Any]) -> N
         cmd = probe["exec"]["command"]
         assert cmd[:2] == ["/bin/sh", "-c"]
         script = cmd[2]
-        assert "/var/lib/nccltune/daemon.heartbeat" in script
+        # The file the daemon writes (daemon.actions.HEARTBEAT_FILE in its state directory).
+        assert f"{DEFAULT_STATE_DIR}/{HEARTBEAT_FILE}" in script
         # No Python, no NVML, no nccltune command: a file's age only.
         assert not re.search(r"\b(python|nccltune |nvidia-smi)", script)
         shlex.split(script)  # well-formed quoting

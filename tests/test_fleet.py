@@ -542,3 +542,35 @@ def test_export_of_a_gpu_node_swept_without_nics(tmp_path: Path) -> None:
     assert [r["nccl_version"] for r in doc["runs"]] == ["2.28.9"] and doc["runs"][0]["nranks"] == 8
     assert doc["versions"] == {"nccltune": doc["versions"]["nccltune"], "nccl": "2.28.9",
                                "driver": full.driver_version, "torch": "2.9.0"}
+
+
+def test_topo_and_export_name_the_same_class(fleet: dict[str, Any]) -> None:
+    node = fleet["nodes"][0]
+    exported = _json(node["export"])["node_class"]["id"]
+    got = nccltune("topo", "--demo", str(node["snapshot"]), "--json", cwd=fleet["root"])
+    assert got.returncode == 0, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["node_class"]["id"] == exported
+    assert doc["node_class_nccl"] == {"version": None, "source": "a CPU demo runs no NCCL"}
+    text = nccltune("topo", "--demo", str(node["snapshot"]), cwd=fleet["root"]).stdout
+    assert f"Node class: {exported} (no NCCL version: a CPU demo runs no NCCL)" in text
+
+
+def test_the_class_takes_the_nccl_version_the_worker_reports(tmp_path: Path) -> None:
+    """On a GPU node `topo` (and the daemon, and the metrics) take the NCCL version from the worker
+    interpreter; an export takes the one the worker reported in its runs: one definition."""
+    from nccltune.config import Config, with_overrides
+    from nccltune.fleet.node import FleetNode, worker_nccl
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json\nprint(json.dumps({{'event': 'probe', 'torch_version': '2.9.0', "
+                    "'nccl_version': '2.28.9', 'nccl_lib': None}))\n")
+    fake.chmod(0o755)
+    got = worker_nccl(with_overrides(Config(), **{"bench.python": str(fake)}), False)
+    assert got.version == "2.28.9" and got.source == f"as the worker interpreter {fake} reports it"
+    assert worker_nccl(Config(), True).version is None  # the CPU demo runs no NCCL
+    topo = from_snapshot(load_snapshot(ROOT / "topologies" / "hgx-h100-8gpu.json"))
+    gpu_node = FleetNode(topo, topo, False)
+    assert gpu_node.node_class(got.version).id == node_class(topo, nccl_version="2.28.9").id
+    assert gpu_node.node_class(got.version).id != gpu_node.node_class(None).id
+    assert FleetNode(topo, topo, True).node_class("2.28.9").id == node_class(topo).id

@@ -24,13 +24,12 @@ from nccltune.errors import InputError
 from nccltune.metrics import (
     DAEMON_STATES,
     FILENAME,
+    PROFILE_STATES,
     LiveState,
-    MetricsState,
     PublishedInfo,
     Snapshot,
     env_digest,
     render,
-    write_metrics,
     write_metrics_from_store,
     write_snapshot,
 )
@@ -167,25 +166,6 @@ def test_the_file_is_replaced_atomically(tmp_path: Path) -> None:
     assert path.read_text() == render(Snapshot(sweeps_total=2))
     # Nothing else is left where node_exporter globs *.prom, and no temp file at all.
     assert sorted(os.listdir(directory)) == [FILENAME]
-
-
-def test_the_daemons_in_memory_state_renders_the_same_series(tmp_path: Path) -> None:
-    """MetricsState: what the daemon fills until it calls write_metrics_from_store."""
-    state = MetricsState(
-        fingerprint="f655b0b8afa0e83c", gpus=2, demo=True, last_sweep_ts=1_790_000_000.5, last_sweep_success=True,
-        published_generation=4, busbw={(4096, "default"): 0.5, (4096, "published"): 0.75},
-        verify_drift={1 << 30: -0.125}, doctor={"error": 1}, sweeps_total=3)
-    s = samples(write_metrics(tmp_path, state).read_text())
-    assert {x.labels["setting"]: x.value for x in s["nccltune_busbw_bytes_per_second"]} == {
-        "default": 0.5e9, "published": 0.75e9}
-    assert [x.value for x in s["nccltune_tuned_ratio"]] == [1.5]
-    assert [x.value for x in s["nccltune_published_generation"]] == [4.0]
-    assert [x.value for x in s["nccltune_published_demo"]] == [1.0]
-    assert [x.value for x in s["nccltune_last_successful_sweep_timestamp_seconds"]] == [1_790_000_000.5]
-    assert [x.value for x in s["nccltune_verify_drift_ratio"]] == [-0.125]
-    assert [x.value for x in s["nccltune_sweeps_total"]] == [3.0]
-    assert {x.labels["severity"]: x.value for x in s["nccltune_doctor_findings"]} == {
-        "error": 1.0, "warning": 0.0, "info": 0.0}
 
 
 # -- from the stored history ------------------------------------------------------------------------
@@ -404,6 +384,88 @@ def test_live_values_of_a_daemon(tmp_path: Path, store: Store) -> None:
     assert (info["gpus"], info["driver_version"], info["nccl_version"]) == ("8", "580.1", "2.23.4")
 
 
+def test_what_a_daemon_once_kept_in_memory_comes_from_the_history(tmp_path: Path, store: Store,
+                                                                   clock: Clock) -> None:
+    """The series the daemon used to fill from its own memory (bus bandwidth, ratios, generation,
+    demo flag, verify drift, sweep count) are the history's; doctor's counts come live."""
+    add_sweep(store, clock, demo=True, generation=4)
+    sweep_end = clock.now.timestamp()
+    add_verify(store, clock, passed=False)
+    live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1_790_000_000.0, doctor={"error": 1})
+    s = samples(write(tmp_path, store, live=live))
+    assert {(x.labels["size_bytes"], x.labels["setting"]): x.value for x in s["nccltune_busbw_bytes_per_second"]} == {
+        ("4096", "default"): 535e6, ("4096", "published"): 750e6,
+        (str(1 << 30), "default"): 340e9, (str(1 << 30), "published"): 351.5e9}
+    assert {x.labels["size_bytes"]: x.value for x in s["nccltune_tuned_ratio"]} == {"4096": 1.4019,
+                                                                                  str(1 << 30): 1.0338}
+    assert [x.value for x in s["nccltune_published_generation"]] == [4.0]
+    assert [x.value for x in s["nccltune_published_demo"]] == [1.0]
+    assert [x.value for x in s["nccltune_last_successful_sweep_timestamp_seconds"]] == [sweep_end]
+    assert [x.value for x in s["nccltune_verify_drift_ratio"]] == [-0.3]
+    assert [x.value for x in s["nccltune_sweeps_total"]] == [1.0]
+    assert {x.labels["severity"]: x.value for x in s["nccltune_doctor_findings"]} == {
+        "error": 1.0, "warning": 0.0, "info": 0.0}
+
+
+def add_class_verify(store: Store, clock: Clock, *, below: bool) -> int:
+    """A verify that compared the node with its class (a class profile in force)."""
+    run_id = store.start_run(kind="verify", fingerprint=FP, topology={"source": "nvml"}, **RUN_META)
+    clock.advance(40)
+    measured = 300.0 if below else 338.0
+    store.finish_run(run_id, status="failed" if below else "ok", summary={
+        "passed": not below, "code": "below_class" if below else "passed", "reference": "class",
+        "class_profile": {"file": "c0ffee.json", "sha256": "ab" * 32, "class_id": "c0ffee", "nodes": 3},
+        "rows": [{"size_bytes": 1 << 30, "collective": "all_reduce", "measured_gbps": measured,
+                  "expected_gbps": 340.0, "allowed_pct": 5.0, "drift_pct": 100.0 * (measured / 340.0 - 1),
+                  "ok": not below}]})
+    return run_id
+
+
+def test_a_verify_against_the_class_writes_the_ratio_and_the_outlier_flag(tmp_path: Path, store: Store,
+                                                                           clock: Clock) -> None:
+    add_sweep(store, clock)
+    add_verify(store, clock, passed=True)
+    assert "nccltune_class_outlier" not in samples(write(tmp_path, store))  # a node-local verify: no class
+    add_class_verify(store, clock, below=True)
+    text = write(tmp_path, store, node_class="c0ffee")
+    one = (("class", "c0ffee"),)
+    assert values(text, "nccltune_class_outlier") == {one: 1.0}
+    ratio = values(text, "nccltune_class_ratio")
+    assert ratio == {(("class", "c0ffee"), ("collective", "all_reduce"), ("size_bytes", str(1 << 30))):
+                     round(300.0 / 340.0, 6)}
+    add_class_verify(store, clock, below=False)
+    assert values(write(tmp_path, store), "nccltune_class_outlier") == {(): 0.0}
+
+
+def test_a_class_profile_in_force_is_the_published_decision(tmp_path: Path, store: Store, clock: Clock) -> None:
+    add_sweep(store, clock)
+    prov = Provenance(nccltune_version=__version__, created_at="2026-11-30T09:00:00+00:00", topology_fingerprint=FP,
+                      nccl_version="2.21.5", backend="nccl", demo=False, profile="balanced",
+                      class_profile={"file": "c0ffee.json", "sha256": "0123456789abcdef" * 4, "class_id": "c0ffee",
+                                     "nodes": 3})
+    publish(tmp_path / "published", {"NCCL_ALGO": "Ring"}, prov)
+    info = samples(write(tmp_path, store, publish_dir=tmp_path / "published"))["nccltune_published_info"][0].labels
+    assert info["decision"] == "class" and info["profile_generation"] == "0123456789abcdef"
+
+
+def test_the_class_profile_a_daemon_watches(tmp_path: Path, store: Store) -> None:
+    refused = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="refused",
+                        profile_refused="stale")
+    text = write(tmp_path, store, live=refused)
+    states = {dict(k)["state"]: v for k, v in values(text, "nccltune_profile_state").items()}
+    assert states == {s: (1.0 if s == "refused" else 0.0) for s in PROFILE_STATES}
+    assert values(text, "nccltune_profile_refused_info") == {(("reason", "stale"),): 1.0}
+    applied = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="in_force")
+    text = write(tmp_path, store, live=applied)
+    assert values(text, "nccltune_profile_state")[(("state", "in_force"),)] == 1.0
+    assert "nccltune_profile_refused_info" not in samples(text)
+    # Without profile.path the daemon says nothing of profiles.
+    text = write(tmp_path, store, live=LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0))
+    assert "nccltune_profile_state" not in samples(text)
+    with pytest.raises(ValueError, match="in_force"):
+        LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="applied")
+
+
 def test_an_unknown_daemon_state_is_refused() -> None:
     with pytest.raises(ValueError, match="idle"):
         LiveState(state="napping", busy_processes=0, heartbeat_ts=0.0)
@@ -447,6 +509,13 @@ def test_one_shot_sweep_and_verify_write_the_textfile(tmp_path_factory: pytest.T
     assert [x.value for x in s["nccltune_published_demo"]] == [1.0]
     assert s["nccltune_busbw_bytes_per_second"] and s["nccltune_published_generation"]
     assert "nccltune_last_verify_success" not in s
+    # Every series carries the node's class as `nccltune topo` shows it (a CPU demo: no NCCL version).
+    from nccltune.topology.model import from_snapshot
+    from nccltune.topology.nodeclass import node_class
+    from nccltune.topology.snapshot import load_snapshot
+
+    cls = node_class(from_snapshot(load_snapshot(SNAPSHOT))).id
+    assert {x.labels.get("class") for xs in s.values() for x in xs} == {cls}
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
     got = subprocess.run([sys.executable, "-m", "nccltune", "verify", "--demo", str(SNAPSHOT), "--config", str(config),
@@ -455,6 +524,7 @@ def test_one_shot_sweep_and_verify_write_the_textfile(tmp_path_factory: pytest.T
     assert got.returncode == 0, got.stderr
     after_verify = samples((state / "metrics" / FILENAME).read_text())
     assert [x.value for x in after_verify["nccltune_last_verify_success"]] == [1.0]
+    assert {x.labels.get("class") for xs in after_verify.values() for x in xs} == {cls}
     # The sweep's series are still there: the file is rebuilt from the history, not from the verify alone.
     for name in ("nccltune_last_sweep_success", "nccltune_busbw_bytes_per_second", "nccltune_published_generation"):
         assert [(x.labels, x.value) for x in after_verify[name]] == [(x.labels, x.value) for x in s[name]], name

@@ -97,8 +97,8 @@ def test_every_alert_says_how_bad_and_what() -> None:
 
 
 def written_names(tmp_path: Path) -> set[str]:
-    """Sample names of a real textfile: a history with an ok sweep and a verify, a published
-    environment, a node class and a daemon's live values."""
+    """Sample names of a real textfile: a history with an ok sweep and a verify against the class,
+    a published environment, a node class and a daemon's live values (a refused class profile)."""
     with Store(tmp_path / "history.db") as store:
         meta: dict[str, Any] = dict(fingerprint="fp", backend="gloo", demo=True, profile=None, nccl_version=None,
                                     driver_version=None, torch_version=None, nccltune_version=__version__,
@@ -109,13 +109,16 @@ def written_names(tmp_path: Path) -> set[str]:
         row = {"size_bytes": 4096, "default_busbw_gbps": 0.4, "default_noise_pct": 3.0, "tuned_busbw_gbps": 0.4,
                "ratio": 1.0}
         store.finish_run(run_id, status="ok", chosen_env={}, published_generation=1, summary={"rows": [row]})
+        # A verify against the class profile in force: the class series come with it.
         run_id = store.start_run(kind="verify", topology={}, **meta)
-        store.finish_run(run_id, status="ok", summary={"rows": [
-            {"size_bytes": 4096, "allowed_pct": 10.0, "drift_pct": -2.0}]})
+        store.finish_run(run_id, status="ok", summary={"reference": "class", "code": "passed", "rows": [
+            {"size_bytes": 4096, "allowed_pct": 10.0, "drift_pct": -2.0, "measured_gbps": 0.392,
+             "expected_gbps": 0.4}]})
         publish(tmp_path / "published", {"NCCL_TOPO_FILE": "/x.xml"},
                 Provenance(nccltune_version=__version__, created_at="2026-11-30T00:00:00+00:00",
                            topology_fingerprint="fp", nccl_version=None, backend="gloo", demo=True, profile=None))
-        live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0)
+        live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0,
+                         profile_state="refused", profile_refused="stale")
         path = write_metrics_from_store(tmp_path / "metrics", store, fingerprint="fp", node_class="cls", live=live,
                                         publish_dir=tmp_path / "published")
     return {s.name for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples}

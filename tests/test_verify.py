@@ -342,3 +342,75 @@ def test_baseline_run_that_does_not_exist_is_a_usage_error(config: Path, state: 
     rc, _out, err = cli("verify", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--current",
                         "--baseline", "999")
     assert rc == 2 and "--baseline 999: no such run" in err
+
+
+# -- with a class profile in force: the node against its class ----------------------------------------
+
+
+def _class_profile(state: Path, directory: Path, medians: dict[int, tuple[float, float]],
+                   noise: dict[int, tuple[float, float]]) -> Path:
+    """A class profile of two demo nodes whose per-node numbers of the chosen setting are these
+    (size -> (node 1, node 2) median GB/s and noise %), as `fleet decide` would write them."""
+    from fleet_fixtures import demo_profile
+
+    from nccltune.fleet.decide import dumps_profile
+    from nccltune.fleet.outlier import chosen_setting
+
+    directory.mkdir()
+    path = directory / "profile.json"
+    doc = demo_profile(state, SNAPSHOT, path)
+    setting = chosen_setting(doc)
+    assert setting is not None
+    for i, node in enumerate(doc["evidence"]["nodes"]):
+        node["per_size"] = [{"setting": setting[0], "topology_file": setting[1], "collective": "all_reduce",
+                             "size_bytes": size, "samples": 3, "median_busbw_gbps": medians[size][i],
+                             "noise_pct": noise[size][i]} for size in sorted(medians)]
+    path.write_text(dumps_profile(doc))
+    return path
+
+
+def test_with_a_class_profile_verify_compares_the_node_with_its_class(config: Path, state: Path, tmp_path: Path,
+                                                                      fake_python: Path) -> None:
+    """Hand-worked: at 1 MiB the class's nodes measured 4.0 and 4.4 GB/s (median 4.2, the lowest
+    4.76% below it), with 1% and 3% noise (typical 2%: twice is 4%); with a 5% threshold the node
+    may fall 5% below 4.2 (to 3.99). 4.05 passes, 3.90 (7.1% below) does not."""
+    from nccltune.doctor import class_findings
+    from nccltune.fleet.apply import apply_profile
+
+    medians = {262144: (1.0, 1.0), 1 << 20: (4.0, 4.4), 4 << 20: (8.0, 8.0)}
+    noise = {262144: (0.5, 0.5), 1 << 20: (1.0, 3.0), 4 << 20: (0.5, 0.5)}
+    profile = _class_profile(state, tmp_path / "narrow", medians, noise)
+    apply_profile(_cfg(config, state), profile, demo=str(SNAPSHOT))
+    within = {262144: 1.0, 1 << 20: 4.05, 4 << 20: 8.0}
+    result = _verify_with(within, config, state, fake_python, threshold_pct=5.0)
+    assert result.passed, result.reason
+    assert result.reference == "class" and result.expectation.startswith("class profile profile.json (class ")
+    row = next(r for r in result.rows if r.size_bytes == 1 << 20)
+    assert (row.expected_gbps, row.allowed_pct, row.ok) == (pytest.approx(4.2), pytest.approx(5.0), True)
+    assert row.drift_pct == pytest.approx(100 * (4.05 / 4.2 - 1))
+    below = {**within, 1 << 20: 3.9}
+    result = _verify_with(below, config, state, fake_python, threshold_pct=5.0)
+    assert not result.passed and result.code == "below_class"
+    class_id = json.loads(profile.read_text())["node_class"]["id"]
+    assert result.reason == (f"1MiB: 3.90 GB/s is 7.1% below the median 4.20 GB/s of the 2 node(s) of its class "
+                             f"{class_id} (allowed 5.0%)")
+    # The class's own spread widens the bar: had its lowest node been 10% below the median, 3.90 is within.
+    wide = _class_profile(state, tmp_path / "wide", {**medians, 1 << 20: (3.78, 4.62)}, noise)
+    apply_profile(_cfg(config, state), wide, demo=str(SNAPSHOT))
+    assert _verify_with(below, config, state, fake_python, threshold_pct=5.0).passed
+    # Back to the narrow class, by hand: exit 1, doctor's finding, the metric.
+    apply_profile(_cfg(config, state), profile, demo=str(SNAPSHOT))
+    with mock.patch.dict(os.environ, {"FAKE_BUSBW": json.dumps({str(k): v for k, v in below.items()})}):
+        rc, out, err = cli("verify", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--python",
+                           fake_python, "--threshold", "5", "--json")
+    assert rc == 1, err
+    assert json.loads(out)["code"] == "below_class"
+    with Store(state / "history.db") as store:
+        fingerprint = store.runs(limit=1, kind="verify")[0].fingerprint
+        (finding,) = class_findings(store, fingerprint)
+    assert (finding.severity, finding.code) == ("warning", "class-outlier")
+    assert f"below its class {class_id}" in finding.message and "1048576 B -7.1% (allowed -5.0%)" in finding.message
+    rc, out, _err = cli("doctor", "--demo", SNAPSHOT, "--config", config, "--state-dir", state, "--json")
+    assert "class-outlier" in [f["code"] for f in json.loads(out)["findings"]]
+    metrics = (state / "metrics" / "nccltune.prom").read_text()
+    assert f'nccltune_class_outlier{{class="{class_id}"}} 1.0' in metrics

@@ -2,10 +2,11 @@
 
 Three parts: `scheduler` decides (sweep now, verify now, or wait, with the reason) from an
 immutable state and the time; `watcher` turns polls of the node into events (topology or
-NCCL changed, GPUs busy or idle, node unreadable, config reloaded); `service` is the loop
-around them (signals, watchdog, sd_notify, the daemon lock, metrics) and carries out the
-decisions. `actions` is the one module that calls the sweep, verify, publish, history, lock
-and metrics code.
+NCCL changed, GPUs busy or idle, node unreadable, config reloaded); `profile` watches the
+class profile at profile.path; `service` is the loop around them (signals, watchdog, sd_notify,
+the daemon lock, the heartbeat file, metrics, the class profile kept applied) and carries out
+the decisions. `actions` is the one module that calls the sweep, verify, publish, fleet,
+history, lock and metrics code.
 """
 
 from __future__ import annotations

@@ -9,36 +9,47 @@ them is the scheduler's and the service's business.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..compare import upgrade_gate
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
-from ..doctor import default_conf_files, diagnose
+from ..doctor import default_conf_files, diagnose, history_findings
 from ..errors import BusyError, NccltuneError, UnavailableError
+from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
+from ..fleet.node import fleet_node_of
 from ..lock import SweepLock
-from ..metrics import LiveState, MetricsState, write_metrics_from_store
+from ..metrics import LiveState, write_metrics_from_store
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from ..publish import Provenance, atomic_write, publish, read_published
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
 from ..trust import ensure_dir
-from ..verify import run_verify
+from ..verify import VerifyCode, run_verify
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Config", "MetricsState", "NcclInfo", "Node", "Published", "SweepLock", "SweepOutcome", "TrialAborted",
-    "VerifyOutcome", "daemon_lock", "export_metrics", "open_history", "prepare_state_dir", "probe_worker_nccl",
-    "read_config", "read_node", "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep",
-    "run_verification", "tuning_fingerprint_of",
+    "HEARTBEAT_FILE", "Config", "LiveState", "LoadedProfile", "NcclInfo", "Node", "ProfileRefused",
+    "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock", "export_metrics",
+    "load_class_profile", "node_class_id", "open_history", "prepare_state_dir", "probe_worker_nccl",
+    "profile_file_for", "profile_still_valid", "publish_class_profile", "read_config", "read_node",
+    "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
+    "tuning_fingerprint_of", "write_heartbeat",
 ]
+
+# In the state directory: the liveness file (time, pid, state), replaced atomically at every poll
+# and every half minute during waits and trials; a probe reads its age (deploy/kubernetes).
+HEARTBEAT_FILE = "daemon.heartbeat"
 
 ProgressFn = Callable[[int, int, str, str, Any], None]
 AbortCheck = Callable[[], str | None]
@@ -63,16 +74,16 @@ class Published:
     tuning_fingerprint: str | None = None
     state: str | None = None
     unreadable: str | None = None
+    class_profile_sha256: str | None = None  # the class profile it came from, if any
 
 
 @dataclass(frozen=True)
 class SweepOutcome:
-    """A finished sweep, as the metrics and the log report it."""
+    """A finished sweep, as the log reports it (the metrics read the history)."""
 
+    run_id: int | None
     published_generation: int | None
     nccl_version: str | None
-    # (size_bytes, "default" | "published") -> bus bandwidth in GB/s
-    busbw_gbps: dict[tuple[int, str], float] = field(default_factory=dict)
     wall_s: float = 0.0
     summary: str = ""
 
@@ -82,8 +93,7 @@ class VerifyOutcome:
     passed: bool
     expectation: str
     reason: str
-    # size_bytes -> ratio measured/expected - 1
-    drift: dict[int, float] = field(default_factory=dict)
+    code: VerifyCode = "passed"
 
 
 # -- configuration, lock, history -----------------------------------------------------------------
@@ -164,8 +174,11 @@ def read_published_state(publish_dir: Path) -> Published:
     if published is None:
         return Published(exists=False)
     _env, prov = published
+    profile = prov.get("class_profile")
+    digest = profile.get("sha256") if isinstance(profile, dict) else None
     return Published(exists=True, topology_fingerprint=prov.get("topology_fingerprint"),
-                     tuning_fingerprint=prov.get("tuning_fingerprint"), state=prov.get("state"))
+                     tuning_fingerprint=prov.get("tuning_fingerprint"), state=prov.get("state"),
+                     class_profile_sha256=digest if isinstance(digest, str) else None)
 
 
 def refresh_topology_file(cfg: Config, node: Node) -> None:
@@ -204,7 +217,48 @@ def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at
     return publish(cfg.publish_dir, env, prov, topology_xml=xml_text).generation
 
 
-# -- measuring ------------------------------------------------------------------------------------
+# -- the class profile ----------------------------------------------------------------------------
+
+
+def node_class_id(cfg: Config, node: Node, nccl: NcclInfo) -> str:
+    """The class id `nccltune topo` shows for this node (fleet.node): the metrics' `class` label."""
+    return fleet_node_of(cfg, node).node_class(nccl.version).id
+
+
+def profile_file_for(path: Path, cfg: Config, node: Node, nccl: NcclInfo) -> Path:
+    """The file profile.path stands for on this node (a directory: its class's `<class id>.json`)."""
+    return file_for(path, node_class_id(cfg, node, nccl))
+
+
+def load_class_profile(path: Path, cfg: Config, node: Node, nccl: NcclInfo) -> LoadedProfile:
+    """The profile at profile.path for this node (a directory: its class's file), read and checked.
+
+    Raises:
+        ProfileRefused: missing, untrusted, malformed, for another class, stale, or unsafe (exit-78 text).
+    """
+    return load_profile(path, fleet_node_of(cfg, node), nccl.version)
+
+
+def profile_still_valid(loaded: LoadedProfile, cfg: Config, node: Node, nccl: NcclInfo) -> ProfileRefused | None:
+    """Why a profile applied before no longer fits this node (after a change of NCCL or of the
+    topology), or None when it still does."""
+    try:
+        check_profile(loaded.doc, str(loaded.path), fleet_node_of(cfg, node), nccl.version)
+    except ProfileRefused as exc:
+        return exc
+    return None
+
+
+def publish_class_profile(cfg: Config, node: Node, nccl: NcclInfo, loaded: LoadedProfile,
+                          created_at: _dt.datetime) -> int:
+    """Publish a profile load_class_profile accepted (as `nccltune apply` does); returns the generation.
+
+    Raises:
+        InputError, PublishError, BusyError: as fleet.apply.publish_loaded; nothing was published.
+    """
+    got = publish_loaded(cfg, fleet_node_of(cfg, node), nccl.version, loaded,
+                         now=created_at.astimezone(_dt.timezone.utc))
+    return got.published.generation
 
 
 def _with_python(cfg: Config, python: str | None) -> Config:
@@ -222,13 +276,15 @@ def run_sweep(cfg: Config, demo: str | bool | None, python: str | None, progress
         NccltuneError: the sweep failed; the published files are unchanged.
     """
     report = SweepPipeline(_with_python(cfg, python), demo=demo, progress=progress, abort_check=abort_check).run()
-    busbw: dict[tuple[int, str], float] = {}
-    for row in report.rows:
-        busbw[(row.size_bytes, "default")] = row.default_busbw_gbps
-        busbw[(row.size_bytes, "published")] = row.tuned_busbw_gbps
-    return SweepOutcome(published_generation=report.published.generation if report.published else None,
-                        nccl_version=report.nccl_version, busbw_gbps=busbw, wall_s=report.wall_s,
-                        summary=report.summary)
+    try:
+        # The upgrade gate, as after `nccltune sweep`: a warning in the journal per regression.
+        with Store(Path(cfg.state_dir) / "history.db") as store:
+            upgrade_gate(store, report.run_id)
+    except (OSError, NccltuneError) as exc:
+        log.warning("cannot run the upgrade check: %s", exc)
+    return SweepOutcome(run_id=report.run_id,
+                        published_generation=report.published.generation if report.published else None,
+                        nccl_version=report.nccl_version, wall_s=report.wall_s, summary=report.summary)
 
 
 def run_verification(cfg: Config, demo: str | bool | None, python: str | None, node: Node,
@@ -239,18 +295,17 @@ def run_verification(cfg: Config, demo: str | bool | None, python: str | None, n
         TrialAborted, BusyError: as run_sweep; NccltuneError: verify could not run.
     """
     result = run_verify(_with_python(cfg, python), demo=demo, node=node, abort_check=abort_check)
-    drift = {r.size_bytes: (r.drift_pct or 0.0) / 100.0 for r in result.rows if r.drift_pct is not None}
-    return VerifyOutcome(passed=result.passed, expectation=result.expectation, reason=result.reason, drift=drift)
+    return VerifyOutcome(passed=result.passed, expectation=result.expectation, reason=result.reason,
+                         code=result.code)
 
 
-# -- metrics --------------------------------------------------------------------------------------
+# -- metrics and liveness ---------------------------------------------------------------------------
 
 
-def export_metrics(cfg: Config, node: Node, metrics: MetricsState, *, state: str, busy_processes: int,
-                   heartbeat_ts: float) -> None:
+def export_metrics(cfg: Config, node: Node, live: LiveState, *, node_class: str) -> None:
     """Write the textfile into cfg.metrics_dir (if set) from the stored history, plus what only the
-    running daemon knows (its state, doctor's findings, the heartbeat): after a restart the file
-    has every series it had before.
+    running daemon knows (`live`: its state, the heartbeat, the class profile it watches) and
+    doctor's findings: after a restart the file has every series it had before.
 
     Raises:
         OSError, NccltuneError: the file cannot be written.
@@ -259,12 +314,23 @@ def export_metrics(cfg: Config, node: Node, metrics: MetricsState, *, state: str
     if directory is None:
         return
     findings = diagnose(node.topo, node.paths, env=dict(os.environ), publish_dir=cfg.publish_dir,
-                        conf_files=default_conf_files(os.environ))
-    metrics.doctor = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
-    live = LiveState(state=state, busy_processes=busy_processes, heartbeat_ts=heartbeat_ts,
-                     degraded=metrics.degraded, doctor=metrics.doctor, gpus=len(node.topo.gpus),
-                     driver_version=node.topo.driver_version, nccl_version=metrics.nccl_version,
-                     topology_changes_total=metrics.topology_changes_total)
+                        conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
     with Store(Path(cfg.state_dir) / "history.db") as store:
-        write_metrics_from_store(directory, store, fingerprint=node.fingerprint, live=live,
-                                 publish_dir=cfg.publish_dir)
+        findings += history_findings(store, node.fingerprint)
+        doctor = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
+        write_metrics_from_store(directory, store, fingerprint=node.fingerprint, node_class=node_class,
+                                 live=dataclasses.replace(live, doctor=doctor), publish_dir=cfg.publish_dir)
+
+
+def write_heartbeat(state_dir: Path, *, state: str, pid: int, now: float) -> Path:
+    """`<state_dir>/daemon.heartbeat`, replaced atomically: a probe that reads it never sees half a
+    file, and its mtime is the time it was written.
+
+    Raises:
+        NccltuneError: the file cannot be written (FileError, exit 1).
+    """
+    path = state_dir / HEARTBEAT_FILE
+    doc = {"time": round(now, 3), "time_iso": _dt.datetime.fromtimestamp(now, _dt.timezone.utc)
+           .isoformat(timespec="seconds"), "pid": pid, "state": state}
+    atomic_write(path, json.dumps(doc, sort_keys=True) + "\n")
+    return path

@@ -8,6 +8,10 @@ clock, a file or the GPUs, so every rule can be checked by a table of (state, ti
 Rules, in order:
 - On a node with one GPU nothing is ever swept or verified (there is no collective between GPUs
   to measure): the daemon only waits, watches and serves its metrics.
+- While a class profile is in force (profile.path) nothing is swept: the profile is the class's
+  decision, and a node's own sweep could not replace it. No sweep is even scheduled; the
+  verification still runs (against the class's numbers). When the profile leaves (refused after
+  an NCCL or topology change, or removed), the service schedules what the published files need.
 - Before the first poll: with daemon.sweep_on_start and a sweep pending, poll at once
   (the first poll still looks at the GPUs); otherwise wait one poll interval.
 - A pending sweep starts unless the node is degraded, the GPUs are in use, they were in use
@@ -80,6 +84,7 @@ class State:
     swept_this_poll: bool = False
     verified_this_poll: bool = False
     one_gpu: bool = False  # the node's sweep would have one rank: nothing to measure
+    profile: str | None = None  # the class profile in force (its file name); None: the node decides
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -138,7 +143,7 @@ def decide(state: State, policy: Policy, now: Now) -> Decision:
     wait_s = policy.poll_interval_s
     if block is not None and block[1] is not None:
         wait_s = min(wait_s, block[1])
-    if state.sweep_pending is not None:
+    if state.sweep_pending is not None and state.profile is None:
         if state.swept_this_poll:
             return Decision(Action.WAIT, f"sweep pending ({state.sweep_pending}), tried this poll", wait_s)
         if block is not None:
@@ -179,7 +184,17 @@ def node_readable(state: State, readable: bool) -> State:
 
 
 def sweep_needed(state: State, why: str) -> State:
+    """A sweep is due, unless a class profile is in force: then nothing is (see the module's rules)."""
+    if state.profile is not None:
+        return state
     return replace(state, sweep_pending=why)
+
+
+def profile_in_force(state: State, name: str | None) -> State:
+    """A class profile is in force (name) or none is (None). Entering force drops a pending sweep."""
+    if name is None:
+        return replace(state, profile=None)
+    return replace(state, profile=name, sweep_pending=None)
 
 
 def sweep_kept_pending(state: State) -> State:

@@ -2,13 +2,22 @@
 
 Start-up: load and validate the config (exit 78, so systemd does not loop), take the daemon
 lock (exit 75 when another daemon has it), open the history (a corrupt one is moved aside),
-read the node and the worker's NCCL, regenerate ncclTopology.xml, check what is published,
-notify READY. Then, until SIGTERM: wait as the scheduler says, reload the config after SIGHUP
-(the old one is kept when the new one is invalid), poll the watcher and act on its events
-(a changed topology republishes a safe environment at once and schedules a sweep), do what
-the scheduler decides (sweep, verify), write the metrics. The watchdog is pinged while
-waiting and between trials; during a sweep or a verification a job that takes the GPUs
-stops the trials (workers killed, last published files kept).
+read the node and the worker's NCCL, regenerate ncclTopology.xml, apply the class profile at
+profile.path (if any), check what is published, notify READY. Then, until SIGTERM: wait as the
+scheduler says, reload the config after SIGHUP (the old one is kept when the new one is
+invalid), poll the watcher and act on its events (a changed topology republishes a safe
+environment at once and schedules a sweep, or re-applies the class profile when the node is
+still of its class), look at profile.path again, do what the scheduler decides (sweep, verify),
+write the metrics and the heartbeat. The watchdog is pinged (and the heartbeat rewritten) while
+waiting and between trials; during a sweep or a verification a job that takes the GPUs stops
+the trials (workers killed, last published files kept).
+
+The class profile: a valid one (for this node's class, these versions, publishable) is applied
+when it is not what is published, at start, on reload, when its file changes and after the
+node changes; while it is in force the daemon does not sweep (scheduler), and its verify
+compares the node with the class (verify.py). One that is refused is logged with the reason,
+counted in the metrics, and changes nothing: the node keeps what it had (a profile applied
+before stays in force as long as it still fits the node).
 
 Both clocks are injected: monotonic seconds for intervals, local wall time for the
 maintenance window and for the timestamps in metrics and provenance.
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 import signal
 import threading
 import time
@@ -27,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import BusyError, NccltuneError
+from ..errors import BusyError, InputError, NccltuneError
 from ..sdnotify import Notifier, watchdog_interval_s
 from . import actions, scheduler
-from .actions import Config, MetricsState, NcclInfo, Node, SweepLock, TrialAborted
+from .actions import Config, LiveState, LoadedProfile, NcclInfo, Node, ProfileRefused, SweepLock, TrialAborted
+from .profile import ProfileStatus, Stamp, stamp_of
 from .scheduler import Action, Decision
 from .watcher import (
     ConfigRejected,
@@ -49,9 +60,21 @@ log = logging.getLogger(__name__)
 
 # How often, at most, trials ask whether a job has taken the GPUs.
 ABORT_CHECK_EVERY_S = 2.0
+# How often, at least, the heartbeat file is rewritten, in waits and during trials as well as at
+# every poll: far within the probe's limit (deploy/kubernetes, 600 s) whatever the poll interval.
+HEARTBEAT_EVERY_S = 30.0
 
 NodeLoader = Callable[[Config, str | bool | None], Node]
 NcclProbe = Callable[[Config, str | None], NcclInfo]
+
+
+@dataclass
+class LiveCounters:
+    """What the daemon process alone knows for its metrics; the rest comes from the history."""
+
+    degraded: bool = False
+    nccl_version: str | None = None
+    topology_changes_total: int = 0
 
 
 @dataclass
@@ -89,7 +112,7 @@ class Daemon:
         self.clock = clock
         self.wall_clock = wall_clock  # local time, naive, as datetime.now() gives it
         self.cfg = actions.read_config(opts.config_path, opts.overrides)
-        self.metrics = MetricsState(demo=bool(opts.demo))
+        self.metrics = LiveCounters()
         self.watcher = Watcher(
             load_node=lambda: node_loader(self.cfg, opts.demo),
             probe_nccl=lambda: nccl_probe(self.cfg, opts.python),
@@ -106,7 +129,13 @@ class Daemon:
         self.watchdog_s = watchdog_interval_s()
         self._last_ping_s = 0.0
         self._last_busy_check_s = 0.0
+        self._last_beat_s: float | None = None
         self._lock: SweepLock | None = None
+        # The class profile at profile.path: the last look, its file's stamp, the one in force.
+        self.profile = ProfileStatus("absent")
+        self.profile_in_force: LoadedProfile | None = None
+        self._profile_stamp: Stamp | None = None
+        self._profile_logged: tuple[str | None, str | None] | None = None
 
     # -- readings ---------------------------------------------------------------------------------
 
@@ -137,6 +166,8 @@ class Daemon:
     def _idle_status(self) -> str:
         if self.state.one_gpu:
             return f"idle, {scheduler.ONE_GPU_WAIT}"
+        if self.state.profile is not None:
+            return f"idle, class profile {self.state.profile} in force"
         if self.state.sweep_pending:
             return f"idle, sweep pending ({self.state.sweep_pending})"
         return "idle"
@@ -145,6 +176,17 @@ class Daemon:
         if self.watchdog_s and self.clock() - self._last_ping_s >= self.watchdog_s / 2:
             self.notifier.watchdog()
             self._last_ping_s = self.clock()
+        if self._last_beat_s is not None and self.clock() - self._last_beat_s >= HEARTBEAT_EVERY_S:
+            self.beat()
+
+    def beat(self) -> None:
+        """Rewrite the heartbeat file (time, pid, state); a failure is logged, never fatal."""
+        self._last_beat_s = self.clock()
+        try:
+            actions.write_heartbeat(Path(self.cfg.state_dir), state=self._metrics_state(), pid=os.getpid(),
+                                    now=self._epoch_s())
+        except NccltuneError as exc:
+            log.warning("cannot write the heartbeat: %s", exc)
 
     def _on_term(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -166,7 +208,7 @@ class Daemon:
             left = end - self.clock()
             if left <= 0:
                 return
-            self.wake.wait(min(left, self.watchdog_s / 2 if self.watchdog_s else left))
+            self.wake.wait(min(left, HEARTBEAT_EVERY_S, self.watchdog_s / 2 if self.watchdog_s else left))
             self.wake.clear()
             self.ping()
 
@@ -215,8 +257,10 @@ class Daemon:
         self._update_node_metrics()
         self._refresh_tuning_fingerprint()
         actions.refresh_topology_file(self.cfg, node)
+        self.sync_profile(force=True)
         self.check_published()
         self.status(self._idle_status())
+        self.beat()
         self.notifier.ready(self.status_text)
         log.info("nccltune %s daemon ready: %d GPU(s), fingerprint %s, NCCL %s%s", __version__,
                  len(node.topo.gpus), node.fingerprint, self.watcher.nccl.version or "n/a",
@@ -234,8 +278,10 @@ class Daemon:
         log.info("configuration reloaded")
         if self.watcher.started:
             self._refresh_tuning_fingerprint()
-            # New sweep settings make the published tuning stale, as they do at start-up.
+            # New sweep settings make the published tuning stale, as they do at start-up; a class
+            # profile (perhaps another profile.path) is re-read and re-applied for them.
             try:
+                self.sync_profile(force=True)
                 self.check_published()
             except NccltuneError as exc:  # a failed safe republish: the config itself is fine
                 log.error("cannot republish a safe environment: %s", exc)
@@ -243,7 +289,10 @@ class Daemon:
         self.notifier.ready(self.status_text)
 
     def check_published(self) -> None:
-        """Schedule a sweep unless a tuning for this topology and these settings is published."""
+        """Schedule a sweep unless a tuning for this topology and these settings is published (or
+        a class profile is in force: sync_profile keeps that published)."""
+        if self.state.profile is not None:
+            return
         node = self.watcher.node
         published = actions.read_published_state(self.cfg.publish_dir)
         why: str | None = None
@@ -272,8 +321,88 @@ class Daemon:
 
     def republish_safe(self, why: str) -> None:
         generation = actions.republish_safe(self.cfg, self.watcher.node, self.watcher.nccl, why, self.wall_clock())
-        self.metrics.published_generation = generation
         log.warning("republished a safe environment (generation %d): %s", generation, why)
+
+    # -- the class profile ------------------------------------------------------------------------
+
+    def sync_profile(self, *, force: bool) -> bool:
+        """Look at profile.path and keep a valid class profile published; True when one is in force.
+
+        Unless `force` (start, reload, a change of the node or of NCCL), the file is read only when
+        its stamp changed since the last look.
+        """
+        path = self.cfg.profile_path
+        was = self.profile_in_force
+        if path is None:
+            self.profile, self.profile_in_force, self._profile_stamp = ProfileStatus("absent"), None, None
+            if was is not None:
+                log.warning("profile.path is no longer set: %s is not kept in force any more", was.path)
+            return self._profile_settled(was)
+        node, nccl = self.watcher.node, self.watcher.nccl
+        stamp = stamp_of(actions.profile_file_for(path, self.cfg, node, nccl))
+        if not force and stamp == self._profile_stamp:
+            kept = self.profile_in_force
+            if kept is None or actions.read_published_state(self.cfg.publish_dir).class_profile_sha256 == kept.sha256:
+                return kept is not None
+            # Something else published here (a `nccltune sweep` or `apply` by hand): the configured
+            # profile is the class's decision, and goes back in force.
+            log.warning("the published files no longer carry the class profile %s: applying it again", kept.path)
+        self._profile_stamp = stamp
+        try:
+            loaded = actions.load_class_profile(path, self.cfg, node, nccl)
+        except ProfileRefused as exc:
+            self._profile_refused(path, exc)
+            return self._profile_settled(was)
+        published = actions.read_published_state(self.cfg.publish_dir)
+        if not (published.class_profile_sha256 == loaded.sha256 and published.tuning_fingerprint == self.tuning_fp
+                and published.topology_fingerprint == node.fingerprint and published.state == "tuned"):
+            try:
+                generation = actions.publish_class_profile(self.cfg, node, nccl, loaded, self.wall_clock())
+            except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
+                self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
+                return self._profile_settled(was)
+            except NccltuneError as exc:  # busy or a full disk: the next poll tries again
+                log.error("cannot publish the class profile %s now: %s; keeping what is published", loaded.path, exc)
+                self._profile_stamp = None
+                return self.profile_in_force is not None
+            log.info("applied %s: generation %d", loaded.note, generation)
+        self.profile = ProfileStatus("in_force", str(loaded.path))
+        self.profile_in_force = loaded
+        self._profile_logged = None
+        return self._profile_settled(was)
+
+    def _profile_refused(self, path: Path, exc: ProfileRefused) -> None:
+        state = "absent" if exc.code == "missing" else "refused"
+        self.profile = ProfileStatus(state, str(path), exc.code, str(exc))
+        if self._profile_logged != (exc.code, str(exc)):
+            self._profile_logged = (exc.code, str(exc))
+            if state == "absent":
+                log.info("no class profile for this node at %s: %s", path, exc.message)
+            else:
+                log.error("class profile refused (%s), keeping what is published: %s", exc.code, exc)
+        self._keep_if_valid()
+
+    def _keep_if_valid(self) -> None:
+        """After a refusal: the profile applied before stays in force while it still fits the node."""
+        kept = self.profile_in_force
+        if kept is None:
+            return
+        why = actions.profile_still_valid(kept, self.cfg, self.watcher.node, self.watcher.nccl)
+        if why is not None:
+            log.warning("the class profile in force (%s) no longer fits this node: %s", kept.path, why.message)
+            self.profile_in_force = None
+        elif self.profile.state == "absent":
+            log.warning("%s is gone; the class profile applied from it stays published and in force", kept.path)
+
+    def _profile_settled(self, was: LoadedProfile | None) -> bool:
+        """Tell the scheduler; when the node falls back to its own decisions, schedule what the
+        published files need (check_published)."""
+        now = self.profile_in_force
+        self.state = scheduler.profile_in_force(self.state, now.path.name if now is not None else None)
+        if was is not None and now is None:
+            log.warning("no class profile in force any more: the daemon decides for this node again")
+            self.check_published()
+        return now is not None
 
     # -- one poll ---------------------------------------------------------------------------------
 
@@ -282,7 +411,12 @@ class Daemon:
         for event in self.watcher.poll():
             self._on_event(event)
         if not self.state.degraded:
+            try:
+                self.sync_profile(force=False)
+            except NccltuneError as exc:  # the node or the publish directory: the next poll tries again
+                log.error("cannot check the class profile: %s", exc)
             self.status(self._idle_status())
+        self.beat()
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, NodeUnreadable):
@@ -304,6 +438,12 @@ class Daemon:
             self.metrics.topology_changes_total += 1
             self._update_node_metrics()
             self._refresh_tuning_fingerprint()
+            had_profile = self.profile_in_force is not None
+            if self.sync_profile(force=True):
+                log.warning("the node is still of the class of its profile: re-applied it for the new topology")
+                return
+            if had_profile:
+                return  # the profile left: check_published has republished and scheduled for the new topology
             self.state = scheduler.sweep_needed(self.state, "topology changed")
             try:
                 self.republish_safe("topology changed: " + "; ".join(event.changes[:3]))
@@ -316,7 +456,8 @@ class Daemon:
             log.warning("NCCL library %s changed (version %s -> %s)", event.library, event.old_version,
                         event.new_version)
             self._refresh_tuning_fingerprint()
-            self.state = scheduler.sweep_needed(self.state, "NCCL changed")
+            if not self.sync_profile(force=True):
+                self.state = scheduler.sweep_needed(self.state, "NCCL changed")
 
     def act(self) -> Decision:
         """Carry out the scheduler's decisions for this poll; returns the final one (a wait)."""
@@ -361,26 +502,21 @@ class Daemon:
 
     def sweep(self, why: str) -> None:
         log.info("sweeping: %s", why)
-        self.metrics.sweeps_total += 1
-        started_s = self.clock()
         try:
             outcome = actions.run_sweep(self.cfg, self.opts.demo, self.opts.python, self._progress,
                                         self.abort_check)
         except TrialAborted as exc:
             log.warning("sweep stopped: %s; the published files are unchanged", exc)
-            self.metrics.last_sweep_success = False
             self.state = scheduler.sweep_kept_pending(self.state)
             self.status(self._idle_status())
             return
         except BusyError as exc:
             log.warning("sweep not started: %s", exc)
-            self.metrics.sweeps_total -= 1  # counted as started above, but nothing ran
             self.state = scheduler.sweep_kept_pending(self.state)
             self.status(self._idle_status())
             return
         except NccltuneError as exc:
             log.error("sweep failed: %s; the published files are unchanged", exc)
-            self.metrics.last_sweep_success = False
             self.state = scheduler.sweep_failed(self.state)
             self.status(self._idle_status())
             return
@@ -388,18 +524,12 @@ class Daemon:
             # A bug or an OS error inside the sweep must not end the service: the published
             # files are still good, and a restart would only re-run the same sweep into the error.
             log.exception("sweep failed unexpectedly; the published files are unchanged")
-            self.metrics.last_sweep_success = False
             self.state = scheduler.sweep_failed(self.state)
             self.status(self._idle_status())
             return
         self.state = scheduler.sweep_done(self.state)
-        self.metrics.last_sweep_ts = self._epoch_s()
-        self.metrics.last_sweep_duration_s = self.clock() - started_s
-        self.metrics.last_sweep_success = True
-        self.metrics.published_generation = outcome.published_generation
         self.metrics.nccl_version = outcome.nccl_version or self.metrics.nccl_version
-        self.metrics.busbw = dict(outcome.busbw_gbps)
-        log.info("sweep done in %.0f s: %s", outcome.wall_s, outcome.summary)
+        log.info("sweep done in %.0f s (run %s): %s", outcome.wall_s, outcome.run_id, outcome.summary)
         self._refresh_tuning_fingerprint()
         self.status("idle")
 
@@ -417,11 +547,15 @@ class Daemon:
             log.warning("verify could not run: %s", exc)
             self.status(self._idle_status())
             return
-        self.metrics.last_verify_ts = self._epoch_s()
-        self.metrics.last_verify_success = outcome.passed
-        self.metrics.verify_drift = dict(outcome.drift)
         if outcome.passed:
             log.info("verify passed (%s)", outcome.expectation)
+        elif outcome.code == "below_class":
+            # The node, not the class's decision, is what is wrong: a sweep would change nothing.
+            log.warning("verify: this node is below its class beyond noise: %s (see `nccltune doctor`)",
+                        outcome.reason)
+        elif self.state.profile is not None:
+            log.warning("verify failed (%s): %s; a class profile is in force, so no re-sweep", outcome.code,
+                        outcome.reason)
         else:
             log.warning("verify: bus bandwidth drifted: %s; scheduling a re-sweep", outcome.reason)
             self.state = scheduler.sweep_needed(self.state, "verify found drift")
@@ -433,11 +567,7 @@ class Daemon:
         self.tuning_fp = actions.tuning_fingerprint_of(self.cfg, self.watcher.node, self.watcher.nccl)
 
     def _update_node_metrics(self) -> None:
-        node = self.watcher.node
-        self.state = scheduler.ranks_counted(self.state, node.nranks)
-        self.metrics.fingerprint = node.fingerprint
-        self.metrics.gpus = len(node.topo.gpus)
-        self.metrics.driver_version = node.topo.driver_version
+        self.state = scheduler.ranks_counted(self.state, self.watcher.node.nranks)
 
     def _metrics_state(self) -> str:
         """The daemon's state as the metrics name it (metrics.DAEMON_STATES)."""
@@ -450,8 +580,15 @@ class Daemon:
     def write_metrics(self) -> None:
         if not self.watcher.started:
             return
+        node, configured = self.watcher.node, self.cfg.profile_path is not None
+        live = LiveState(state=self._metrics_state(), busy_processes=self.busy_processes, heartbeat_ts=self._epoch_s(),
+                         degraded=self.metrics.degraded, gpus=len(node.topo.gpus),
+                         driver_version=node.topo.driver_version, nccl_version=self.metrics.nccl_version,
+                         topology_changes_total=self.metrics.topology_changes_total,
+                         profile_state=self.profile.state if configured else None,
+                         profile_refused=self.profile.code if configured and self.profile.state == "refused" else None)
         try:
-            actions.export_metrics(self.cfg, self.watcher.node, self.metrics, state=self._metrics_state(),
-                                   busy_processes=self.busy_processes, heartbeat_ts=self._epoch_s())
+            actions.export_metrics(self.cfg, node, live,
+                                   node_class=actions.node_class_id(self.cfg, node, self.watcher.nccl))
         except (OSError, NccltuneError) as exc:
             log.warning("cannot write metrics to %s: %s", self.cfg.metrics_dir, exc)

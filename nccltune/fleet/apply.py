@@ -1,21 +1,26 @@
-"""`nccltune apply PROFILE`: publish a class profile on this node, after checking it is for it.
+"""`nccltune apply PROFILE` and the daemon's `profile.path`: publish a class profile on this
+node, after checking it is for it.
 
-A profile is refused (exit 78, nothing published changes) when it is malformed, when it was made
-for another class of node, when it is stale (made with another NCCL, driver or nccltune release
-than this node runs), when its demo flag does not match the node, or when any variable fails the
-publish validation. Only then are the node's files replaced, atomically, with provenance that
-names the profile; `nccltune env` shows it in the header.
+A profile is refused (exit 78, nothing published changes) when it is malformed, when its file
+may be changed by another user, when it was made for another class of node, when it is stale
+(made with another NCCL, driver or nccltune release than this node runs), when its demo flag
+does not match the node, or when any variable fails the publish validation; the refusal's
+`code` names which (the daemon's metrics carry it). Only then are the node's files replaced,
+atomically, with provenance that names the profile (`nccltune env` shows it in the header,
+nccl.json carries its digest under `class_profile`), and a copy of it is kept in the state
+directory (PROFILE_IN_FORCE) for `nccltune verify` to compare the node with its class.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .. import __version__
 from ..config import Config
@@ -24,8 +29,9 @@ from ..publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, 
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
+from ..trust import problem
 from .decide import PROFILE_KIND, TOPO_FILE, profile_gains, read_json_document
-from .node import FleetNode, load_fleet_node
+from .node import FleetNode, load_fleet_node, worker_nccl
 from .table import profile_tuner
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,56 @@ log = logging.getLogger(__name__)
 # Facts of the class that a new release changes on every node at once: a mismatch there makes a
 # profile stale rather than one for another kind of node.
 VERSION_FACTS = ("driver_version", "nccl_version")
+# The profile in force, as applied, in the state directory: what verify compares the node with.
+PROFILE_IN_FORCE = "class-profile.json"
+
+# Why a profile is not applied: no file for this class, not a valid profile, a file another user
+# may change, made for another kind of node, made for other versions, a value that cannot be published.
+RefusalCode = Literal["missing", "malformed", "untrusted", "other_class", "stale", "unsafe"]
+REFUSAL_CODES: tuple[RefusalCode, ...] = ("missing", "malformed", "untrusted", "other_class", "stale", "unsafe")
+
+
+class ProfileRefused(InputError):
+    """A profile that is not applied on this node (exit 78); `code` says why in one word."""
+
+    def __init__(self, path: str, message: str, *, code: RefusalCode, line: int | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(path, message, line=line, hint=hint)
+        self.code: RefusalCode = code
+
+    @classmethod
+    def wrapping(cls, exc: InputError, code: RefusalCode) -> ProfileRefused:
+        """The same message as `exc` (its path, line and hint), with a code."""
+        prefix = f"{exc.path}:{exc.line}: " if exc.line is not None else f"{exc.path}: "
+        return cls(exc.path, exc.message.removeprefix(prefix), code=code, line=exc.line, hint=exc.hint)
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    """A profile file as read: the document (valid against its schema), its bytes and their digest."""
+
+    path: Path
+    doc: dict[str, Any]
+    raw: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+    @property
+    def class_id(self) -> str:
+        return str(self.doc["node_class"]["id"])
+
+    @property
+    def note(self) -> str:
+        return _note(self.path, self.doc)
+
+    def provenance(self) -> dict[str, Any]:
+        """What nccl.json says of the profile in force (`class_profile`): nodes of a class that
+        publish the same profile carry the same digest."""
+        return {"file": self.path.name, "path": str(self.path), "sha256": self.sha256, "class_id": self.class_id,
+                "chosen": str(self.doc["chosen"]), "decided_at": str(self.doc["provenance"]["created_at"]),
+                "nodes": len(self.doc["evidence"]["nodes"])}
 
 
 @dataclass(frozen=True)
@@ -49,37 +105,26 @@ def _release(version: str | None) -> tuple[str, ...]:
     return tuple((version or "").split(".")[:2])
 
 
-def node_nccl_version(cfg: Config, node: FleetNode, python: str | None) -> str | None:
-    """The NCCL version this node's jobs load, as the sweep's worker interpreter reports it.
-    None in the CPU demo, which runs no NCCL."""
-    if node.demo:
-        return None
-    from ..probe import probe_nccl
-    from ..trials.runner import find_worker_python
-
-    version = probe_nccl(find_worker_python(python or cfg.bench.python)).get("nccl_version")
-    return version if isinstance(version, str) else None
-
-
 def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_version: str | None) -> None:
     """Refuse a profile that is not for this node.
 
     Raises:
-        InputError: demo/GPU mismatch, stale versions, another class, or an unpublishable
+        ProfileRefused: demo/GPU mismatch, stale versions, another class, or an unpublishable
             variable; the message names what differs. Exit 78.
     """
     if bool(doc["demo"]) != node.demo:
         kind = "a CPU demo profile" if doc["demo"] else "a GPU profile"
-        raise InputError(where, f"{kind} cannot be applied to {'a demo' if node.demo else 'a GPU'} node",
-                         hint="demo numbers are not NCCL numbers")
+        raise ProfileRefused(where, f"{kind} cannot be applied to {'a demo' if node.demo else 'a GPU'} node",
+                             code="other_class", hint="demo numbers are not NCCL numbers")
     mine = node.node_class(nccl_version)
     theirs = doc["node_class"]
     hardware = [k for k in differing_facts(theirs["facts"], mine.facts) if k not in VERSION_FACTS]
     if hardware:
         why = describe_difference({k: theirs["facts"].get(k) for k in hardware},
                                   {k: mine.facts.get(k) for k in hardware}, a_name="profile", b_name="this node")
-        raise InputError(where, f"profile is for node class {theirs['id']}, this node is {mine.id}: {why}",
-                         hint="apply the profile made for this node's class (`nccltune topo` shows it)")
+        raise ProfileRefused(where, f"profile is for node class {theirs['id']}, this node is {mine.id}: {why}",
+                             code="other_class",
+                             hint="apply the profile made for this node's class (`nccltune topo` shows it)")
     stale = []
     versions = doc["versions"]
     if versions["nccl"] != nccl_version:
@@ -93,11 +138,15 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
     if stale or mine.id != theirs["id"]:
         why = "; ".join(stale) or describe_difference(theirs["facts"], mine.facts, a_name="profile",
                                                       b_name="this node")
-        raise InputError(where, f"stale profile: {why}",
-                         hint="re-sweep one node of the class and re-run `nccltune fleet decide`")
-    validate_env(doc["env"], source=f"{where}: env")
+        raise ProfileRefused(where, f"stale profile: {why}", code="stale",
+                             hint="re-sweep one node of the class and re-run `nccltune fleet decide`")
+    try:
+        validate_env(doc["env"], source=f"{where}: env")
+    except InputError as exc:
+        raise ProfileRefused.wrapping(exc, "unsafe") from exc
     if TOPO_FILE in doc["env"]:
-        raise InputError(where, f"env: {TOPO_FILE} is set per node; a profile says topology_file: true instead")
+        raise ProfileRefused(where, f"env: {TOPO_FILE} is set per node; a profile says topology_file: true instead",
+                             code="unsafe")
 
 
 def _note(path: Path, doc: Mapping[str, Any]) -> str:
@@ -118,36 +167,97 @@ def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance,
     return published
 
 
+def file_for(path: Path, class_id: str) -> Path:
+    """The file a profile path stands for: itself, or `<path>/<class id>.json` when it is a
+    directory (where `fleet decide --out` results are kept per class, one ConfigMap key each)."""
+    return path / f"{class_id}.json" if path.is_dir() else path
+
+
 def profile_in(directory: Path, class_id: str) -> Path:
-    """`<directory>/<class id>.json`: where `fleet decide --out` results are kept per class.
+    """`<directory>/<class id>.json`, which must exist.
 
     Raises:
-        InputError: there is no profile for this class there (exit 78).
+        ProfileRefused: there is no profile for this class there (exit 78, code "missing").
     """
-    path = directory / f"{class_id}.json"
+    path = file_for(directory, class_id)
     if not path.is_file():
         there = sorted(p.stem for p in directory.glob("*.json"))
-        raise InputError(str(directory), f"no profile for this node's class {class_id} "
-                         f"(profiles there: {', '.join(there) or 'none'})",
-                         hint="decide one from this class's exports with `nccltune fleet decide`")
+        raise ProfileRefused(str(directory), f"no profile for this node's class {class_id} "
+                             f"(profiles there: {', '.join(there) or 'none'})", code="missing",
+                             hint="decide one from this class's exports with `nccltune fleet decide`")
     return path
 
 
-def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,
-                  now: _dt.datetime | None = None) -> ApplyResult:
-    """Check `path` against this node and publish it. A directory stands for the profile of this
-    node's class in it (see profile_in).
+def profile_file(path: Path, class_id: str) -> Path:
+    """The file `path` stands for: itself, or this class's profile when it is a directory.
 
     Raises:
-        InputError: the profile is malformed or not for this node (exit 78); nothing was written.
+        ProfileRefused: nothing there, or no profile for this class in the directory (code "missing").
+    """
+    if path.is_dir():
+        return profile_in(path, class_id)
+    if not path.exists():
+        raise ProfileRefused(str(path), "no such file", code="missing",
+                             hint="a class profile written by `nccltune fleet decide`, or a directory of them")
+    return path
+
+
+def _check_trusted(path: Path) -> None:
+    """The file a profile is read from, and its directory, after following links (a Kubernetes
+    ConfigMap's `..data` link included): owned by root or us, writable by nobody else. What every
+    job sources must not be up to another user.
+
+    Raises:
+        ProfileRefused: code "untrusted" (exit 78).
+    """
+    real = Path(os.path.realpath(path))
+    for what, target in (("file", real), ("directory", real.parent)):
+        try:
+            why = problem(os.stat(target))
+        except OSError as exc:
+            raise ProfileRefused(str(path), f"cannot read: {exc.strerror}", code="missing") from exc
+        if why is not None:
+            shown = f" ({target})" if target != path else ""
+            raise ProfileRefused(str(path), f"refusing the profile: its {what}{shown} is {why}", code="untrusted",
+                                 hint="make it owned by root and writable by nobody else (chown root: PATH && "
+                                      "chmod go-w PATH)")
+
+
+def read_profile(path: Path) -> LoadedProfile:
+    """A profile file, read and validated against its schema (not yet against this node).
+
+    Raises:
+        ProfileRefused: missing, untrusted, or malformed (with its line or JSON path). Exit 78.
+    """
+    _check_trusted(path)
+    try:
+        doc, raw = read_json_document(path, "profile", PROFILE_KIND)
+    except InputError as exc:
+        raise ProfileRefused.wrapping(exc, "malformed") from exc
+    return LoadedProfile(path, doc, raw)
+
+
+def load_profile(path: Path, node: FleetNode, nccl_version: str | None) -> LoadedProfile:
+    """The profile `path` stands for (a directory: this node's class's), read and checked against
+    this node.
+
+    Raises:
+        ProfileRefused: it is not to be applied here; nothing was written (exit 78).
+    """
+    loaded = read_profile(profile_file(path, node.node_class(nccl_version).id))
+    check_profile(loaded.doc, str(loaded.path), node, nccl_version)
+    return loaded
+
+
+def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loaded: LoadedProfile, *,
+                   now: _dt.datetime | None = None) -> ApplyResult:
+    """Publish a profile load_profile accepted, and keep its copy as the profile in force.
+
+    Raises:
+        InputError: a config pin that cannot be published (exit 78); nothing was written.
         PublishError, BusyError: as publish.publish.
     """
-    node = load_fleet_node(cfg, demo)
-    nccl_version = node_nccl_version(cfg, node, python)
-    if path.is_dir():
-        path = profile_in(path, node.node_class(nccl_version).id)
-    doc, _raw = read_json_document(path, "profile", PROFILE_KIND)
-    check_profile(doc, str(path), node, nccl_version)
+    doc = loaded.doc
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
     validate_env(env, source=f"{cfg.path or 'config'}: sweep.pin")
@@ -156,12 +266,14 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
     tuning_fp = tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo)
     # Checked (and the plugin built) before anything is written; the table carries the fingerprint
     # the node publishes, which the plugin checks.
-    tuner, table_note = profile_tuner(cfg, doc, str(path), tuning_fp, os.environ)
+    tuner, table_note = profile_tuner(cfg, doc, str(loaded.path), tuning_fp, os.environ)
     if doc["topology_file"]:
         # The class shares the tree's shape, not its bus ids: each node points NCCL at its own XML.
         atomic_write(cfg.topology_file, render_xml(node.topo.system))
         env[TOPO_FILE] = str(cfg.topology_file)
-    note = _note(path, doc) + (f"; {table_note}" if table_note else "")
+    # Before the publish: a copy that is not (yet) in force is told apart by its digest.
+    atomic_write(Path(cfg.state_dir) / PROFILE_IN_FORCE, loaded.raw)
+    note = loaded.note + (f"; {table_note}" if table_note else "")
     prov = Provenance(
         nccltune_version=__version__,
         created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
@@ -170,8 +282,42 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
         gains=profile_gains(doc), note=note,
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
-        tuning_fingerprint=tuning_fp,
-        state="tuned")
+        tuning_fingerprint=tuning_fp, state="tuned", class_profile=loaded.provenance())
     published = publish_profile(cfg, env, prov, tuner)
     log.info("applied %s: generation %d", note, published.generation)
-    return ApplyResult(path, str(doc["node_class"]["id"]), env, published, note)
+    return ApplyResult(loaded.path, loaded.class_id, env, published, note)
+
+
+def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,
+                  now: _dt.datetime | None = None) -> ApplyResult:
+    """`nccltune apply`: check `path` against this node and publish it. A directory stands for
+    the profile of this node's class in it (see profile_in).
+
+    Raises:
+        ProfileRefused: the profile is malformed or not for this node (exit 78); nothing was written.
+        UnavailableError: a GPU node without a worker interpreter, so without the NCCL version (exit 69).
+        PublishError, BusyError: as publish.publish.
+    """
+    node = load_fleet_node(cfg, demo)
+    nccl_version = worker_nccl(cfg, node.demo, python, strict=True).version
+    return publish_loaded(cfg, node, nccl_version, load_profile(path, node, nccl_version), now=now)
+
+
+def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfile | None:
+    """The class profile the published set came from, as kept in the state directory, or None
+    when the set is a node's own decision or the copy is not the one published (another digest,
+    gone, unreadable: logged)."""
+    published = provenance.get("class_profile")
+    if not isinstance(published, Mapping) or not isinstance(published.get("sha256"), str):
+        return None
+    path = Path(cfg.state_dir) / PROFILE_IN_FORCE
+    try:
+        loaded = read_profile(path)
+    except ProfileRefused as exc:
+        log.warning("the class profile in force (%s) cannot be read back: %s", published.get("file"), exc)
+        return None
+    if loaded.sha256 != published["sha256"]:
+        log.warning("%s is not the class profile in force (%s, sha256 %s...)", path, published.get("file"),
+                    str(published["sha256"])[:12])
+        return None
+    return loaded

@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError, UsageError
+from ..inputfile import read_input_file
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import profiles
 from ..sweep.pertable import (
@@ -66,6 +67,10 @@ CANDIDATE_PHASES = ("final",)
 TUNER_VARS = ("NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
 NO_RAISE = ("a channel count above the defaults' is published for single-node jobs only, and a class profile "
             "is for jobs of any number of nodes: no entry there")
+# A profile's `chosen` when the class keeps NCCL's defaults, and the setting of the baseline trials.
+DEFAULTS = "NCCL defaults"
+# Far above any real export or profile (a few MiB), far below what would exhaust memory.
+MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def read_json_document(path: Path, schema_name: str, kind: str) -> tuple[dict[st
             schema does not allow (named by its JSON path). Exit 78.
     """
     try:
-        raw = path.read_bytes()
+        # Bounded, regular files only: a FIFO or /dev/zero given as a document must not hang.
+        raw = read_input_file(path, MAX_DOCUMENT_BYTES, f"{kind} document")
     except OSError as exc:
         raise InputError(str(path), f"cannot read: {exc.strerror}") from exc
     try:
@@ -249,7 +255,7 @@ def pool(exports: Sequence[Export]) -> Pool:
         per_node.append({"hostname": e.doc["hostname"], "topology_fingerprint": e.doc["topology_fingerprint"],
                          "export": e.path.name, "export_sha256": e.sha256,
                          "runs": [int(r["id"]) for r in e.doc["runs"]],
-                         "baseline_trials": n_base, "candidate_trials": n_cand})
+                         "baseline_trials": n_base, "candidate_trials": n_cand, "per_size": node_per_size(e.doc)})
     if len(nranks) > 1:
         raise InputError(", ".join(sorted(nranks.values())), f"runs with different numbers of ranks ({sorted(nranks)}) "
                          "do not measure the same job shape", hint="sweep every node with the same bench settings")
@@ -286,6 +292,30 @@ def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
     nnodes = int(job["nnodes"])
     return {"ranks_per_node": int(job["ranks_per_node"]), "measured_nnodes": nnodes, "min_nnodes": nnodes,
             "max_nnodes": nnodes, "label": str(job["label"]), "loopback": bool(job["loopback"])}
+
+
+def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One node's own numbers: for NCCL's defaults (its baseline trials) and for each candidate
+    it measured (its finalist trials, as `pool` counts them), the median bus bandwidth and the
+    noise per collective and size. The class's distribution across its nodes, which the
+    daemon's verify compares a node with, is made of these."""
+    runs: dict[tuple[str, bool], list[dict[tuple[str, int], float]]] = {}
+    for run in doc["runs"]:
+        for t in run["trials"]:
+            if t["status"] != "ok" or (t["phase"] != "baseline" and t["phase"] not in CANDIDATE_PHASES):
+                continue
+            values = {(str(m.get("collective", "all_reduce")), int(m["size_bytes"])): float(m["busbw_gbps"])
+                      for m in t["measurements"] if m["correct"]}
+            if not values:
+                continue
+            setting = (DEFAULTS, False) if t["phase"] == "baseline" else (label_of(t["env"]), TOPO_FILE in t["env"])
+            runs.setdefault(setting, []).append(values)
+    out = []
+    for (label, topo_file), samples in sorted(runs.items()):
+        for (collective, size), st in sorted(size_stats(samples).items()):
+            out.append({"setting": label, "topology_file": topo_file, "collective": collective, "size_bytes": size,
+                        "samples": st.n, "median_busbw_gbps": round(st.median, 4), "noise_pct": round(st.noise_pct, 3)})
+    return out
 
 
 def _size_doc(st: SizeStats, base: SizeStats | None = None) -> dict[str, Any]:

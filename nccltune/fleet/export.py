@@ -20,7 +20,6 @@ from ..errors import CheckFailed, InputError
 from ..store import RunRecord, Store, TrialRecord
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
-from ..topology.nodeclass import node_class
 from .node import FleetNode
 
 log = logging.getLogger(__name__)
@@ -153,7 +152,8 @@ def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) ->
                         run.id, version, nccl_version)
             continue
         kept.append(_run_doc(run, trials, version))
-    cls = node_class(node.class_topo, nccl_version=nccl_version)
+    # The one class definition (fleet.node): the NCCL version is what the worker reported in these runs.
+    cls = FleetNode(node.topo, node.class_topo, node.demo).node_class(nccl_version)
     return {
         "kind": EXPORT_KIND,
         "schema_version": EXPORT_SCHEMA_VERSION,

@@ -1,5 +1,11 @@
 """The node a fleet command speaks for: this one (NVML), the configured snapshot, or a demo
-snapshot; its topology as the sweep fingerprints it, and its class."""
+snapshot; its topology as the sweep fingerprints it, and its class.
+
+The class is one definition everywhere (`nccltune topo`, `export`, `apply`, the daemon and the
+metrics' `class` label): the node's hardware facts with the NICs, the driver NVML reports, and
+the NCCL version the worker interpreter reports (the one the jobs load). A CPU demo runs no
+NCCL, so its class has none.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,14 @@ import logging
 from dataclasses import dataclass
 
 from ..config import Config
-from ..topology.model import Topology
+from ..node import Node
+from ..topology.model import Topology, from_snapshot
 from ..topology.nodeclass import NodeClass, node_class
 from ..topology.source import load_topology, resolve_snapshot
 
 log = logging.getLogger(__name__)
+
+DEMO_NCCL = "a CPU demo runs no NCCL"
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,15 @@ class FleetNode:
     demo: bool
 
     def node_class(self, nccl_version: str | None) -> NodeClass:
-        return node_class(self.class_topo, nccl_version=nccl_version)
+        return node_class(self.class_topo, nccl_version=None if self.demo else nccl_version)
+
+
+@dataclass(frozen=True)
+class WorkerNccl:
+    """The NCCL version the node's jobs load, and where that came from (for `nccltune topo`)."""
+
+    version: str | None
+    source: str
 
 
 def load_fleet_node(cfg: Config, demo: str | bool | None) -> FleetNode:
@@ -41,3 +58,36 @@ def load_fleet_node(cfg: Config, demo: str | bool | None) -> FleetNode:
     topo = load_topology(source, with_nics=cfg.topology.with_nics)
     class_topo = topo if cfg.topology.with_nics else load_topology(source)
     return FleetNode(topo, class_topo, bool(demo))
+
+
+def fleet_node_of(cfg: Config, node: Node) -> FleetNode:
+    """The fleet view of a node the sweep (or the daemon) already loaded: no second reading of NVML."""
+    class_topo = node.topo if cfg.topology.with_nics else from_snapshot(node.snapshot, source=node.topo.source)
+    return FleetNode(node.topo, class_topo, node.demo)
+
+
+def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: bool = False) -> WorkerNccl:
+    """The NCCL version this node's jobs load, as the sweep's worker interpreter (bench.python,
+    or --python) reports it; None in the CPU demo and where the worker has no torch.
+
+    Raises:
+        UnavailableError: with `strict`, no interpreter with torch was found (exit 69).
+    """
+    if demo:
+        return WorkerNccl(None, DEMO_NCCL)
+    from ..errors import UnavailableError
+    from ..probe import probe_nccl
+    from ..trials.runner import find_worker_python
+
+    try:
+        interpreter = find_worker_python(python or cfg.bench.python)
+    except UnavailableError as exc:
+        if strict:
+            raise
+        return WorkerNccl(None, f"no worker interpreter ({exc.message})")
+    got = probe_nccl(interpreter)
+    version = got.get("nccl_version")
+    if isinstance(version, str) and version:
+        return WorkerNccl(version, f"as the worker interpreter {interpreter} reports it")
+    why = got.get("error") or "its torch has no NCCL"
+    return WorkerNccl(None, f"the worker interpreter {interpreter} reports none ({why})")

@@ -201,13 +201,13 @@ def describe_difference(a: dict[str, Any], b: dict[str, Any], *, a_name: str = "
     return "; ".join(parts) if parts else "no differing fact"
 
 
-def with_class_line(text: str, topo: Topology, cls: NodeClass) -> str:
+def with_class_line(text: str, topo: Topology, cls: NodeClass, note: str | None = None) -> str:
     """`nccltune topo`'s text with a "Node class:" line right after the "Fingerprint:" line
-    (at the end when there is none)."""
+    (at the end when there is none); `note` says where the class's NCCL version came from."""
     from .fingerprint import topology_fingerprint
 
     fp_line = f"Fingerprint: {topology_fingerprint(topo)}"
-    line = f"Node class: {cls.id}"
+    line = f"Node class: {cls.id}" + (f" ({note})" if note else "")
     if fp_line in text:
         return text.replace(fp_line, f"{fp_line}\n{line}", 1)
     return f"{text}\n{line}"
