@@ -240,6 +240,15 @@ def test_stale_profile_is_refused(fleet: dict[str, Any], tmp_path: Path) -> None
     assert "stale profile: driver 570.86.15 (profile) vs 580.159.04 (this node)" in got.stderr
 
 
+def test_a_nic_loopback_profile_is_never_applied(fleet: dict[str, Any], tmp_path: Path) -> None:
+    prof = _json(fleet["profile"])
+    prof["job_shape"].update(label="1x2-nic-loopback", loopback=True)
+    path = tmp_path / "loopback.json"
+    path.write_text(json.dumps(prof))
+    got = _refused(fleet, tmp_path, path, str(fleet["nodes"][0]["snapshot"]))
+    assert "measured through the NICs of one node" in got.stderr and "loopback.json" in got.stderr
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: p["env"].__setitem__("NCCL_ALGO", "Ring;rm -rf /"), "forbidden character ';'"),
     (lambda p: p.pop("tuner_table"), "$: missing required key 'tuner_table'"),

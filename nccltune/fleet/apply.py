@@ -44,8 +44,9 @@ PROFILE_IN_FORCE = "class-profile.json"
 
 # Why a profile is not applied: no file for this class, not a valid profile, a file another user
 # may change, made for another kind of node, made for other versions, a value that cannot be published.
-RefusalCode = Literal["missing", "malformed", "untrusted", "other_class", "stale", "unsafe"]
-REFUSAL_CODES: tuple[RefusalCode, ...] = ("missing", "malformed", "untrusted", "other_class", "stale", "unsafe")
+RefusalCode = Literal["missing", "malformed", "untrusted", "other_class", "other_shape", "stale", "unsafe"]
+REFUSAL_CODES: tuple[RefusalCode, ...] = ("missing", "malformed", "untrusted", "other_class", "other_shape", "stale",
+                                          "unsafe")
 
 
 class ProfileRefused(InputError):
@@ -116,6 +117,13 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
         kind = "a CPU demo profile" if doc["demo"] else "a GPU profile"
         raise ProfileRefused(where, f"{kind} cannot be applied to {'a demo' if node.demo else 'a GPU'} node",
                              code="other_class", hint="demo numbers are not NCCL numbers")
+    shape = doc["job_shape"]
+    if shape.get("loopback"):
+        # NCCL forced onto the NICs inside one node (P2P and SHM off) is a shape no job runs in: its
+        # numbers compare GDR levels per GPU-NIC pair, they are never a setting to publish.
+        raise ProfileRefused(where, f"profile was measured through the NICs of one node ({shape.get('label')}, "
+                             "NIC loopback): no job runs in that shape", code="other_shape",
+                             hint="decide the profile from sweeps of the nodes' own ranks or across nodes")
     mine = node.node_class(nccl_version)
     theirs = doc["node_class"]
     hardware = [k for k in differing_facts(theirs["facts"], mine.facts) if k not in VERSION_FACTS]
@@ -152,8 +160,11 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
 def _note(path: Path, doc: Mapping[str, Any]) -> str:
     nodes = doc["evidence"]["nodes"]
     samples = sum(int(n["baseline_trials"]) + int(n["candidate_trials"]) for n in nodes)
+    shape = doc["job_shape"]
+    measured = (f", measured as {shape['label']} (nodes x ranks per node)"
+                if shape.get("label") and int(shape.get("measured_nnodes") or 1) > 1 else "")
     return (f"class profile {path.name} (class {doc['node_class']['id']}, {doc['chosen']}, "
-            f"{len(nodes)} node(s), {samples} trial(s))")
+            f"{len(nodes)} node(s), {samples} trial(s){measured})")
 
 
 def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance,
