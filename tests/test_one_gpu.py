@@ -130,6 +130,20 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     d.close()
 
 
+@pytest.fixture
+def daemon_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level("INFO", logger="nccltune.daemon.service")
+    return caplog
+
+
+def test_the_first_publish_of_a_one_gpu_daemon_is_information_not_a_warning(daemon_log: pytest.LogCaptureFixture,
+                                                                             daemon: Daemon) -> None:
+    # The daemon fixture started it: what it logged then belongs to the test's setup.
+    got = [(r.levelname, r.getMessage()) for r in daemon_log.get_records("setup")
+           if "fits every job" in r.getMessage() or "safe environment" in r.getMessage()]
+    assert got == [("INFO", f"published what fits every job (generation 1): {scheduler.ONE_GPU_WAIT}")]
+
+
 def test_the_daemon_stays_up_publishes_what_fits_every_job_and_never_sweeps(daemon: Daemon,
                                                                             tmp_path: Path) -> None:
     assert daemon.state.one_gpu

@@ -314,14 +314,20 @@ class Daemon:
         if why is not None and self.state.one_gpu:
             # No sweep will come: what fits every job (topology file, policy) is all there is.
             if not published.exists or published.unreadable is not None:
-                self.republish_safe(f"{scheduler.ONE_GPU_WAIT}: {why}")
+                # The one-GPU node's normal outcome, as `nccltune sweep` there publishes it: no warning.
+                self.republish_safe(scheduler.ONE_GPU_WAIT, expected=published.unreadable is None)
             return
         if why is not None:
             self.state = scheduler.sweep_needed(self.state, why)
 
-    def republish_safe(self, why: str) -> None:
+    def republish_safe(self, why: str, *, expected: bool = False) -> None:
+        """Publish what fits every job (topology file, policy, pins). `expected`: the node's normal
+        state (one GPU, nothing published yet), said as information rather than a warning."""
         generation = actions.republish_safe(self.cfg, self.watcher.node, self.watcher.nccl, why, self.wall_clock())
-        log.warning("republished a safe environment (generation %d): %s", generation, why)
+        if expected:
+            log.info("published what fits every job (generation %d): %s", generation, why)
+        else:
+            log.warning("republished a safe environment (generation %d): %s", generation, why)
 
     # -- the class profile ------------------------------------------------------------------------
 
