@@ -207,3 +207,39 @@ def test_the_daemons_sweep_runs_the_upgrade_gate(harness: Harness, seeded: Path,
     assert gate and all("slower than run 1" in r.getMessage() and "torch 1.0.0" in r.getMessage() for r in gate)
     d.write_metrics()
     assert "nccltune_upgrade_regression{" in (state / "metrics" / "nccltune.prom").read_text()
+
+
+def test_memory_is_handed_back_after_work_and_only_then(harness: Harness, seeded: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from nccltune.daemon import service
+
+    d = harness.daemon(seeded=seeded)
+    released: list[int] = []
+    monkeypatch.setattr(service, "release_memory", lambda: released.append(1))
+    plans = iter([scheduler.Decision(Action.VERIFY, "due"), scheduler.Decision(Action.WAIT, "idle", wait_s=60.0)])
+    monkeypatch.setattr(d, "decide", lambda: next(plans))
+    monkeypatch.setattr(d, "verify", lambda: None)
+    assert d.act().action is Action.WAIT and released == [1]
+    monkeypatch.setattr(d, "decide", lambda: scheduler.Decision(Action.WAIT, "idle", wait_s=60.0))
+    assert d.act().action is Action.WAIT and released == [1]  # a poll that did nothing leaves the heap alone
+
+
+def test_release_memory_frees_what_only_a_collection_frees() -> None:
+    import gc
+    import weakref
+
+    from nccltune.daemon.service import release_memory
+
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: reference counting alone never frees it
+    gone = weakref.ref(a)
+    del a, b
+    gc.disable()
+    try:
+        release_memory()  # then glibc's malloc_trim on Linux; it must never raise
+    finally:
+        gc.enable()
+    assert gone() is None

@@ -25,7 +25,10 @@ maintenance window and for the timestamps in metrics and provenance.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime as _dt
+import gc
 import logging
 import os
 import signal
@@ -75,6 +78,15 @@ class LiveCounters:
     degraded: bool = False
     nccl_version: str | None = None
     topology_changes_total: int = 0
+
+
+def release_memory() -> None:
+    """Hand back to the kernel what a sweep or verify left free in the heap: the idle daemon should
+    hold only what it needs between them (parsed results, the store's pages and the like are freed
+    by then, but glibc keeps freed arenas mapped). Elsewhere than glibc, only the collection runs."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 @dataclass
@@ -470,12 +482,16 @@ class Daemon:
         decision = self.decide()
         if decision.sweep_pending is not None:
             log.info("sweep pending (%s) but not now: %s", decision.sweep_pending, decision.reason)
+        worked = False
         while decision.action is not Action.WAIT:
             if decision.action is Action.SWEEP:
                 self.sweep(decision.reason)
             else:
                 self.verify()
+            worked = True
             decision = self.decide()
+        if worked:
+            release_memory()
         log.debug("next poll in %.3g s: %s", decision.wait_s, decision.reason)
         return decision
 
