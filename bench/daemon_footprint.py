@@ -62,7 +62,8 @@ def main() -> int:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         text = log_path.read_text()
-        if "verify passed" in text or "verify:" in text or "verify could not" in text:
+        # Idle from here: the first verify is done, or the node has nothing to sweep or verify (one GPU).
+        if any(mark in text for mark in ("verify passed", "verify:", "verify could not", "nothing to sweep or verify")):
             break
         if proc.poll() is not None:
             print(text)
