@@ -215,6 +215,9 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                     help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
     sw.add_argument("--force", action="store_true", help="sweep even while compute processes use the GPUs")
+    sw.add_argument("--over-profile", action="store_true",
+                    help="publish this node's own result even while a class profile is in force (by default "
+                         "the result is recorded, and the profile stays published)")
     sw.add_argument("--exhaustive", action="store_true", help="measure the full grid instead of the staged search")
     sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
                     help="sweep a variable although the environment or config sets it")
@@ -660,7 +663,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
-    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request)
+    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request, over_profile=args.over_profile)
     if args.plan and not pipe.node().measurable:
         from .pipeline import UNMEASURED_SUMMARY
 

@@ -23,7 +23,7 @@ from typing import Any
 from . import __version__
 from .choice import Choice, choose, split_scopes
 from .config import Config
-from .errors import InputError, UnavailableError
+from .errors import InputError, NccltuneError, UnavailableError
 from .lock import SweepLock
 from .names import DEMO_LABEL
 from .node import ONE_GPU, Node, load_node, require_idle
@@ -38,7 +38,7 @@ from .planning import (
     workload,
 )
 from .probe import probe_nccl
-from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf
+from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, read_set, update_nccl_conf
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import JobShape, Plan
@@ -93,6 +93,7 @@ class SweepReport:
     not_measured: dict[str, str] = field(default_factory=dict)  # the profile's others: collective -> why
     table: TableOutcome | None = None  # the per-size stage (tuner table); None: not planned
     published_table: dict[str, str] = field(default_factory=dict)  # what the publish stage did with it
+    not_published: str | None = None  # why a finished sweep published nothing (job shape, class profile)
     every_job_env: dict[str, str] = field(default_factory=dict)  # nccl.sh / nccl.env / nccl.conf
     single_node_env: dict[str, str] = field(default_factory=dict)  # nccl-single-node.sh / .env
 
@@ -102,12 +103,14 @@ class SweepPipeline:
 
     def __init__(self, cfg: Config, *, demo: str | bool | None = None, progress: ProgressFn | None = None,
                  abort_check: Callable[[], str | None] | None = None, env: Mapping[str, str] | None = None,
-                 node: Node | None = None, launch: LaunchRequest | None = None) -> None:
+                 node: Node | None = None, launch: LaunchRequest | None = None, over_profile: bool = False) -> None:
         """`launch`: a sweep over several nodes or through the NICs (None: this node's ranks).
+        `over_profile`: publish this node's result even while a class profile is in force.
 
         Raises: InputError for a sweep.profile that names no profile (exit 78)."""
         check_profile(cfg)
         self.launch = launch if launch is not None and not launch.single_node else None
+        self.over_profile = over_profile
         self.cfg = cfg
         self.demo = demo
         self.progress = progress
@@ -248,6 +251,7 @@ class _Sweep:
         self.workload = workload(self.cfg, node, plan.sizes)
         self.table: TableOutcome | None = None
         self.published_table: dict[str, str] = {}
+        self.not_published: str | None = None
         self._tuning_fp: str | None = None
 
     def run(self, started: float) -> SweepReport:
@@ -256,12 +260,17 @@ class _Sweep:
             result = self._search(session)
             result = self._per_size(session, result)
             choice = choose(result, self.plan, self.cfg.topology_file, session.results, self.node.demo)
-            published = self._publish(choice, session) if self.launch is None else None
+            held = None if self.launch is not None or self.pipe.over_profile else self._held_by_profile()
+            published = self._publish(choice, session) if self.launch is None and held is None else None
             summary = self._summary(choice, session)
+            if held is not None:
+                summary["not_published"] = held
+                log.warning("not published: %s", held)
             if self.launch is not None:
                 summary["job"] = self.launch.record()
                 summary["not_published"] = (f"measured for the job shape {self.launch.shape.label}: a class "
                                             "profile decides for it (nccltune export, nccltune fleet decide)")
+            self.not_published = summary.get("not_published")
             session.finish("ok", summary, chosen_env=choice.env,
                            published_generation=published.generation if published else None, rows=choice.rows)
         except BaseException as exc:
@@ -273,6 +282,23 @@ class _Sweep:
             if self.launch is not None:
                 self.launch.close()
         return self._report(result, choice, published, session, started)
+
+    def _held_by_profile(self) -> str | None:
+        """Why this node's own result must not replace what is published: a class profile in force
+        (one decision per kind of node; the daemon keeps profile.path's applied), or None."""
+        from .fleet.apply import profile_in_force
+
+        try:
+            current = read_set(self.cfg.publish_dir)
+        except NccltuneError:
+            return None  # an unreadable set is replaced, as a publish always does
+        loaded = profile_in_force(self.cfg, current.provenance) if current is not None else None
+        if loaded is None:
+            return None
+        name = str(current.provenance["class_profile"].get("file") or loaded.path.name) if current else loaded.path.name
+        return (f"the class profile {name} (class {loaded.class_id}) is in force: this node's own result "
+                "is recorded in the history, and the profile stays published (`nccltune sweep --over-profile` "
+                "publishes the node's result instead; a daemon with profile.path applies the profile again)")
 
     def _open_session(self) -> TrialSession:
         """The run's directory, its own topology file and the runner that measures the trials."""
@@ -414,7 +440,7 @@ class _Sweep:
             failed_trials=session.failed, wall_s=round(time.monotonic() - started, 1), rows=choice.rows,
             summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
             collectives=self.workload.collectives, not_measured=self._not_measured(session), table=self.table,
-            published_table=dict(self.published_table),
+            published_table=dict(self.published_table), not_published=self.not_published,
             every_job_env=dict(choice.every_job_env), single_node_env=dict(choice.single_node_env))
 
 

@@ -489,6 +489,7 @@ def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[s
                       "single_node_sh": str(pub.single_sh_path) if pub.single_sh_path else None,
                       "single_node_env": str(pub.single_env_path) if pub.single_env_path else None,
                       "generation": pub.generation, "topology_file": report.topology_file} if pub else None,
+        "not_published": report.not_published,
         "pruned": pruned_list(report.plan),
         "tuner_table": _table_doc(report),
     }
@@ -629,6 +630,8 @@ def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
         p = report.published
         lines.append(f"Published (generation {p.generation}): {p.sh_path}, {p.env_path}, {p.json_path}")
         lines.extend(scopes_text(report.every_job_env, report.single_node_env))
+    elif report.not_published:
+        lines.append(f"Not published: {report.not_published}")
     if report.table is not None:
         lines.extend(table_lines(report.table))
         if report.published_table:

@@ -22,6 +22,7 @@ from nccltune.errors import InputError
 from nccltune.fleet.decide import Export, Rules, decide, load_exports
 from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
 from nccltune.publish import read_published
+from nccltune.store import Store
 from nccltune.sweep.plan import PER_SIZE_VARS
 from nccltune.topology.model import from_snapshot
 from nccltune.topology.nodeclass import class_id_of, node_class
@@ -213,6 +214,22 @@ def test_apply_publishes_the_profile_and_env_names_it(fleet: dict[str, Any], tmp
     assert f"class profile profile.json (class {prof['node_class']['id']}" in shown.stdout
     for name, value in expected.items():
         assert f"export {name}='{value}'" in shown.stdout
+
+
+def test_a_sweep_by_hand_keeps_the_profile_in_force_published(fleet: dict[str, Any], tmp_path: Path) -> None:
+    state = _node_copy(fleet, tmp_path, 1)
+    common = ["--demo", str(fleet["nodes"][1]["snapshot"]), "--config", str(fleet["root"] / "config.yaml"),
+              "--state-dir", str(state)]
+    assert nccltune("apply", str(fleet["profile"]), *common, cwd=tmp_path).returncode == 0
+    applied = _digests(state)
+    got = nccltune("sweep", "--json", *common, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["published"] is None and "class profile profile.json" in doc["not_published"]
+    assert _digests(state) == applied  # the class's decision stays in force, byte for byte
+    with Store(state / "history.db") as store:
+        run = store.runs(limit=1, kind="sweep")[0]
+    assert run.id == doc["run_id"] and run.published_generation is None and run.summary["not_published"]
 
 
 def _refused(fleet: dict[str, Any], tmp_path: Path, profile: Path, snapshot: str) -> subprocess.CompletedProcess[str]:
