@@ -4,6 +4,7 @@ and the same node with one thing changed (a lost NVLink, a GPU fewer, a NIC move
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -90,3 +91,20 @@ def demo_profile(state: Path, snapshot: Path, out: Path, *, scale: float = 0.97)
     profile = decide(load_exports(paths), Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
     out.write_text(dumps_profile(profile))
     return profile
+
+
+def h200x2_export(host: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """A GPU node's export of one sweep of `trials` on the recorded 2x H200 node (a class of its
+    own), without the store: for the choice rules on hand-made numbers."""
+    from nccltune.topology.model import from_snapshot
+    from nccltune.topology.nodeclass import node_class
+    from nccltune.topology.snapshot import load_snapshot
+
+    facts = node_class(from_snapshot(load_snapshot(bundled_topologies_dir() / "h200x2-nvswitch-vm.json")))
+    return {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
+            "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
+            "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
+            "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
+                      "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
+                      "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
+                      "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}

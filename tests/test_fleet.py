@@ -28,7 +28,7 @@ from nccltune.topology.model import from_snapshot
 from nccltune.topology.nodeclass import class_id_of, node_class
 from nccltune.topology.snapshot import load_snapshot
 from tests.demo_state import BASE_CONFIG, SWEEP_S, clean_env
-from tests.fleet_fixtures import load, sibling, write
+from tests.fleet_fixtures import h200x2_export, load, sibling, write
 
 ROOT = Path(__file__).resolve().parents[1]
 # The shared demo config, measuring all_reduce and all_gather, with the per-size stage (the CPU demo
@@ -298,14 +298,7 @@ def _synthetic_export(host: str, base: list[float], cand: list[float], tmp_path:
 
     trials = [trial(i + 1, "baseline", {}, b) for i, b in enumerate(base)]
     trials += [trial(10 + i, "final", cand_env, c) for i, c in enumerate(cand)]
-    facts = node_class(from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json")))
-    doc = {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
-           "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
-           "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
-           "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
-                     "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
-                     "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
-                     "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
+    doc = h200x2_export(host, trials)
     if job is not None:
         doc["runs"][0]["job"] = job
     validate(doc, load_schema("export"))
@@ -384,15 +377,7 @@ def _per_size_export(host: str, tmp_path: Path, *, legacy: bool = False) -> Expo
            "NCCLTUNE_TUNER_TABLE": f"/var/lib/{host}/runs/00001/tuner-table.txt",
            "NCCLTUNE_TUNER_FINGERPRINT": "ab" * 8}
     trials += [trial("final", f"environment + tuner table #{i}", own, {}) for i in (1, 2)]
-    facts = node_class(from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json")))
-    doc = {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
-           "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
-           "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
-           "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
-                     "backend": "nccl", "demo": False, "profile": "balanced" if legacy else "both",
-                     "nccl_version": None, "driver_version": "580.159.04", "torch_version": None,
-                     "nccltune_version": "0.2.0", "hostname": host, "chosen_env": {}, "published_generation": 1,
-                     "trials": trials}]}
+    doc = h200x2_export(host, trials)
     validate(doc, load_schema("export"))
     path = tmp_path / f"{host}.json"
     path.write_text(json.dumps(doc))

@@ -5,7 +5,6 @@ noise, each checked on numbers worked out by hand."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,7 @@ import pytest
 from nccltune.fleet.decide import DEFAULTS, Rules, decide, load_exports, node_per_size
 from nccltune.fleet.outlier import ClassSize, chosen_setting, class_reference, judge_node
 from nccltune.fleet.schema import load_schema, validate
-from nccltune.topology.model import from_snapshot
-from nccltune.topology.nodeclass import node_class
-from nccltune.topology.snapshot import load_snapshot
+from tests.fleet_fixtures import h200x2_export
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -82,14 +79,7 @@ def _export(host: str, base: list[float], cand: list[float], tmp_path: Path, *,
     trials = [trial(i + 1, "baseline", {}, b) for i, b in enumerate(base)]
     trials += [trial(10 + i, "final", RING, c) for i, c in enumerate(cand)]
     trials.append({**trial(20, "final", RING, 1.0), "status": "failed"})  # not counted
-    facts = node_class(from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json")))
-    doc = {"kind": "nccltune-export", "schema_version": 1, "hostname": host, "demo": False,
-           "topology_fingerprint": hashlib.sha256(host.encode()).hexdigest()[:16], "node_class": facts.as_dict(),
-           "versions": {"nccltune": "0.2.0", "nccl": None, "driver": "580.159.04", "torch": None},
-           "runs": [{"id": 1, "nranks": 2, "kind": "sweep", "status": "ok", "started_at": "t", "finished_at": "t",
-                     "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
-                     "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
-                     "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
+    doc = h200x2_export(host, trials)
     path = tmp_path / f"{host}.json"
     path.write_text(json.dumps(doc))
     return path
