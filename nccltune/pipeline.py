@@ -220,7 +220,8 @@ class SweepPipeline:
             result=None, chosen_env=dict(every_job), chosen_label="nothing measured", published=published,
             topology_file=str(cfg.topology_file), nccl_version=prov.nccl_version, torch_version=None, trials=0,
             failed_trials=[], wall_s=round(time.monotonic() - started, 1), summary=UNMEASURED_SUMMARY,
-            profile=cfg.sweep.profile, every_job_env=dict(every_job), single_node_env=dict(single_node))
+            profile=cfg.sweep.profile, every_job_env=dict(published.env),
+            single_node_env=dict(published.single_node_env))
 
 
 def run_topology(node: Node) -> dict[str, Any]:
@@ -441,7 +442,9 @@ class _Sweep:
             summary=choice.summary, profile=self.cfg.sweep.profile, method=session.method,
             collectives=self.workload.collectives, not_measured=self._not_measured(session), table=self.table,
             published_table=dict(self.published_table), not_published=self.not_published,
-            every_job_env=dict(choice.every_job_env), single_node_env=dict(choice.single_node_env))
+            # What the launchers read when published (the generation's own files named), else the choice.
+            every_job_env=dict(published.env if published else choice.every_job_env),
+            single_node_env=dict(published.single_node_env if published else choice.single_node_env))
 
 
 def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,

@@ -198,6 +198,9 @@ class PublishedFiles:
     single_env_path: Path | None = None
     tuner_plugin_path: Path | None = None
     tuner_table_path: Path | None = None
+    # The variables as written: the generation's own topology file and tuner copies named.
+    env: dict[str, str] = field(default_factory=dict)
+    single_node_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -722,7 +725,8 @@ def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
                           topology_path=final / TOPOLOGY_NAME if topology_xml is not None else None,
                           single_sh_path=out_dir / SINGLE_SH_NAME, single_env_path=out_dir / SINGLE_ENV_NAME,
                           tuner_plugin_path=final / TUNER_PLUGIN_NAME if tuner is not None else None,
-                          tuner_table_path=final / TUNER_TABLE_NAME if tuner is not None else None)
+                          tuner_table_path=final / TUNER_TABLE_NAME if tuner is not None else None,
+                          env=dict(clean), single_node_env=dict(single))
 
 
 @dataclass(frozen=True)

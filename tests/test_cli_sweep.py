@@ -166,8 +166,10 @@ def test_demo_sweep_json_is_labelled_and_publishes(demo: DemoSweep) -> None:
     # No NCCL variable of the demo host leaks in; only what the search chose and the policy.
     assert set(doc["published_env"]) <= {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ALGO", "NCCL_TOPO_FILE"}
     if "NCCL_TOPO_FILE" in doc["published_env"]:
-        assert Path(doc["published_env"]["NCCL_TOPO_FILE"]) == demo.state / "ncclTopology.xml"
-        assert (demo.state / "ncclTopology.xml").is_file()
+        # The generation's own copy, as the published files name it; the stable path holds the same XML.
+        own = Path(doc["published_env"]["NCCL_TOPO_FILE"])
+        assert own == demo.state / "generations" / "1" / "ncclTopology.xml"
+        assert own.read_text() == (demo.state / "ncclTopology.xml").read_text()
     # With --json, stdout is the one document (parsed above) and the per-trial progress lines go to
     # stderr, one per trial, numbered in order.
     lines = [ln for ln in demo.stderr.splitlines() if ln.startswith("nccltune: trial ")]
