@@ -132,16 +132,22 @@ class SweepPipeline:
     def nccl_version(self, python: str | None = None) -> str | None:
         """The NCCL version the trials will load, as the worker interpreter (`python`, default the
         one bench.python names or the sweep finds) reports it: probed once per sweep, for the plan
-        (which per-size candidates NCCL can take) and the tuning fingerprint. None on the CPU demo,
-        on a node with nothing to measure, or when the probe fails."""
-        node = self.node()
-        if node.demo or not node.measurable:
+        (which per-size candidates NCCL can take), the provenance and the tuning fingerprint. None on
+        the CPU demo, or when the probe finds no NCCL.
+
+        Raises:
+            UnavailableError: no worker interpreter with torch (exit 69)."""
+        if self.node().demo:
             return None
         exe = python or find_worker_python(self.cfg.bench.python)
         if exe not in self._probed:
             version = probe_nccl(exe).get("nccl_version")
-            self._probed[exe] = version if isinstance(version, str) else None
+            self._probed[exe] = version if isinstance(version, str) and version else None
         return self._probed[exe]
+
+    def _plan_nccl_version(self) -> str | None:
+        """What the plan needs to know of NCCL: nothing on a node with nothing to measure."""
+        return self.nccl_version() if self.node().measurable else None
 
     def job_shape(self) -> JobShape | None:
         """The shape the plan prunes for; None for a sweep of this node's own ranks."""
@@ -150,7 +156,7 @@ class SweepPipeline:
     def plan(self) -> tuple[Plan, Search]:
         """Stage 3 on its own (`sweep --plan`): the plan and a search that measures nothing."""
         try:
-            nccl_version = self.nccl_version()
+            nccl_version = self._plan_nccl_version()
         except UnavailableError:
             nccl_version = None  # no worker interpreter yet: the plan can still be shown
         plan = make_plan(self.cfg, self.node(), self.env, self.job_shape(), nccl_version=nccl_version)
@@ -173,7 +179,7 @@ class SweepPipeline:
         started = time.monotonic()
         node = self.node()
         require_idle(node, self.cfg.sweep.force)
-        plan = make_plan(self.cfg, node, self.env, self.job_shape(), nccl_version=self.nccl_version())
+        plan = make_plan(self.cfg, node, self.env, self.job_shape(), nccl_version=self._plan_nccl_version())
         state = Path(self.cfg.state_dir)
         try:
             ensure_dir(state, "state directory")
@@ -200,9 +206,8 @@ class SweepPipeline:
             xml_text = render_xml(node.topo.system)
             every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
                                                   cfg.topology_file)
-            probed = None if node.demo else probe_nccl(find_worker_python(cfg.bench.python)).get("nccl_version")
-            prov = _provenance(cfg, node, probed if isinstance(probed, str) else None, {}, UNMEASURED_SUMMARY,
-                               probed_nccl=probed)
+            probed = self.nccl_version()
+            prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed)
             write_topology_file(cfg, xml_text)
             published = publish(cfg.publish_dir, every_job, prov, topology_xml=xml_text, single_node_env=single_node)
             if cfg.nccl_conf is not None:
