@@ -1,0 +1,343 @@
+"""The argument parser: every command, its flags, its description and one example."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from .. import __version__
+from ..collectives import NAMES as COLLECTIVE_NAMES
+from ..errors import UsageError
+from .common import DEMO_STATE_DIR
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}", hint=_did_you_mean(self, message))
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
+    """One suggestion for a mistyped subcommand, the closest of the parser's commands (difflib)."""
+    import difflib
+    import re
+
+    m = re.search(r"invalid choice: '?([^' ]+)'?", message)
+    if m is None:
+        return None
+    names = [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+             for name in action.choices]
+    close = difflib.get_close_matches(m.group(1), names, n=1)
+    return f"did you mean `{parser.prog} {close[0]}`?" if close else None
+
+
+# What each subcommand does and one example, shown by `nccltune COMMAND --help`.
+_DESCRIBED: dict[str, tuple[str, str]] = {
+    "compare": ("Compare run B with run A (ids from `nccltune history`), size by size and collective by "
+                "collective. Exit 1 when B is slower than A beyond the noise at any size.",
+                "nccltune compare 12 15 --side defaults"),
+    "topo": ("Show the topology NCCL will see on this node: GPUs, NICs, the path type between each pair "
+             "(the nvidia-smi topo -m matrix) and modelled bandwidths; optionally write NCCL's topology XML.",
+             "nccltune topo --xml /tmp/topo.xml"),
+    "topo record": ("Capture this node's NVML and sysfs readings as a snapshot that replays anywhere "
+                    "(--input, --demo, tests).", "nccltune topo record node.json --description '8x H100 SXM'"),
+    "topo check": ("Run a small NCCL job with NCCL_TOPO_FILE set to XML and report whether NCCL loaded it "
+                   "and what it saw.", "nccltune topo check /tmp/topo.xml"),
+    "topo diff": ("The semantic differences between two topologies (snapshots or NCCL XML); exit 1 when "
+                  "they differ.", "nccltune topo diff nodeA.json nodeB.xml"),
+    "sweep": ("Measure NCCL's defaults and the candidate settings this topology allows, choose the best "
+              "beyond noise, and publish it for jobs (nccl.sh, nccl.env, nccl.json).", "nccltune sweep --plan"),
+    "env": ("Print the published environment exactly as launchers read it, after checking the published set.",
+            "nccltune env --format env > /etc/default/nccl"),
+    "exec": ("Run a command with the published environment; variables already set in the calling "
+             "environment win.", "nccltune exec -- torchrun --nproc-per-node 8 train.py"),
+    "history": ("List past sweeps and verifications, or one run's trials.", "nccltune history --run 3"),
+    "daemon": ("The node service (systemd Type=notify): sweeps when the topology, the driver or NCCL "
+               "changes, verifies periodically, never while jobs hold the GPUs.",
+               "nccltune daemon --demo --max-polls 3"),
+    "doctor": ("Find harmful NCCL settings (environment, /etc/nccl.conf, published files) and node problems "
+               "on this topology; exit 1 on an error finding.", "nccltune doctor --json"),
+    "verify": ("A quick all-reduce with the published environment, compared with what the sweep measured; "
+               "exit 1 on drift beyond the threshold.", "nccltune verify --floor 300"),
+    "install": ("Install the systemd units, the example config, the torchrun wrapper and the Slurm prolog, "
+                "and enable the service.", "nccltune install --dry-run"),
+    "uninstall": ("Remove what `nccltune install` wrote, by its manifest: files changed since stay (and are "
+                  "named); the state directory (history, published settings) is never touched.",
+                  "nccltune uninstall --dry-run"),
+    "report": ("The last (or a given) sweep's table size by size, a plot of bus bandwidth against size, or "
+               "nccl-tests' JSON document (-J, format version 3) of one collective of a run.",
+               "nccltune report --format nccl-tests-json --run 3 > run3.json"),
+    "import": ("Read a JSON document an nccl-tests *_perf binary wrote (-J FILE.json, format version 3) into the "
+               "history as a run of kind import, for `report` and `compare` beside nccltune's own runs. Never "
+               "taken for a sweep's result.", "nccltune import all_reduce_perf.json"),
+    "export": ("This node's sweep measurements as one JSON document, the input of `nccltune fleet decide`.",
+               "nccltune export --out $(hostname).json"),
+    "fleet": ("Decisions for a class of identical nodes, from their exports.",
+              "nccltune fleet decide node*.json --out class.json"),
+    "fleet decide": ("Pool the exports of one node class into a class profile that `nccltune apply` publishes.",
+                     "nccltune fleet decide node1.json node2.json --out class.json"),
+    "apply": ("Publish a class profile on this node after checking that it was decided for this node's class.",
+              "nccltune apply /shared/profiles/"),
+}
+
+
+def _describe(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give every subcommand its description and example (one table above), recursively."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, child in action.choices.items():
+            key = f"{path} {name}".strip()
+            if key in _DESCRIBED:
+                description, example = _DESCRIBED[key]
+                child.description = textwrap.fill(description, 100)
+                child.epilog = f"example:\n  {example}"
+                child.formatter_class = argparse.RawDescriptionHelpFormatter
+            _describe(child, key)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="config file (default /etc/nccltune/config.yaml)")
+    p.add_argument("--state-dir", metavar="DIR", help="state directory (default /var/lib/nccltune)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    # SUPPRESS: an unset flag here leaves the global one (before the command) in place.
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="warnings and errors only (no progress or notes on stderr)")
+
+
+def _demo_state(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo", action="store_true",
+                   help=f"read the CPU demo's state in ./{DEMO_STATE_DIR}/ (also the fallback when the state "
+                        "directory has no history and ./nccltune-demo/ has)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="nccltune", description="Topology-aware NCCL tuning for GPU nodes.",
+        epilog="exit codes: 0 ok, 1 check failed or I/O error (disk full), 2 usage, 69 no GPU/NVML/torch, "
+               "75 busy (lock held or GPUs in use), 78 bad config or input, 126/127 (exec) command not "
+               "runnable/not found, 130 SIGINT, 143 SIGTERM. Without GPUs: `nccltune sweep --demo`.")
+    parser.add_argument("--version", action="version", version=f"nccltune {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="warnings and errors only (no progress or notes on stderr)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
+    _common(topo)
+    topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
+    topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                      help="the bundled (or given) recorded node, for machines without GPUs")
+    topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
+    topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
+    topo.add_argument("--json", action="store_true", help="print one JSON document")
+    tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
+    rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
+    _common(rec)
+    rec.add_argument("out", metavar="OUT", help="the snapshot file to write (JSON)")
+    rec.add_argument("--description", help="one line saying what machine this is")
+    chk = tsub.add_parser("check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
+    _common(chk)
+    chk.add_argument("xml", metavar="XML", help="the NCCL topology XML to try (e.g. from `nccltune topo --xml`)")
+    chk.add_argument("--json", action="store_true", help="print one JSON document")
+    chk.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python or auto)")
+    chk.add_argument("--dump", metavar="OUT", help="also keep NCCL's own re-dump of the topology here")
+    dif = tsub.add_parser("diff", help="semantic differences between two topologies (snapshot or XML)")
+    _common(dif)
+    dif.add_argument("a", metavar="A", help="the first topology: a snapshot, a bundled name or an NCCL XML")
+    dif.add_argument("b", metavar="B", help="the second topology, compared with A")
+    dif.add_argument("--json", action="store_true", help="print one JSON document")
+
+    _add_sweep_parsers(sub)
+    _add_fleet_parsers(sub)
+    _describe(parser)
+    return parser
+
+
+def enable_completion(parser: argparse.ArgumentParser) -> None:
+    """Shell completion where argcomplete is installed (the optional `completion` extra); a no-op
+    unless the shell asks for completions, and nothing at all without argcomplete."""
+    try:
+        import argcomplete  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
+
+
+def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
+    _common(sw)
+    sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
+    sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
+                    "pipeline, or a custom one (sweep.profiles)")
+    sw.add_argument("--json", action="store_true", help="print one JSON document")
+    sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                    help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
+    sw.add_argument("--force", action="store_true", help="sweep even while compute processes use the GPUs")
+    sw.add_argument("--over-profile", action="store_true",
+                    help="publish this node's own result even while a class profile is in force (by default "
+                         "the result is recorded, and the profile stays published)")
+    sw.add_argument("--exhaustive", action="store_true", help="measure the full grid instead of the staged search")
+    sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
+                    help="sweep a variable although the environment or config sets it")
+    sw.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    sw.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="measure jobs of N nodes (this one coordinates; see --join)")
+    sw.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                    help="torchrun's c10d rendezvous on this node (default: this host, port 29400; PORT+1 too)")
+    sw.add_argument("--join", metavar="HOST:PORT",
+                    help="run the trials of the sweep coordinated at HOST:PORT (its --rdzv-endpoint)")
+    sw.add_argument("--loopback", action="store_true",
+                    help="single-node NIC loopback: P2P and SHM off, so traffic goes through the NICs")
+    sw.add_argument("--launcher", choices=("auto", "local", "torchrun", "srun"), default="auto",
+                    help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
+                         "with --nodes > 1, else local)")
+
+    env = sub.add_parser("env", help="print the published environment")
+    _common(env)
+    _demo_state(env)
+    env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
+                     help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
+    env.add_argument("--json", action="store_true", help="the same as --format json: both parts, labelled")
+    env.add_argument("--nnodes", type=_positive_int, metavar="N",
+                     help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                          "else the every-job part only)")
+
+    ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
+    _common(ex)
+    ex.add_argument("--nnodes", type=_positive_int, metavar="N",
+                    help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                         "else the every-job part only)")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                    help="the command and its arguments, after --")
+
+    hist = sub.add_parser("history", help="past sweeps and verifications")
+    _common(hist)
+    _demo_state(hist)
+    hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
+    hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
+    hist.add_argument("--json", action="store_true", help="print one JSON document")
+
+    dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
+    _common(dm)
+    dm.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                    help="the same service loop on the CPU over a recorded topology")
+    dm.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
+    dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
+
+    doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
+    _common(doc)
+    doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
+    doc.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="judge the bundled (or given) snapshot, for machines without GPUs")
+    doc.add_argument("--json", action="store_true", help="print one JSON document")
+
+    ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
+                         "against the last sweep")
+    _common(ver)
+    ver.add_argument("--profile", metavar="NAME", help="whose collectives to check (default: sweep.profile)")
+    ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
+    ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
+    ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
+    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="verify the CPU demo's published setting (state in ./nccltune-demo)")
+    ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
+    ver.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    ver.add_argument("--json", action="store_true", help="print one JSON document")
+    ver.add_argument("--baseline", type=int, metavar="RUN",
+                     help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
+
+    ins = sub.add_parser("install", help="install the systemd units and enable the service")
+    _common(ins)
+    ins.add_argument("--prefix", metavar="DIR",
+                     help="install below DIR (images, tests); implies --no-enable unless --enable")
+    ins.add_argument("--no-enable", action="store_true", help="do not run systemctl daemon-reload/enable")
+    ins.add_argument("--enable", action="store_true", help="run systemctl even with --prefix")
+    ins.add_argument("--binary", metavar="PATH", help="nccltune executable for ExecStart (default: this one)")
+    ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
+
+    uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")
+    _common(uns)
+    uns.add_argument("--prefix", metavar="DIR", help="uninstall below DIR; implies --no-disable")
+    uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
+    uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
+
+    rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
+    _common(rep)
+    _demo_state(rep)
+    rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
+    rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
+    rep.add_argument("--json", action="store_true", help="print one JSON document (the same as --format json)")
+    rep.add_argument("--format", choices=("text", "json", "nccl-tests-json"),
+                     help="text (default), json, or nccl-tests-json: the document all_reduce_perf -J writes "
+                          "(format version 3), for one collective of the run")
+    rep.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
+                     help=f"with --format nccl-tests-json: which collective ({', '.join(COLLECTIVE_NAMES)}; "
+                          "default all_reduce): nccl-tests writes one document per binary")
+    rep.add_argument("--setting", choices=("published", "defaults"),
+                     help="with --format nccl-tests-json: the trials of the published setting (default) or of NCCL's "
+                          "defaults, per size the median over them (what report and compare show)")
+    rep.add_argument("--trial", type=_positive_int, metavar="SEQ",
+                     help="with --format nccl-tests-json: one trial's numbers (SEQ from `nccltune history --run ID`)")
+    _add_compare_parser(sub)
+    _add_import_parser(sub)
+
+
+def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    imp = sub.add_parser("import", help="read an nccl-tests -J document into the history (for report and compare)")
+    _common(imp)
+    imp.add_argument("--demo", action="store_true",
+                     help=f"store it in the CPU demo's history in ./{DEMO_STATE_DIR}/ (also where it goes when the "
+                          "state directory has no history and ./nccltune-demo/ has)")
+    imp.add_argument("file", metavar="FILE",
+                     help="the JSON document a *_perf binary wrote with -J FILE.json (format version 3)")
+    imp.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
+                     help="the collective measured, where the document's binary (args[0]) is no *_perf binary "
+                          "nccltune knows (a renamed build)")
+    imp.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size")
+    _common(cmp)
+    cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
+    cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
+    cmp.add_argument("--side", choices=("published", "defaults"), default="published",
+                     help="compare the published setting's trials (default) or NCCL's defaults'")
+    cmp.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    exp = sub.add_parser("export", help="this node's sweep measurements as one JSON document (for fleet decide)")
+    _common(exp)
+    exp.add_argument("--run", type=int, metavar="ID", help="one run (default: every ok sweep of this topology)")
+    exp.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="a demo node: its state in ./nccltune-demo, its topology from the snapshot")
+    exp.add_argument("--out", metavar="FILE", help="write here (atomically) instead of standard output")
+
+    fl = sub.add_parser("fleet", help="decide for a class of nodes from their exports")
+    fsub = fl.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=_Parser, required=True)
+    dec = fsub.add_parser("decide", help="pool the exports of one node class into a class profile")
+    _common(dec)
+    dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
+    dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
+    dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
+
+    app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
+    _common(app)
+    # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
+    app.add_argument("profile_path", metavar="PROFILE",
+                     help="a class profile, or a directory of them named <class id>.json")
+    app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
+                     help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
+    app.add_argument("--python", metavar="PY",
+                     help="interpreter whose NCCL the node's jobs load (default: bench.python)")

@@ -1,0 +1,217 @@
+"""`nccltune sweep`: the coordinator, --plan, and --join on the other nodes of a multi-node sweep."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import EXIT_OK, NccltuneError, UsageError
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..node import Node
+    from ..records import TrialResult
+    from ..store import TrialRecord
+    from ..trials.launch import LaunchRequest
+
+from . import common
+from .common import Terminated, load_cfg, out
+
+log = logging.getLogger(__name__)
+
+
+class _Progress:
+    """A live progress line on a terminal; one line per trial otherwise (the journal). Always on
+    stderr, so that `--json` keeps stdout for its one document and still shows the sweep moving."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.tty = sys.stderr.isatty()
+        self.quiet = quiet or common.QUIET
+        self.started = time.monotonic()
+        self.walls: list[float] = []
+
+    def __call__(self, seq: int, total: int, phase: str, label: str, result: TrialResult | None) -> None:
+        if result is None:
+            if self.tty and not self.quiet:
+                eta = ""
+                if self.walls:
+                    left = max(0, total - seq + 1) * (sum(self.walls) / len(self.walls))
+                    eta = f" ~{int(left // 60)}m{int(left % 60):02d}s left"
+                sys.stderr.write(f"\r\033[K[{seq}/~{total}]{eta} {phase}: {label}"[:200])
+                sys.stderr.flush()
+            return
+        self.walls.append(result.wall_s)
+        if self.tty and not self.quiet:
+            if not result.ok:
+                sys.stderr.write(f"\r\033[Ktrial {seq} ({label}) {result.status}: {result.reason}\n")
+            return
+        if not self.quiet or not result.ok:
+            print(f"nccltune: trial {seq}/~{total} {phase} {label}: {result.status}"
+                  + (f" ({result.reason})" if result.reason else "") + f" in {result.wall_s:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchRequest | None:
+    """--nodes, --rdzv-endpoint, --loopback and --launcher, checked together; None for today's
+    single-node sweep. (--join is handled by cmd_sweep_join.)
+
+    Raises:
+        UsageError: a value or combination that cannot work (exit 2).
+    """
+    from ..trials.launch import LaunchRequest, parse_endpoint
+
+    if args.nodes < 1:
+        raise UsageError(f"--nodes {args.nodes}: at least 1")
+    if args.loopback and args.nodes > 1:
+        raise UsageError(f"--loopback measures this node alone: it does not go with --nodes {args.nodes}")
+    if args.loopback and args.launcher not in ("auto", "local"):
+        raise UsageError(f"--loopback measures this node alone: it does not go with --launcher {args.launcher}")
+    endpoint = parse_endpoint(args.rdzv_endpoint) if args.rdzv_endpoint else None
+    request = LaunchRequest(nodes=args.nodes, loopback=args.loopback, launcher=args.launcher, endpoint=endpoint,
+                            env=dict(env))
+    if request.single_node:
+        if endpoint is not None:
+            raise UsageError("--rdzv-endpoint is for sweeps over several nodes (--nodes N)")
+        return None
+    return request
+
+
+def cmd_sweep_join(args: argparse.Namespace) -> int:
+    """`nccltune sweep --join HOST:PORT`: this node runs the coordinator's trials until it stops."""
+    from ..trials.launch import join, parse_endpoint
+    from ..trials.runner import find_worker_python
+
+    given = [flag for flag, on in (("--nodes", args.nodes != 1), ("--rdzv-endpoint", args.rdzv_endpoint),
+                                   ("--loopback", args.loopback), ("--plan", args.plan),
+                                   ("--launcher", args.launcher != "auto")) if on]
+    if given:
+        raise UsageError(f"--join takes its shape from the coordinator: drop {', '.join(given)}")
+    endpoint = parse_endpoint(args.join, "--join")
+    cfg = load_cfg(args, demo=bool(args.demo))
+    python = find_worker_python(args.python or cfg.bench.python)
+    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=Path(cfg.state_dir) / "join")
+    out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..pipeline import SweepPipeline
+    from ..render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
+
+    if args.join:
+        return cmd_sweep_join(args)
+    request = sweep_launch_request(args, os.environ)
+    _check_unpin(args.unpin)
+    if args.python:
+        from ..trials.runner import check_python
+
+        check_python(args.python)  # before the state directory is made or anything measured
+    cfg = load_cfg(args, demo=bool(args.demo))
+    progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
+    pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request, over_profile=args.over_profile)
+    if args.plan and not pipe.node().measurable:
+        from ..pipeline import UNMEASURED_SUMMARY
+
+        plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)
+        text = (f"{UNMEASURED_SUMMARY}: `nccltune sweep` runs no trial here and publishes the topology file "
+                "and the policy values (and the config's pins) for every job.")
+        out(dumps(plan_doc(plan, pipe.node(), 0, 0.0, pipe.profile, unmeasured=UNMEASURED_SUMMARY))
+            if args.json else text)
+        return EXIT_OK
+    if args.plan:
+        plan, search = pipe.plan()
+        trials = pipe.estimate_trials(plan, search)
+        seconds = pipe.estimate_seconds(plan, trials)
+        if args.json:
+            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan))))
+        else:
+            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan)))
+        return EXIT_OK
+    node = pipe.node()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    report = None
+    try:
+        report = pipe.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        progress.done()
+        # A failed or interrupted sweep is history too.
+        _write_metrics(cfg, node, report.nccl_version if report is not None else None)
+    stored = _run_trials(cfg, report.run_id)
+    _upgrade_gate(cfg, report.run_id)
+    out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
+    return EXIT_OK
+
+
+def _upgrade_gate(cfg: Config, run_id: int | None) -> None:
+    """After a sweep: warn (stderr, the journal) where it is slower than the last sweep of the
+    previous NCCL/driver/torch versions beyond noise (the daemon calls the same compare.upgrade_gate)."""
+    from ..compare import upgrade_gate
+    from ..store import Store
+
+    with Store(cfg.state_path("history.db")) as store:
+        upgrade_gate(store, run_id)
+
+
+def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
+    """The stored trials of a run this command just made (for the document's failed-trial codes)."""
+    from ..store import Store
+
+    if run_id is None:
+        return []
+    with Store(cfg.state_path("history.db")) as store:
+        return list(store.trials(run_id))
+
+
+def _write_metrics(cfg: Config, node: Node, nccl_version: str | None) -> None:
+    """Rewrite the node_exporter textfile from the history (publish.metrics_dir), as the daemon does,
+    with the node's class (as `nccltune topo` shows it) on every series. `nccl_version` is what
+    this command's worker reported; without one, the newest run of this topology that recorded one.
+
+    A file that cannot be written is a warning: what the run published stays good.
+    """
+    directory = cfg.metrics_dir
+    if directory is None:
+        return
+    from ..fleet.node import fleet_node_of
+    from ..metrics import write_metrics_from_store
+    from ..store import Store
+
+    try:
+        with Store(cfg.state_path("history.db")) as store:
+            if nccl_version is None and not node.demo:
+                recorded = [r.nccl_version for r in store.runs(limit=None) if r.fingerprint == node.fingerprint
+                            and r.nccl_version]
+                nccl_version = recorded[0] if recorded else None
+            write_metrics_from_store(directory, store, fingerprint=node.fingerprint,
+                                     node_class=fleet_node_of(cfg, node).node_class(nccl_version).id,
+                                     publish_dir=cfg.publish_dir)
+    except (OSError, NccltuneError) as exc:
+        log.warning("cannot write metrics to %s: %s", directory, exc)
+
+
+def _check_unpin(names: list[str]) -> None:
+    """--unpin takes the name of a variable the sweep knows; anything else is a usage error (2)."""
+    from ..render import shown
+    from ..sweep.space import CATALOGUE, unknown_variable_hint
+
+    for name in names:
+        if name not in CATALOGUE:
+            raise UsageError(f"--unpin {shown(name)!s}: not a variable nccltune sweeps",
+                             hint=unknown_variable_hint(name))
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise Terminated
