@@ -20,6 +20,12 @@
 # generation's own file is read (see nccltune_resolve).
 # Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
 #
+# Precedence (README "What a job gets", the same rule as nccltune exec and nccltune-torchrun):
+# Slurm applies these exports over the task's environment, so the prolog itself leaves out what the
+# job decided. It runs with the task's environment (the job's, as sbatch/srun passed it on), so:
+# NCCLTUNE_DISABLE set to anything but empty or 0 there exports nothing, and a variable the task
+# already has is not exported at all (a differing published value is named on stderr).
+#
 # What a job gets (README "What a job gets"): nccl.env is the part that fits every job on the node
 # (topology file, policy values, pins, the tuner plugin and its table). The part measured between
 # this node's GPUs only (nccl-single-node.env, of the same generation, next to nccl.env) is added
@@ -116,7 +122,21 @@ nccltune_trusted() {
 # stderr, naming the file as NAME.
 nccltune_print() {
     # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
-    LC_ALL=C grep -E -e "$nccltune_valid" -- "$1" | LC_ALL=C sed 's/^/export /'
+    nccltune_lines=$(LC_ALL=C grep -E -e "$nccltune_valid" -- "$1")
+    while IFS= read -r nccltune_line; do
+        [ -n "$nccltune_line" ] || continue
+        nccltune_name=${nccltune_line%%=*}
+        # The name matched nccltune_valid, so it is safe to expand through eval.
+        eval "nccltune_isset=\${$nccltune_name+set} nccltune_own=\${$nccltune_name-}"
+        if [ -z "$nccltune_isset" ]; then
+            printf 'export %s\n' "$nccltune_line"
+        elif [ "$nccltune_own" != "${nccltune_line#*=}" ]; then
+            printf '%s: %s set by the job is kept (published: %s)\n' \
+                "$nccltune_prog" "$nccltune_name=$nccltune_own" "${nccltune_line#*=}" >&2
+        fi
+    done <<EOF_LINES
+$nccltune_lines
+EOF_LINES
     nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' -- "$1")
     if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
         printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
@@ -149,6 +169,12 @@ nccltune_print_single() {
     fi
     nccltune_print "$nccltune_single" "$nccltune_single"
 }
+
+# NCCLTUNE_DISABLE (anything but empty or 0): the job opted out; nothing is read or exported.
+case ${NCCLTUNE_DISABLE:-0} in
+    0) ;;
+    *) exit 0 ;;
+esac
 
 if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
     if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then

@@ -56,10 +56,12 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
                   "they differ.", "nccltune topo diff nodeA.json nodeB.xml"),
     "sweep": ("Measure NCCL's defaults and the candidate settings this topology allows, choose the best "
               "beyond noise, and publish it for jobs (nccl.sh, nccl.env, nccl.json).", "nccltune sweep --plan"),
-    "env": ("Print the published environment exactly as launchers read it, after checking the published set.",
-            "nccltune env --format env > /etc/default/nccl"),
+    "env": ("Print the published environment as a job with the calling environment gets it (its own "
+            "variables kept, nothing under NCCLTUNE_DISABLE), after checking the published set.",
+            "nccltune env --format env --as-published > /etc/default/nccl"),
     "exec": ("Run a command with the published environment; variables already set in the calling "
-             "environment win.", "nccltune exec -- torchrun --nproc-per-node 8 train.py"),
+             "environment win, NCCLTUNE_DISABLE applies nothing.",
+             "nccltune exec -- torchrun --nproc-per-node 8 train.py"),
     "history": ("List past sweeps and verifications, or one run's trials.", "nccltune history --run 3"),
     "daemon": ("The node service (systemd Type=notify): sweeps when the topology, the driver or NCCL "
                "changes, verifies periodically, never while jobs hold the GPUs.",
@@ -210,6 +212,10 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     env.add_argument("--nnodes", type=_positive_int, metavar="N",
                      help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
                           "else the every-job part only)")
+    env.add_argument("--as-published", action="store_true",
+                     help="print the files as published, whatever the calling environment sets (for a file "
+                          "others read: EnvironmentFile=, --env-file); default: as a job with this environment "
+                          "gets them (its own variables and NCCLTUNE_DISABLE respected)")
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
     _common(ex)

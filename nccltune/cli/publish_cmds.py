@@ -19,14 +19,16 @@ def _job_nnodes(args: argparse.Namespace) -> int | None:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print what is published, byte for byte as launchers read it, after checking the whole set:
-    trusted owner and mode, every line one nccltune writes, one generation throughout.
+    """Print what is published as a job with the calling environment gets it (nccltune.jobenv: its
+    own variables kept, nothing under NCCLTUNE_DISABLE; --as-published: byte for byte), after
+    checking the whole set: trusted owner and mode, every line one nccltune writes, one generation.
 
     The every-job part always; the single-node part as assignments for a job known to be
     single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
     can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
     """
-    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, read_set
+    from ..jobenv import decide, filter_text
+    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
     from ..render import single_node_comment
 
     cfg = reading_cfg(args)
@@ -39,9 +41,13 @@ def cmd_env(args: argparse.Namespace) -> int:
         sys.stdout.write(got.texts[JSON_NAME])
         return EXIT_OK
     name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
-    sys.stdout.write(got.texts[name])
+    # For a job (the default) the precedence rule applies to what is printed: what the calling
+    # environment already sets, or everything under NCCLTUNE_DISABLE, is shown as a comment.
+    decision = None if args.as_published else decide(job_env(got, nnodes), os.environ)
+    sys.stdout.write(got.texts[name] if decision is None else filter_text(got.texts[name], decision))
     if got.single_node_env and nnodes == 1:
-        sys.stdout.write(got.texts[single_name])
+        single = got.texts[single_name]
+        sys.stdout.write(single if decision is None else filter_text(single, decision))
     elif got.single_node_env:
         sys.stdout.write(single_node_comment(got.single_node_env, nnodes))
     return EXIT_OK
@@ -54,7 +60,9 @@ EXIT_CANNOT_RUN = 126
 
 def cmd_exec(args: argparse.Namespace) -> int:
     """Run a command with the published environment: the every-job part, plus the single-node
-    part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1)."""
+    part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1), less what
+    the calling environment sets itself; nothing under NCCLTUNE_DISABLE."""
+    from ..jobenv import decide
     from ..publish import job_env, read_set
 
     cmd = list(args.cmd)
@@ -70,13 +78,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
               file=sys.stderr)
     else:
-        # The every-job part always; the single-node part only for a job known to run on one node.
-        for name, value in job_env(got, nnodes).items():
-            if name in env and env[name] != value:
-                print(f"nccltune: {name}={env[name]} from the environment overrides the published {value}",
-                      file=sys.stderr)
-            else:
-                env[name] = value
+        # The every-job part always; the single-node part only for a job known to run on one node;
+        # of those, what the job does not set itself (the rule in nccltune.jobenv).
+        decision = decide(job_env(got, nnodes), env)
+        for note in decision.notes("nccltune"):
+            print(note, file=sys.stderr)
+        env = decision.environment(env)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

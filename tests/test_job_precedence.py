@@ -1,0 +1,236 @@
+"""One precedence rule in every form a job gets the published set through.
+
+The same jobs (no own value, own values that differ, an own empty value, NCCLTUNE_DISABLE) are run
+through `nccltune exec`, `nccltune env` sourced by each shell, the torchrun wrapper and the Slurm
+TaskProlog under each shell, and every form must give what nccltune.jobenv.decide says.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from nccltune.jobenv import JobDecision, decide, filter_text, opted_out
+from nccltune.publish import Provenance, job_env, publish, read_set
+
+WRAPPER = REPO / "launchers" / "nccltune-torchrun"
+PROLOG = REPO / "launchers" / "slurm-prolog.sh"
+requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="the launchers trust only root-owned files")
+
+EVERY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_IB_HCA": "^mlx5_2", "NCCL_NVLS_ENABLE": "0"}
+SINGLE = {"NCCL_MIN_NCHANNELS": "32", "NCCL_ALGO": "Ring"}
+SHELL_NAMES = [name for name in ("sh", "bash", "dash") if shutil.which(name)]
+SHELLS = pytest.mark.parametrize("shell", SHELL_NAMES)
+
+# The jobs: what each sets itself. Every form must respect the same decision for each.
+JOBS = {
+    "sets-nothing": {},
+    "own-values": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ALGO": "Tree"},
+    "own-value-equal-to-published": {"NCCL_IB_HCA": "^mlx5_2"},
+    "own-empty-value": {"NCCL_NVLS_ENABLE": "", "NCCL_MIN_NCHANNELS": ""},
+    "own-value-with-spaces-and-quotes": {"NCCL_ALGO": "a 'b' $(c)"},
+    "disabled": {"NCCLTUNE_DISABLE": "1", "NCCL_ALGO": "Tree"},
+    "disabled-any-word": {"NCCLTUNE_DISABLE": "yes"},
+    "disable-zero-is-not-disabled": {"NCCLTUNE_DISABLE": "0", "NCCL_ALGO": "Tree"},
+    "disable-empty-is-not-disabled": {"NCCLTUNE_DISABLE": ""},
+}
+JOB_PARAMS = pytest.mark.parametrize("job", list(JOBS))
+
+
+def prov() -> Provenance:
+    return Provenance(nccltune_version="0", created_at="now", topology_fingerprint="f", nccl_version=None,
+                      backend="nccl", demo=False, profile=None)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o755)
+    d = tmp_path / "state"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    publish(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
+    return d
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NCCL", "TORCH_NCCL", "SLURM_")) and k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def nccl_part(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+
+
+def expected(state: Path, job: str, nnodes: int | None) -> dict[str, str]:
+    got = read_set(state)
+    assert got is not None
+    return nccl_part(decide(job_env(got, nnodes), JOBS[job]).environment(JOBS[job]))
+
+
+def env_of(shell: str, script: str, env: dict[str, str]) -> dict[str, str]:
+    """The NCCL variables of the environment `script` leaves, read NUL-separated (values may hold anything)."""
+    out = subprocess.run([shell, "-c", f"{script}\nexec env -0"], capture_output=True, check=True, env=env,
+                         timeout=60).stdout
+    pairs = (item.decode().partition("=") for item in out.split(b"\0") if item)
+    return nccl_part({name: value for name, _, value in pairs})
+
+
+# -- the rule itself ----------------------------------------------------------------------------
+
+
+def test_decide_keeps_the_jobs_own_values_and_adds_the_rest() -> None:
+    got = decide({"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}, {"NCCL_ALGO": "Tree", "HOME": "/root"})
+    assert got == JobDecision(applied={"NCCL_PROTO": "LL"}, kept={"NCCL_ALGO": ("Tree", "Ring")})
+    assert got.environment({"NCCL_ALGO": "Tree"}) == {"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}
+    assert got.notes("x") == ["x: NCCL_ALGO=Tree set by the job is kept (published: Ring)"]
+
+
+def test_decide_under_disable_applies_nothing() -> None:
+    assert opted_out({"NCCLTUNE_DISABLE": "1"}) and opted_out({"NCCLTUNE_DISABLE": "true"})
+    assert not opted_out({"NCCLTUNE_DISABLE": "0"}) and not opted_out({"NCCLTUNE_DISABLE": ""})
+    assert not opted_out({})
+    got = decide({"NCCL_ALGO": "Ring"}, {"NCCLTUNE_DISABLE": "1"})
+    assert got.opted_out and got.applied == {} and got.kept == {}
+
+
+def test_filtered_text_comments_what_is_not_applied_without_an_equals_sign() -> None:
+    text = "# nccltune\nexport NCCL_ALGO='Ring'\nexport NCCL_PROTO='LL'\n"
+    kept = filter_text(text, decide({"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}, {"NCCL_ALGO": "x=y"}))
+    assert kept == "# nccltune\n# NCCL_ALGO: set by the job, its own value is kept\nexport NCCL_PROTO='LL'\n"
+    off = filter_text(text, decide({"NCCL_ALGO": "Ring"}, {"NCCLTUNE_DISABLE": "1"}))
+    assert "export" not in off and "# NCCL_PROTO: not applied (NCCLTUNE_DISABLE is set)" in off
+    assert all("=" not in line for line in off.splitlines())
+
+
+# -- every form, the same jobs ------------------------------------------------------------------
+
+
+def nccltune(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nccltune", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+@JOB_PARAMS
+@pytest.mark.parametrize("nnodes", [None, 1])
+def test_exec_follows_the_rule(state: Path, job: str, nnodes: int | None) -> None:
+    flags = ["--nnodes", str(nnodes)] if nnodes else []
+    proc = subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), *flags, "--",
+                           "env", "-0"], capture_output=True, timeout=120, env=base_env(**JOBS[job]))
+    assert proc.returncode == 0, proc.stderr
+    pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
+    assert nccl_part({n: v for n, _, v in pairs}) == expected(state, job, nnodes)
+
+
+@SHELLS
+@JOB_PARAMS
+def test_env_sourced_by_the_job_follows_the_rule(shell: str, state: Path, tmp_path: Path, job: str) -> None:
+    for nnodes in (None, 1):
+        flags = ["--nnodes", str(nnodes)] if nnodes else []
+        printed = nccltune("env", "--state-dir", str(state), *flags, env=base_env(**JOBS[job]))
+        assert printed.returncode == 0, printed.stderr
+        script = tmp_path / "printed.sh"
+        script.write_text(printed.stdout)
+        assert env_of(shell, f'. "{script}"', base_env(**JOBS[job])) == expected(state, job, nnodes)
+
+
+def test_env_as_published_ignores_the_calling_environment(state: Path) -> None:
+    printed = nccltune("env", "--state-dir", str(state), "--format", "env", "--as-published",
+                       env=base_env(NCCLTUNE_DISABLE="1", NCCL_IB_HCA="mlx5_0"))
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.startswith((state / "nccl.env").read_text())
+    assert "NCCL_IB_HCA=^mlx5_2\n" in printed.stdout.splitlines(keepends=True)
+    assert "not applied" not in printed.stdout and "kept" not in printed.stdout
+
+
+def test_env_names_what_the_job_keeps(state: Path) -> None:
+    printed = nccltune("env", "--state-dir", str(state), "--format", "env",
+                       env=base_env(NCCL_IB_HCA="mlx5_0"))
+    assert printed.returncode == 0, printed.stderr
+    assert "# NCCL_IB_HCA: set by the job, its own value is kept\n" in printed.stdout
+    assert "NCCL_IB_HCA=^mlx5_2" not in printed.stdout
+    assert "NCCL_NVLS_ENABLE=0\n" in printed.stdout
+
+
+def run_wrapper(shell: str, tmp_path: Path, state: Path, args: list[str],
+                job: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    bindir = tmp_path / "bin"
+    if not bindir.exists():
+        bindir.mkdir()
+        (bindir / "torchrun").write_text("#!/bin/sh\nexec env -0\n")
+        (bindir / "torchrun").chmod(0o755)
+    return subprocess.run([shell, str(WRAPPER), *args], capture_output=True, timeout=60,
+                          env=base_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+                                       NCCLTUNE_ENV_FILE=str(state / "nccl.sh"), **job))
+
+
+@requires_root
+@SHELLS
+@JOB_PARAMS
+def test_torchrun_wrapper_follows_the_rule(shell: str, tmp_path: Path, state: Path, job: str) -> None:
+    for args, nnodes in ((["--nnodes", "2", "train.py"], None), (["--standalone", "train.py"], 1)):
+        proc = run_wrapper(shell, tmp_path, state, args, JOBS[job])
+        assert proc.returncode == 0, proc.stderr
+        pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
+        assert nccl_part({n: v for n, _, v in pairs}) == expected(state, job, nnodes)
+        assert b"not using" not in proc.stderr
+
+
+@requires_root
+def test_torchrun_wrapper_names_a_kept_value_that_differs(tmp_path: Path, state: Path) -> None:
+    proc = run_wrapper("sh", tmp_path, state, ["train.py"], {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
+    assert proc.stderr.decode() == ("nccltune-torchrun: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 set by the job is kept "
+                                    "(published: 3)\n")
+    same = run_wrapper("sh", tmp_path, state, ["train.py"], {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert same.stderr == b""
+
+
+@requires_root
+def test_torchrun_wrapper_uses_nothing_of_a_file_with_a_line_it_does_not_know(tmp_path: Path, state: Path) -> None:
+    gen = state / "generations" / "1" / "nccl.sh"
+    gen.write_text(gen.read_text() + "touch /tmp/should-not-run\n")
+    proc = run_wrapper("sh", tmp_path, state, ["train.py"], {})
+    assert proc.returncode == 0
+    pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
+    assert nccl_part({n: v for n, _, v in pairs}) == {}
+    assert "holds lines other than export NAME='value'" in proc.stderr.decode()
+
+
+def apply_like_slurm(job: dict[str, str], prolog_stdout: str) -> dict[str, str]:
+    """What slurmstepd does with a TaskProlog's stdout: each `export NAME=value` line sets NAME to
+    the literal value in the task's environment, over what the job had."""
+    env = dict(job)
+    for line in prolog_stdout.splitlines():
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value
+    return env
+
+
+@requires_root
+@SHELLS
+@JOB_PARAMS
+@pytest.mark.parametrize("nodes", ["2", "1"])
+def test_slurm_task_prolog_follows_the_rule(shell: str, state: Path, job: str, nodes: str) -> None:
+    proc = subprocess.run([shell, str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True,
+                          timeout=60, env=base_env(SLURM_JOB_NUM_NODES=nodes, **JOBS[job]))
+    assert proc.returncode == 0
+    assert "not using" not in proc.stderr
+    got = nccl_part(apply_like_slurm(JOBS[job], proc.stdout))
+    assert got == expected(state, job, 1 if nodes == "1" else 2)
+
+
+@requires_root
+def test_slurm_task_prolog_names_a_kept_value_that_differs(state: Path) -> None:
+    proc = subprocess.run(["sh", str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True, timeout=60,
+                          env=base_env(NCCL_IB_HCA="mlx5_0"))
+    assert "NCCL_IB_HCA" not in proc.stdout
+    assert proc.stderr == "nccltune-task-prolog: NCCL_IB_HCA=mlx5_0 set by the job is kept (published: ^mlx5_2)\n"
