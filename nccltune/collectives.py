@@ -74,6 +74,23 @@ class Collective:
             return block, whole, block
         return block, whole, whole  # all_to_all: a block to and from every rank
 
+    def nccl_bytes(self, size_bytes: int, nranks: int) -> int:
+        """The byte count NCCL itself sees for a call of this measured size: the count argument
+        times the element size. It is what NCCL passes to a tuner's getCollInfo and prints in its
+        per-size TUNING line, so the table's ranges and the reading of NCCL's log use it. For
+        all_gather and reduce_scatter it is one rank's block (NCCL 2.28.9 logs a 4 MiB all_gather
+        on 4 ranks as "AllGather: 1048576 Bytes"), for the others the whole buffer."""
+        return self.counts(size_bytes, nranks)[0] * ELEMENT_BYTES
+
+    def nccl_byte_range(self, min_bytes: int, max_bytes: int, nranks: int) -> tuple[int, int]:
+        """A range of measured sizes as the range of byte counts NCCL sees for them (see
+        `nccl_bytes`). Ranges that partition the measured sizes still partition NCCL's counts:
+        the lower edge rounds up and the upper edge down, so neighbours neither overlap nor
+        leave a gap."""
+        if not self.split or nranks <= 1:
+            return min_bytes, max_bytes
+        return -(-min_bytes // nranks), max_bytes // nranks
+
     def size_bytes(self, requested_bytes: int, nranks: int) -> int:
         """The size nccl-tests prints for a requested size: what is measured and reported."""
         _count, send, recv = self.counts(requested_bytes, nranks)

@@ -278,11 +278,12 @@ def test_each_collective_gets_its_own_entries_and_tree_never_wins_all_gather() -
     assert {s: w.candidate for s, w in ar_part.wins.items()} == {s: TREE_LL128 for s in LARGE}
     table = to_table(t, fingerprint=FP, nranks=2)
     got = [(e.collective, e.algo, e.proto, e.min_bytes, e.max_bytes) for e in table.entries]
-    assert got == [("allgather", "ring", "ll", 64 * KIB, math.isqrt(256 * KIB * MIB) - 1),
+    # all_gather's range is in NCCL's own byte count, one rank's block: the measured sizes over 2 ranks.
+    assert got == [("allgather", "ring", "ll", 64 * KIB // 2, (math.isqrt(256 * KIB * MIB) - 1) // 2),
                    ("allreduce", "tree", "ll128", math.isqrt(256 * KIB * MIB), 16 * MIB)]
     assert all(e.algo != "tree" for e in table.entries if e.collective == "allgather")
     assert parse_table(render_table(table), "t.txt") == table  # per-collective entries the plugin accepts
-    assert table.choice("allgather", 64 * KIB, 1, 2, 2) is not None
+    assert table.choice("allgather", 64 * KIB // 2, 1, 2, 2) is not None  # NCCL's count: one rank's block
     assert table.choice("allreduce", 64 * KIB, 1, 2, 2) is None
     assert t.single_node_env == {}
 
@@ -297,7 +298,7 @@ def test_a_raise_is_used_for_every_collective_or_for_none() -> None:
     assert t.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
     table = to_table(t, fingerprint=FP, nranks=2)
     for s in SIZES:
-        e = table.choice("allgather", s, 1, 2, 2)
+        e = table.choice("allgather", s // 2, 1, 2, 2)  # NCCL's count: one rank's block of 2
         assert e is not None and (e.algo, e.proto, e.channels) == (*DEFAULT_USED[s][:2], 16)  # pinned at the defaults
     assert table.choice("allreduce", MIB, 1, 2, 2) is None  # NCCL at the raised count, as measured
     assert "of every collective" in " ".join(t.notes)

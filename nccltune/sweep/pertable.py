@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from ..collectives import COLLECTIVES
 from ..names import format_size
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..records import Measurement
@@ -581,10 +582,16 @@ def _sizes_text(by_collective: Mapping[str, Iterable[int]], multi: bool) -> str:
 
 
 def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: int = 1) -> tuple[TableEntry, ...]:
-    """The entries for one shape (ranks per node = nranks / nnodes): one per span."""
+    """The entries for one shape (ranks per node = nranks / nnodes): one per span, its range in the
+    byte counts NCCL passes to the tuner (one rank's block for all_gather and reduce_scatter: see
+    collectives.Collective.nccl_bytes), not in the measured sizes."""
     rpn = nranks // nnodes
-    return tuple(TableEntry(sp.collective, sp.min_bytes, sp.max_bytes, nnodes, nranks, rpn, sp.cell.algo,
-                            sp.cell.proto, sp.cell.channels) for sp in spans(choice))
+    entries = []
+    for sp in spans(choice):
+        lo, hi = COLLECTIVES[MEASURED_NAMES[sp.collective]].nccl_byte_range(sp.min_bytes, sp.max_bytes, nranks)
+        entries.append(TableEntry(sp.collective, lo, hi, nnodes, nranks, rpn, sp.cell.algo, sp.cell.proto,
+                                  sp.cell.channels))
+    return tuple(entries)
 
 
 def to_table(choice: PerSizeChoice | TableChoice, *, fingerprint: str, nranks: int, nnodes: int = 1) -> TunerTable:

@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import trust
 from ..atomicfile import atomic_write
+from ..collectives import COLLECTIVES
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
@@ -445,6 +446,8 @@ class Runner:
         result.nccl = summarize(parsed)
         # nccl-tests runs one process per collective, each with its own log.
         pids = result.start.get("pids") or {}
+        nranks = result.start.get("world_size")
+        nranks = nranks if isinstance(nranks, int) and nranks >= 1 else 1
         by_collective = {}
         for c in {m.collective for m in result.sizes}:
             func = nccl_func(c)
@@ -453,7 +456,12 @@ class Runner:
             own = trial_dir / f"nccl.{pids[c]}.log" if c in pids else None
             log_of_c = parse_nccl_log(own.read_text(errors="replace")) if own and own.exists() else parsed
             by_collective[c] = choices_by_size(log_of_c, func)
-        result.sizes = [with_nccl_choice(m, by_collective.get(m.collective, {}).get(m.size_bytes))
-                        for m in result.sizes]
+        # NCCL logs the bytes it sees (one rank's block for the split collectives), not the
+        # measured size: each measurement is looked up under NCCL's own count.
+        def logged(m: Measurement) -> SizeChoice | None:
+            found = by_collective.get(m.collective)
+            return found.get(COLLECTIVES[m.collective].nccl_bytes(m.size_bytes, nranks)) if found else None
+
+        result.sizes = [with_nccl_choice(m, logged(m)) for m in result.sizes]
         if parsed.errors and result.status == "ok":
             result.status, result.reason = "error", f"NCCL: {parsed.errors[0]}"
