@@ -26,6 +26,7 @@ from .config import Config
 from .errors import InputError, NccltuneError, UnavailableError
 from .lock import SweepLock
 from .names import DEMO_LABEL
+from .nccl.probe import probe_nccl
 from .node import ONE_GPU, Node, load_node, require_idle
 from .planning import (
     POLICY_VAR,
@@ -37,8 +38,7 @@ from .planning import (
     settings,
     workload,
 )
-from .probe import probe_nccl
-from .publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, read_set, update_nccl_conf
+from .publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
 from .records import Backend, ReportRow
 from .store import Phase, RunStatus, Store
 from .sweep.plan import JobShape, Plan
@@ -203,15 +203,12 @@ class SweepPipeline:
         run_id = start_run(store, kind="sweep", cfg=cfg, node=node, profile=cfg.sweep.profile,
                            topology=run_topology(node))
         try:
-            xml_text = render_xml(node.topo.system)
             every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
                                                   cfg.topology_file)
             probed = self.nccl_version()
             prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed)
-            write_topology_file(cfg, xml_text)
-            published = publish(cfg.publish_dir, every_job, prov, topology_xml=xml_text, single_node_env=single_node)
-            if cfg.nccl_conf is not None:
-                update_nccl_conf(cfg.nccl_conf, every_job, prov)
+            published = publish_setting(cfg, Setting(every_job, prov, single_node, render_xml(node.topo.system),
+                                                     where="one-GPU publish"))
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
@@ -383,39 +380,30 @@ class _Sweep:
         return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
-        """Every file a launcher reads, as one generation: the environment files of both scopes (the
-        choice's every-job part, and its single-node part for jobs known to run on this node), the
-        nccl.conf block (every-job part only: NCCL cannot know a job's shape), the topology file
-        when the choice uses it and, when the whole result with the tuner table won, the plugin and
-        its table (every job: an entry applies only to the communicator shape it was measured for)."""
-        prov = Provenance(
-            nccltune_version=__version__,
-            created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            topology_fingerprint=self.node.fingerprint, nccl_version=session.nccl_version,
-            backend=self.node.backend, demo=self.node.demo, profile=self.cfg.sweep.profile,
-            gains={key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio},
-            note=(DEMO_LABEL if self.node.demo else None),
-            tuning_fingerprint=self.tuning_fp())
-        if choice.uses_topology_file:
-            write_topology_file(self.cfg, self.xml_text)
+        """Every file a launcher reads, as one generation (publish_setting): the environment files of
+        both scopes (the choice's every-job part, and its single-node part for jobs known to run on
+        this node), the nccl.conf block (every-job part only: NCCL cannot know a job's shape), the
+        topology file when the choice uses it and, when the whole result with the tuner table won,
+        the plugin and its table (every job: an entry applies only to the communicator shape it was
+        measured for)."""
+        gains = {key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio}
+        prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp())
         every_job, single_node = dict(choice.every_job_env), dict(choice.single_node_env)
         tuner: Tuner | None = None
         pub = self.table.publication if self.table else None
         if pub is not None and self.table is not None and self.table.chosen is self.table.whole:
-            # publish() names the generation's own copies of the plugin and the table; the paths the
-            # final check ran with (in the run's directory) are not published.
+            # The generation's own copies of the plugin and the table are published; the paths the
+            # final check ran with (in the run's directory) are not.
             tuner = Tuner(pub.plugin_path, pub.table_text)
             single_node = {k: v for k, v in single_node.items() if k not in pub.every_job_env}
             single_node.update(pub.single_node_env)
             every_job = {k: v for k, v in every_job.items() if k not in pub.every_job_env}
-        published = publish(self.cfg.publish_dir, every_job, prov,
-                            topology_xml=self.xml_text if choice.uses_topology_file else None,
-                            single_node_env=single_node, tuner=tuner)
+        setting = Setting(every_job, prov, single_node, self.xml_text if choice.uses_topology_file else None,
+                          tuner, where="sweep")
+        published = publish_setting(self.cfg, setting)
         if tuner is not None:
             self.published_table = {"generation": str(published.generation),
                                     "single_node_env": " ".join(f"{k}={v}" for k, v in sorted(single_node.items()))}
-        if self.cfg.nccl_conf is not None:
-            update_nccl_conf(self.cfg.nccl_conf, every_job, prov)
         return published
 
     def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
@@ -453,20 +441,14 @@ class _Sweep:
 
 
 def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,
-                *, probed_nccl: Any) -> Provenance:
+                *, probed_nccl: Any = None, fingerprint: str | None = None) -> Provenance:
     """The provenance of what a sweep publishes. ``probed_nccl`` is the version the worker's probe
-    reported (None in the demo): the tuning fingerprint's input, as the daemon computes it."""
+    reported (None in the demo): the tuning fingerprint's input, as the daemon computes it;
+    ``fingerprint`` is that fingerprint when the sweep has it already."""
     return Provenance(
         nccltune_version=__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         topology_fingerprint=node.fingerprint, nccl_version=nccl_version,
         backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
         note=DEMO_LABEL if node.demo else note,
-        tuning_fingerprint=tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo))
-
-
-def write_topology_file(cfg: Config, xml_text: str) -> None:
-    """A copy of the topology file at its stable path (publish.topology_file), for an
-    /etc/nccl.conf block or a site script that names one path. The published environment names
-    the generation's own copy, which publish() writes with the rest of the set."""
-    atomic_write(cfg.topology_file, xml_text)
+        tuning_fingerprint=fingerprint or tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo))

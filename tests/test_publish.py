@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from nccltune import publish as pub
 from nccltune.errors import EXIT_BUSY, EXIT_CHECK_FAILED, EXIT_CONFIG, BusyError, InputError
 from nccltune.publish import (
     CONF_BEGIN,
@@ -33,6 +32,7 @@ from nccltune.publish import (
     update_nccl_conf,
     validate_env,
 )
+from nccltune.publish import generations as pub_generations
 
 ENV = {
     "NCCL_ALGO": "allreduce:tree,ring",
@@ -427,7 +427,7 @@ def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
 def test_concurrent_publisher_gives_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     publish(tmp_path, ENV, make_prov())
     before = snapshot_dir(tmp_path)
-    monkeypatch.setattr(pub, "_LOCK_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(pub_generations, "_LOCK_TIMEOUT_S", 0.1)
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

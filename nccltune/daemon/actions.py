@@ -29,7 +29,7 @@ from ..fleet.node import fleet_node_of
 from ..lock import SweepLock
 from ..metrics import LiveState, write_metrics_from_store
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
-from ..publish import Provenance, atomic_write, publish, read_published
+from ..publish import Provenance, Setting, atomic_write, publish_setting, read_published
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
@@ -200,12 +200,12 @@ def refresh_topology_file(cfg: Config, node: Node) -> None:
 
 
 def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at: _dt.datetime) -> int:
-    """Publish the new topology file and the policy values, nothing measured on the old topology.
+    """Publish the new topology file and the policy values, nothing measured on the old topology,
+    as every decider publishes (publish_setting: the generation's own topology file, the stable
+    copy, the nccl.conf block).
 
     Returns the published generation.
     """
-    xml_text = render_xml(node.topo.system)
-    atomic_write(cfg.topology_file, xml_text)  # the stable-path copy (see pipeline.write_topology_file)
     env = {POLICY_VAR: str(cfg.sweep.async_error_handling), **cfg.sweep.pin}
     prov = Provenance(
         nccltune_version=__version__,
@@ -213,8 +213,8 @@ def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at
         topology_fingerprint=node.fingerprint, nccl_version=nccl.version,
         backend=node.backend, demo=node.demo, profile=None,
         note=f"safe environment: {why}; tuning pending", tuning_fingerprint=None, state="safe")
-    # The topology file goes into the generation with the rest: NCCL_TOPO_FILE names that copy.
-    return publish(cfg.publish_dir, env, prov, topology_xml=xml_text).generation
+    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system), where="safe republish")
+    return publish_setting(cfg, setting).generation
 
 
 # -- the class profile ----------------------------------------------------------------------------

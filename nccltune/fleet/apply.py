@@ -25,7 +25,8 @@ from typing import Any, Literal
 from .. import __version__
 from ..config import Config
 from ..errors import InputError
-from ..publish import Provenance, PublishedFiles, Tuner, atomic_write, publish, update_nccl_conf, validate_env
+from ..publish import PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
+from ..publish.policy import MAX_VARIABLES
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 # Facts of the class that a new release changes on every node at once: a mismatch there makes a
 # profile stale rather than one for another kind of node.
 VERSION_FACTS = ("driver_version", "nccl_version")
-# The profile in force, as applied, in the state directory: what verify compares the node with.
-PROFILE_IN_FORCE = "class-profile.json"
+# The longest `chosen` label a profile may carry into the published provenance (its note and
+# `class_profile.chosen`): far above any candidate's label, far below what readers accept.
+MAX_CHOSEN_CHARS = 2048
 
 # Why a profile is not applied: no file for this class, not a valid profile, a file another user
 # may change, made for another kind of node, made for other versions, a value that cannot be published.
@@ -148,12 +150,31 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
                                                       b_name="this node")
         raise ProfileRefused(where, f"stale profile: {why}", code="stale",
                              hint="re-sweep one node of the class and re-run `nccltune fleet decide`")
+    _check_bounds(doc, where)
     try:
         validate_env(doc["env"], source=f"{where}: env")
     except InputError as exc:
         raise ProfileRefused.wrapping(exc, "unsafe") from exc
     if TOPO_FILE in doc["env"]:
         raise ProfileRefused(where, f"env: {TOPO_FILE} is set per node; a profile says topology_file: true instead",
+                             code="unsafe")
+
+
+def _check_bounds(doc: Mapping[str, Any], where: str) -> None:
+    """What a profile may carry into the published set: a `chosen` label of at most
+    MAX_CHOSEN_CHARS characters and at most MAX_VARIABLES variables (each value's own bound is
+    validate_env's); the tuner table's entry count is the plugin's rule (fleet.table).
+
+    Raises:
+        ProfileRefused: code "unsafe", naming the field (exit 78).
+    """
+    chosen = str(doc["chosen"])
+    if len(chosen) > MAX_CHOSEN_CHARS:
+        raise ProfileRefused(where, f"$.chosen: {len(chosen)} characters; a published profile's label has at most "
+                             f"{MAX_CHOSEN_CHARS}", code="unsafe", hint="regenerate the profile with `nccltune fleet "
+                             "decide`")
+    if len(doc["env"]) > MAX_VARIABLES:
+        raise ProfileRefused(where, f"$.env: {len(doc['env'])} variables; at most {MAX_VARIABLES} are published",
                              code="unsafe")
 
 
@@ -165,17 +186,6 @@ def _note(path: Path, doc: Mapping[str, Any]) -> str:
                 if shape.get("label") and int(shape.get("measured_nnodes") or 1) > 1 else "")
     return (f"class profile {path.name} (class {doc['node_class']['id']}, {doc['chosen']}, "
             f"{len(nodes)} node(s), {samples} trial(s){measured})")
-
-
-def publish_profile(cfg: Config, env: Mapping[str, str], prov: Provenance,
-                    tuner: Tuner | None = None) -> PublishedFiles:
-    """The one place a profile is published: the node's publish directory (with the profile's
-    tuner plugin and table, when given: files of the generation) and, where configured, the
-    managed block of its NCCL conf file."""
-    published = publish(cfg.publish_dir, env, prov, tuner=tuner)
-    if cfg.nccl_conf is not None:
-        update_nccl_conf(cfg.nccl_conf, env, prov)
-    return published
 
 
 def file_for(path: Path, class_id: str) -> Path:
@@ -278,12 +288,6 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # Checked (and the plugin built) before anything is written; the table carries the fingerprint
     # the node publishes, which the plugin checks.
     tuner, table_note = profile_tuner(cfg, doc, str(loaded.path), tuning_fp, os.environ)
-    if doc["topology_file"]:
-        # The class shares the tree's shape, not its bus ids: each node points NCCL at its own XML.
-        atomic_write(cfg.topology_file, render_xml(node.topo.system))
-        env[TOPO_FILE] = str(cfg.topology_file)
-    # Before the publish: a copy that is not (yet) in force is told apart by its digest.
-    atomic_write(Path(cfg.state_dir) / PROFILE_IN_FORCE, loaded.raw)
     note = loaded.note + (f"; {table_note}" if table_note else "")
     prov = Provenance(
         nccltune_version=__version__,
@@ -294,9 +298,14 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
         tuning_fingerprint=tuning_fp, state="tuned", class_profile=loaded.provenance())
-    published = publish_profile(cfg, env, prov, tuner)
+    # The class shares the tree's shape, not its bus ids: each node's own XML, as the generation's
+    # own file. The profile's copy in force is written with the set (publish_setting), so a refused
+    # or failed publish leaves the previous profile in force.
+    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system) if doc["topology_file"] else None,
+                      tuner=tuner, class_profile=loaded.raw, where=str(loaded.path))
+    published = publish_setting(cfg, setting)
     log.info("applied %s: generation %d", note, published.generation)
-    return ApplyResult(loaded.path, loaded.class_id, env, published, note)
+    return ApplyResult(loaded.path, loaded.class_id, dict(published.env), published, note)
 
 
 def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,

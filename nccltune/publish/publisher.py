@@ -1,0 +1,63 @@
+"""The one publish function: a Setting onto this node.
+
+Every decider (the sweep, the one-GPU node, a class profile, the daemon's safe republish) calls
+``publish_setting``, so they all write the same files the same way: the state directory created
+under the trust rule where missing, the set as one generation (generations.py; NCCL_TOPO_FILE
+names the generation's own topology file), the stable copy of the topology file
+(``publish.topology_file``, for site scripts that name one path), the class profile in force
+(``<state_dir>/class-profile.json``) and the managed nccl.conf block when one is configured.
+
+Everything that could be refused is checked before the first byte is written; the state
+directory's copies follow the switch to the new generation, so a refusal or a failure leaves the
+previous set, the previous profile in force and the previous copies as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..atomicfile import atomic_write
+from ..config import Config
+from ..errors import InputError
+from ..trust import ensure_dir
+from .formats import render_set
+from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
+from .ncclconf import check_nccl_conf, update_nccl_conf
+from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
+from .setting import Setting
+
+# The class profile in force, as applied, in the state directory: what verify and a later sweep
+# compare the published set's `class_profile.sha256` with.
+PROFILE_IN_FORCE = "class-profile.json"
+# NCCL hands only NCCL_* from its conf file to the process, so the plugin could never find its
+# table there: the tuner is for jobs that take nccl.sh or nccl.env.
+_NOT_IN_NCCL_CONF = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
+
+
+def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
+    """Publish ``setting`` on this node (see the module docstring) and return what was written.
+
+    Raises:
+        InputError: a value, bound, path or directory that is refused; nothing was written (exit 78).
+        PublishError: the OS refused a write (exit 1); the published set is the previous one
+            unless the failure came after the switch (the nccl.conf block, the state copies).
+        BusyError: another publisher kept the directory locked (exit 75).
+    """
+    setting.check()
+    render_set(setting, Path(cfg.publish_dir) / GENERATIONS_DIR / "0", 0)
+    if cfg.nccl_conf is not None:
+        check_nccl_conf(cfg.nccl_conf)
+    state = Path(cfg.state_dir)
+    try:
+        ensure_dir(state, "state directory")
+    except OSError as exc:
+        raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
+    published = publish_generation(cfg.publish_dir, setting)
+    if setting.topology_xml is not None:
+        atomic_write(cfg.topology_file, setting.topology_xml)
+    if setting.class_profile is not None:
+        atomic_write(state / PROFILE_IN_FORCE, setting.class_profile)
+    if cfg.nccl_conf is not None:
+        conf_env = {name: value for name, value in published.env.items() if name not in _NOT_IN_NCCL_CONF}
+        update_nccl_conf(cfg.nccl_conf, conf_env, setting.provenance)
+    return published

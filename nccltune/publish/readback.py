@@ -1,0 +1,264 @@
+"""Reading the published set back, for ``nccltune env``/``exec``, the doctor, verify, the daemon
+and the launchers' rules: ``current`` resolved once, every file of that one generation read
+under the trust rule and checked (content, generation, the tuner's own files), and which part a
+job gets (``job_env``). A reader refuses a mixed, edited or oversized set rather than hand a job
+something nccltune did not write.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import trust
+from ..errors import InputError, UsageError
+from .formats import (
+    ENV_NAME,
+    JSON_NAME,
+    MAX_PUBLISHED_BYTES,
+    SCHEMA_VERSION,
+    SH_NAME,
+    SINGLE_ENV_NAME,
+    SINGLE_SH_NAME,
+    TUNER_PLUGIN_NAME,
+    TUNER_TABLE_NAME,
+)
+from .generations import CURRENT_NAME, GENERATIONS_DIR, current_generation
+from .policy import JOB_NNODES_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, check_scopes, validate_env
+from .setting import PublishError
+
+
+@dataclass(frozen=True)
+class PublishedSet:
+    """One generation as read back and checked: every file of it, of the same generation."""
+
+    directory: Path
+    generation: int
+    env: dict[str, str]  # the part for every job
+    provenance: dict[str, Any]
+    texts: dict[str, str]
+    single_node_env: dict[str, str] = field(default_factory=dict)  # only for jobs known to be single-node
+
+
+def _read_trusted(path: Path, what: str) -> bytes:
+    """Read a published file: no symlink, regular, trusted owner and mode, at most 1 MiB.
+
+    Raises:
+        InputError: refused by the trust rule or too large (exit 78).
+        PublishError: it cannot be read (exit 1).
+    """
+    try:
+        fd = trust.open_file(path, os.O_RDONLY, what)
+    except OSError as exc:
+        raise PublishError(path, exc, action="cannot read") from exc
+    try:
+        data = os.read(fd, MAX_PUBLISHED_BYTES + 1)
+    except OSError as exc:
+        raise PublishError(path, exc, action="cannot read") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PUBLISHED_BYTES:
+        raise InputError(str(path), f"larger than {MAX_PUBLISHED_BYTES} bytes; not a file nccltune wrote")
+    return data
+
+
+def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str] | None]:
+    """(every-job env, provenance, single-node env or None for a set written before the parts)."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(where, f"not UTF-8 (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(where, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
+    except RecursionError as exc:
+        raise InputError(where, "JSON nested too deeply") from exc
+    if not isinstance(doc, dict):
+        raise InputError(where, "expected a JSON object")
+    version = doc.get("schema_version")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise InputError(
+            where,
+            f"unknown schema_version {version!r} (this nccltune reads {SCHEMA_VERSION})",
+            hint="written by another nccltune version; re-run nccltune sweep",
+        )
+    env = doc.get("env")
+    prov = doc.get("provenance")
+    if not isinstance(env, dict):
+        raise InputError(where, "'env' must be an object of NAME: value")
+    if not isinstance(prov, dict):
+        raise InputError(where, "'provenance' must be an object")
+    single = doc.get("single_node_env")
+    if single is not None and not isinstance(single, dict):
+        raise InputError(where, "'single_node_env' must be an object of NAME: value")
+    clean = validate_env(env, source=where)
+    single_clean = None if single is None else validate_env(single, source=f"{where}: single_node_env")
+    if single_clean is not None:
+        check_scopes(clean, single_clean)
+    return clean, prov, single_clean
+
+
+_SH_LINE = re.compile(r"export ([A-Z0-9_]+)='([^']*)'")
+_ENV_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
+
+
+def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int | None]:
+    """Check a published nccl.sh (``kind`` "sh") or nccl.env ("env") line by line, as nccltune
+    writes them: comments without control characters, and one assignment per line with a
+    publishable name and value. Returns (variables, generation from the header).
+
+    Raises:
+        InputError: any other line, naming the file and line (exit 78): an appended command
+            must never come out of ``nccltune env``.
+    """
+    pattern = _SH_LINE if kind == "sh" else _ENV_LINE
+    found: dict[str, str] = {}
+    generation: int | None = None
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if line == "" and lineno == text.count("\n") + 1:
+            break
+        if line.startswith("#"):
+            if any(unicodedata.category(ch).startswith("C") for ch in line):
+                raise InputError(where, "a comment holds a control character", line=lineno)
+            if line.startswith("# generation: ") and line[14:].isdigit():
+                generation = int(line[14:])
+            continue
+        match = pattern.fullmatch(line)
+        if match is None:
+            raise InputError(where, "not a line nccltune writes (only comments and assignments)", line=lineno,
+                             hint="the file was changed after it was published; re-run nccltune sweep")
+        name, value = match.groups()
+        validate_env({name: value}, source=f"{where}:{lineno}")
+        found[name] = value
+    return found, generation
+
+
+def read_set(out_dir: Path) -> PublishedSet | None:
+    """Read the published set as one unit: resolve ``current`` once, read every file from that
+    generation directory, and check each one (trust rule, content, generation). None when
+    nothing is published.
+
+    A directory in the older layout (regular nccl.* files, no ``current``) is read the same way
+    from ``out_dir`` itself.
+
+    Raises:
+        InputError: a file may not be trusted, is malformed, or belongs to another generation
+            than the rest of the set (a mixed set), naming the file (exit 78).
+        PublishError: a file cannot be read (exit 1).
+    """
+    out_dir = Path(out_dir)
+    current = out_dir / CURRENT_NAME
+    if os.path.lexists(current):
+        number = current_generation(out_dir)
+        if number is None:
+            raise InputError(str(current), f"not a link to {GENERATIONS_DIR}/<number>",
+                             hint="re-run nccltune sweep")
+        directory = out_dir / GENERATIONS_DIR / str(number)
+        for path, what in ((out_dir, "publish directory"), (out_dir / GENERATIONS_DIR, "generations directory"),
+                           (directory, "generation directory")):
+            try:
+                trust.check_dir(path, what)
+            except FileNotFoundError as exc:
+                raise InputError(str(current), f"points at the missing {directory}",
+                                 hint="re-run nccltune sweep") from exc
+    else:
+        number = None
+        directory = out_dir
+        if not os.path.lexists(out_dir / JSON_NAME):
+            return None
+        try:
+            trust.check_dir(out_dir, "publish directory")
+        except FileNotFoundError:
+            return None
+    json_path = directory / JSON_NAME
+    try:
+        raw = _read_trusted(json_path, "published file")
+    except PublishError as exc:
+        if number is None and exc.errno == errno.ENOENT:
+            return None
+        raise
+    env, prov, single = _parse_json_doc(raw, str(json_path))
+    _check_own_files(env, directory, number, str(json_path))
+    generation = prov.get("generation")
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        generation = None
+    if number is not None and generation != number:
+        raise InputError(str(json_path), f"records generation {generation!r} but lies in generation {number}: "
+                         "a mixed set", hint="re-run nccltune sweep")
+    texts = {JSON_NAME: raw.decode("utf-8")}
+    parts = [(SH_NAME, "sh", env), (ENV_NAME, "env", env)]
+    if single is not None:
+        parts += [(SINGLE_SH_NAME, "sh", single), (SINGLE_ENV_NAME, "env", single)]
+    for name, kind, expected in parts:
+        path = directory / name
+        if number is None and not expected and name in (SINGLE_SH_NAME, SINGLE_ENV_NAME) \
+                and not os.path.lexists(path):
+            continue  # copied as plain files without the (empty) single-node part
+        try:
+            text = _read_trusted(path, "published file").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(str(path), f"not UTF-8 (byte {exc.start})") from exc
+        found, file_generation = parse_lines(text, str(path), kind)
+        if file_generation != generation:
+            raise InputError(str(path), f"is of generation {file_generation} but {json_path.name} of generation "
+                             f"{generation}: a mixed set", hint="re-run nccltune sweep")
+        if found != expected:
+            raise InputError(str(path), f"does not hold the variables of {json_path.name}: a mixed or edited set",
+                             hint="re-run nccltune sweep")
+        texts[name] = text
+    return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts,
+                        single_node_env=single or {})
+
+
+def _check_own_files(env: Mapping[str, str], directory: Path, number: int | None, where: str) -> None:
+    """The tuner's plugin and table, when published, are files of this very generation.
+
+    Raises:
+        InputError: naming the variable (exit 78).
+    """
+    for name, file_name in ((TUNER_PLUGIN_VAR, TUNER_PLUGIN_NAME), (TUNER_TABLE_VAR, TUNER_TABLE_NAME)):
+        if name in env and (number is None or os.path.realpath(env[name]) != os.path.realpath(directory / file_name)):
+            raise InputError(where, f"{name}: {env[name]} is not the published generation's own {file_name}",
+                             hint="re-run nccltune sweep")
+
+
+def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """Read back nccl.json of the published set: (env, provenance), or None when nothing is published.
+
+    Raises:
+        InputError: nccl.json is corrupt, of an unknown schema, or holds an unpublishable
+            variable, or the set is mixed or untrusted (exit 78).
+        PublishError: nccl.json exists but cannot be read (exit 1).
+    """
+    got = read_set(out_dir)
+    return None if got is None else (got.env, got.provenance)
+
+
+def job_env(published: PublishedSet, nnodes: int | None) -> dict[str, str]:
+    """What a job gets from a published set: the every-job part, plus the single-node part only
+    when the job is known to span exactly one node (``nnodes == 1``). A job that does not say
+    (None) or spans more nodes never receives values measured between one node's GPUs."""
+    env = dict(published.env)
+    if nnodes == 1:
+        env.update(published.single_node_env)
+    return env
+
+
+def job_nnodes(environ: Mapping[str, str]) -> int | None:
+    """The job's node count from NCCLTUNE_JOB_NNODES, or None when it is unset.
+
+    Raises:
+        UsageError: a value that is not a positive whole number (exit 2).
+    """
+    text = environ.get(JOB_NNODES_VAR)
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{JOB_NNODES_VAR}={text!r}: not a positive whole number of nodes")
+    return int(text)
