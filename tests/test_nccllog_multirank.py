@@ -16,7 +16,7 @@ import pytest
 from nccltune.collectives import COLLECTIVES
 from nccltune.nccl.debuglog import choices_by_size, parse_nccl_log
 from nccltune.records import TrialResult
-from nccltune.trials.nccllog import RANK_DIR
+from nccltune.trials.nccllog import debug_env
 from nccltune.trials.runner import Runner, measurement_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccllog" / "h200x1-nccl-hosts"
@@ -38,8 +38,8 @@ def _trial(tmp_path: Path, label: str) -> TrialResult:
     docs = [json.loads(line) for line in (FIXTURES / f"{label}.rank0.jsonl").read_text().splitlines() if line]
     start = next(d for d in docs if d["event"] == "start")
     sizes = [measurement_of(d) for d in docs if d["event"] == "size"]
-    rank_dir = tmp_path / RANK_DIR
-    rank_dir.mkdir(parents=True)
+    rank_dir = Path(debug_env(tmp_path)["NCCL_DEBUG_FILE"]).parent  # where every rank's NCCL writes its log
+    rank_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(FIXTURES / f"{label}.rank0.nccl.log", rank_dir / f"nccl.{start['pid']}.log")
     return TrialResult(status="ok", reason=None, sizes=sizes, wall_s=1.0, start=start, log_dir=str(tmp_path))
 
