@@ -18,13 +18,16 @@
 # by nobody else, in a directory only root can change; otherwise nothing is exported. nccltune
 # publishes nccl.env as a link into its current generation; the link is resolved once and the
 # generation's own file is read (see nccltune_resolve).
-# Problems go to stderr and the exit status is always 0: a missing tuning must not fail a job.
+# The exit status is always 0: a missing tuning must not fail a job. Problems are said on stdout
+# as "print TEXT" lines, which slurmstepd writes to the task's standard output (slurmd throws a
+# TaskProlog's stderr away, so a warning there reaches no one); the checks below write to stderr
+# and nccltune_main turns those lines into print lines.
 #
 # Precedence (README "What a job gets", the same rule as nccltune exec and nccltune-torchrun):
 # Slurm applies these exports over the task's environment, so the prolog itself leaves out what the
 # job decided. It runs with the task's environment (the job's, as sbatch/srun passed it on), so:
 # NCCLTUNE_DISABLE set to anything but empty or 0 there exports nothing, and a variable the task
-# already has is not exported at all (a differing published value is named on stderr).
+# already has is not exported at all (a differing published value is named in a print line).
 #
 # What a job gets (README "What a job gets"): nccl.env is the part that fits every job on the node
 # (topology file, policy values, pins, the tuner plugin and its table). The part measured between
@@ -176,15 +179,20 @@ case ${NCCLTUNE_DISABLE:-0} in
     *) exit 0 ;;
 esac
 
-if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
-    if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then
-        :
-    elif [ ! -r "$nccltune_real" ]; then
-        nccltune_warn "it is not readable by uid $(id -u)"
-    else
-        nccltune_print "$nccltune_real" "$nccltune_env_file"
-        nccltune_single_node && nccltune_print_single
+nccltune_main() {
+    if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
+        if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then
+            :
+        elif [ ! -r "$nccltune_real" ]; then
+            nccltune_warn "it is not readable by uid $(id -u)"
+        else
+            nccltune_print "$nccltune_real" "$nccltune_env_file"
+            nccltune_single_node && nccltune_print_single
+        fi
     fi
-fi
+}
+
+# stdout (the export lines) goes straight out; stderr becomes "print" lines beside them.
+{ nccltune_main 2>&1 >&3 3>&- | LC_ALL=C sed 's/^/print /' >&3 3>&-; } 3>&1
 
 exit 0
