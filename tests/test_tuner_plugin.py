@@ -24,11 +24,15 @@ from tuner_harness import (
     LOG_INFO,
     LOG_WARN,
     Comm,
+    ConstantsV5,
+    ConstantsV7,
     TunerV5,
     TunerV6,
     cost_table,
+    filled_constants,
     init,
     load,
+    load_v7,
     table_env,
 )
 
@@ -127,6 +131,37 @@ def test_exports_v5_and_v6_with_the_same_entry_points(plugins: tuple[ctypes.CDLL
         a = ctypes.cast(getattr(p5, fn), ctypes.c_void_p).value
         b = ctypes.cast(getattr(p6, fn), ctypes.c_void_p).value
         assert a and a == b
+
+
+def test_exports_v7_with_v6s_functions(plugins: tuple[ctypes.CDLL, TunerV5, TunerV6]) -> None:
+    lib, _, p6 = plugins
+    p7 = load_v7(lib)
+    assert p7.name == b"nccltune" and p7.getChunkSize is None
+    for fn in ("getCollInfo", "finalize"):
+        address = ctypes.cast(getattr(p7, fn), ctypes.c_void_p).value
+        assert address and address == ctypes.cast(getattr(p6, fn), ctypes.c_void_p).value
+
+
+def test_v7_constants_layout_has_a_fifth_compute_capability_row() -> None:
+    """tuner_v7.h (NCCL 2.32.6): 5 compute-capability rows of 3 scales in each of 5 bandwidth tables,
+    after the same latency tables: 5 x 3 doubles more than v5's struct."""
+    assert ctypes.sizeof(ConstantsV7) - ctypes.sizeof(ConstantsV5) == 5 * 3 * ctypes.sizeof(ctypes.c_double)
+    assert ctypes.sizeof(ConstantsV7) == (7 * 3 + 3 * 7 * 3 + 5 * 5 * 3) * 8
+
+
+def test_v7_applies_the_table_and_leaves_ncclss_constants_alone(plugins: tuple[ctypes.CDLL, TunerV5, TunerV6],
+                                                                tmp_path: Path) -> None:
+    p7 = load_v7(plugins[0])
+    constants = filled_constants(ConstantsV7)
+    before = bytes(constants)
+    path = write_table(tmp_path / "t.txt", entry(lo=0, hi=MIB, ranks=2, rpn=2, algo="ring", proto="ll128", channels=16))
+    with table_env(path, FP):
+        c = init(p7, 2, 1, (1, 2, 2), constants=constants)
+    assert c.init_rc == 0
+    assert_chose(c.call("allreduce", 4 * KIB), "ring", "ll128", 16)
+    assert_untouched(c.call("allreduce", 2 * MIB))  # outside the table: NCCL decides
+    assert c.finalize() == 0
+    assert bytes(constants) == before  # NCCL's model is never changed, in either layout
 
 
 @pytest.mark.skipif(bool(os.environ.get(LIB_ENV)), reason="checked in the parent run")

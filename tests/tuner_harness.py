@@ -53,6 +53,43 @@ class TunerV6(ctypes.Structure):
                 ("getChunkSize", ctypes.c_void_p)]
 
 
+class TunerV7(ctypes.Structure):
+    """v6's members; init's last argument points to the v7 constants (ConstantsV7)."""
+
+    _fields_ = TunerV6._fields_
+
+
+_SCALES, _HW_LINKS = 3, 3
+_BW_TABLES = ("llMaxBws", "perChMaxRingLL128Bws", "perChMaxTreeLL128Bws", "perChMaxTreeBws", "perChMaxNVLSTreeBws")
+
+
+def _constants(compcaps: int) -> type[ctypes.Structure]:
+    row = ctypes.c_double * _SCALES
+    fields = [("baseLatencies", (ctypes.c_double * len(PROTOCOLS)) * len(ALGORITHMS)),
+              ("hwLatencies", ((ctypes.c_double * len(PROTOCOLS)) * len(ALGORITHMS)) * _HW_LINKS)]
+    fields += [(name, row * compcaps) for name in _BW_TABLES]
+    return type(f"Constants{compcaps}", (ctypes.Structure,), {"_fields_": fields})
+
+
+# NCCL's model constants as init receives them: v5/v6 with 4 compute-capability rows per bandwidth
+# table, v7 (NCCL 2.32.6) with 5 (tuner_v7.h: NCCL_NUM_COMPCAPS_V7).
+ConstantsV5 = _constants(4)
+ConstantsV7 = _constants(5)
+
+
+def filled_constants(kind: type[ctypes.Structure]) -> ctypes.Structure:
+    """A constants struct with a distinct value in every double, to see any change."""
+    obj = kind()
+    raw = (ctypes.c_double * (ctypes.sizeof(kind) // ctypes.sizeof(ctypes.c_double))).from_buffer(obj)
+    for i in range(len(raw)):
+        raw[i] = 1000.0 + i
+    return obj
+
+
+def load_v7(lib: ctypes.CDLL) -> TunerV7:
+    return TunerV7.in_dll(lib, "ncclTunerPlugin_v7")
+
+
 CostTable = (ctypes.c_float * len(PROTOCOLS)) * len(ALGORITHMS)
 
 
@@ -83,7 +120,7 @@ class LogLine:
 class Comm:
     """One communicator's tuner context and the lines it logged."""
 
-    plugin: TunerV5
+    plugin: TunerV5 | TunerV7
     ctx: ctypes.c_void_p
     lines: list[LogLine] = field(default_factory=list)
     init_rc: int = 0
@@ -111,9 +148,10 @@ def load(path: Path) -> tuple[ctypes.CDLL, TunerV5, TunerV6]:
     return lib, TunerV5.in_dll(lib, "ncclTunerPlugin_v5"), TunerV6.in_dll(lib, "ncclTunerPlugin_v6")
 
 
-def init(plugin: TunerV5, n_ranks: int, n_nodes: int, nvl: tuple[int, int, int] | None = None, *,
-         with_logger: bool = True, comm_id: int = 0x1234) -> Comm:
-    """init as NCCL calls it; nvl is (nNvlDomains, min, max ranks per domain), None passes NULL."""
+def init(plugin: TunerV5 | TunerV7, n_ranks: int, n_nodes: int, nvl: tuple[int, int, int] | None = None, *,
+         with_logger: bool = True, comm_id: int = 0x1234, constants: ctypes.Structure | None = None) -> Comm:
+    """init as NCCL calls it; nvl is (nNvlDomains, min, max ranks per domain), None passes NULL, as
+    does constants=None."""
     lines: list[LogLine] = []
 
     def record(level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, msg: bytes | None) -> None:
@@ -124,8 +162,9 @@ def init(plugin: TunerV5, n_ranks: int, n_nodes: int, nvl: tuple[int, int, int] 
     info = NvlDomainInfo(*nvl) if nvl is not None else None
     ctx = ctypes.c_void_p()
     rc = plugin.init(ctypes.byref(ctx), comm_id, n_ranks, n_nodes, logger,
-                     ctypes.byref(info) if info is not None else None, None)
-    return Comm(plugin, ctx, lines, rc, [logger, info])
+                     ctypes.byref(info) if info is not None else None,
+                     ctypes.addressof(constants) if constants is not None else None)
+    return Comm(plugin, ctx, lines, rc, [logger, info, constants])
 
 
 @contextmanager

@@ -2,8 +2,9 @@
  * nccltune_tuner.c - nccltune's NCCL tuner plugin: per-collective, per-size, per-shape choices read
  * from a table that nccltune publishes; every call the table does not cover is left to NCCL.
  *
- * Exports ncclTunerPlugin_v5 (NCCL 2.28.3 and newer) and ncclTunerPlugin_v6 (2.30.3 and newer; no
- * chunk-size hook). Needs no CUDA and does not link libnccl. Build:
+ * Exports ncclTunerPlugin_v5 (NCCL 2.28.3 and newer), ncclTunerPlugin_v6 (2.30.3 and newer; no
+ * chunk-size hook) and ncclTunerPlugin_v7 (2.32.6 and newer; v6's functions, other constants layout).
+ * NCCL binds the highest version it knows. Needs no CUDA and does not link libnccl. Build:
  *   cc -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -o libnccl-tuner-nccltune.so nccltune_tuner.c
  *
  * Environment, read at each communicator's init:
@@ -546,8 +547,19 @@ static ncclResult_t tuner_finalize(void *context) {
   return ncclSuccess;
 }
 
+/* v7's init differs from v5's only in the constants' type, which the plugin never dereferences. */
+static ncclResult_t tuner_init_v7(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                  ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t *nvlDomainInfo,
+                                  ncclTunerConstants_v7_t *constants) {
+  (void)constants;
+  return tuner_init(context, commId, nRanks, nNodes, logFunction, nvlDomainInfo, NULL);
+}
+
 __attribute__((visibility("default"))) const ncclTuner_v5_t ncclTunerPlugin_v5 = {
     "nccltune", tuner_init, tuner_get_coll_info, tuner_finalize};
 
 __attribute__((visibility("default"))) const ncclTuner_v6_t ncclTunerPlugin_v6 = {
     "nccltune", tuner_init, tuner_get_coll_info, tuner_finalize, NULL};
+
+__attribute__((visibility("default"))) const ncclTuner_v7_t ncclTunerPlugin_v7 = {
+    "nccltune", tuner_init_v7, tuner_get_coll_info, tuner_finalize, NULL};

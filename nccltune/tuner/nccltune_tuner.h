@@ -99,4 +99,19 @@ typedef struct {
                                size_t *chunkSize);
 } ncclTuner_v6_t;
 
+/* v7 (NCCL 2.32.6 and newer) has v6's functions; only the constants passed to init changed layout
+ * (each bandwidth table gained a fifth compute-capability row). Opaque here too: never read. */
+typedef struct ncclTunerConstants_v7 ncclTunerConstants_v7_t;
+
+typedef struct {
+  const char *name;
+  ncclResult_t (*init)(void **context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
+                       ncclNvlDomainInfo_v5_t *nvlDomainInfo, ncclTunerConstants_v7_t *constants);
+  ncclResult_t (*getCollInfo)(void *context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                              float **collCostTable, int numAlgo, int numProto, int regBuff, int *nChannels);
+  ncclResult_t (*finalize)(void *context);
+  ncclResult_t (*getChunkSize)(void *context, ncclFunc_t collType, size_t nBytes, int algo, int proto, int nChannels,
+                               size_t *chunkSize);
+} ncclTuner_v7_t;
+
 #endif /* NCCLTUNE_TUNER_H */
