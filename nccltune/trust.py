@@ -1,17 +1,27 @@
-"""May this process (often root) trust a path? One rule for the lock, the store, the publisher,
-``nccltune env``/``exec`` and the doctor.
+"""May this process (often root) trust a path? One rule for everything nccltune reads as
+configuration, runs, or writes in: the config file, the worker interpreter, the topology
+snapshot, class profiles, the lock, the store, the publisher, ``nccltune env``/``exec`` and the
+doctor.
 
-nccltune runs as root and writes what every job sources, so a directory or file it uses must not
+nccltune runs as root and writes what every job sources, so nothing it reads, runs or writes may
 be changeable by anyone else: otherwise an unprivileged user could plant a symlink (root would
-write through it) or edit what jobs run. The rule:
+write through it), swap a directory on the way to a file root trusts, or edit what jobs run. The
+rule holds for the whole chain from ``/`` to the final target, resolved as the kernel resolves it,
+one component and one link at a time (a link's target is walked the same way, so the directories
+holding link targets are checked too):
 
-- the owner is root or the effective user running nccltune;
-- neither group nor others may write it (a sticky bit does not help: others could still create
-  the names nccltune is about to open);
-- nothing is opened through a symlink (O_NOFOLLOW), nothing is inherited by children (O_CLOEXEC).
+- every directory, every symlink and the final target are owned by root or the effective user
+  running nccltune (a link's own owner counts: a link in a sticky directory belongs to whoever
+  made it);
+- neither group nor others may write a directory or the target. A sticky directory on the way
+  (``/tmp``) is accepted, because others can neither rename nor remove what root or nccltune owns
+  in it; it never makes a name in it trusted (that name's owner is checked), and it is refused as
+  the final directory, where others could still create the names nccltune is about to open;
+- files nccltune writes are opened without following a symlink (O_NOFOLLOW), nothing is
+  inherited by children (O_CLOEXEC).
 
 Directories nccltune creates get mode 0755 whatever the umask. A violation is an InputError
-(exit 78) that names the path, its owner uid and its mode.
+(exit 78) that names the path, the offending component, its owner uid and its mode.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import InputError
@@ -29,6 +40,10 @@ log = logging.getLogger(__name__)
 DIR_MODE = 0o755
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# The kernel's own bound on links followed in one path (MAXSYMLINKS).
+MAX_LINKS = 40
+HINT = ("make it owned by root (or the user running nccltune) and writable by nobody else, "
+        "e.g. chown root: PATH && chmod go-w PATH")
 
 
 def trusted_uids() -> tuple[int, ...]:
@@ -36,16 +51,19 @@ def trusted_uids() -> tuple[int, ...]:
     return (0, os.geteuid())
 
 
-def problem(st: os.stat_result) -> str | None:
-    """Why a file or directory with this stat may not be trusted, or None when it may."""
+def problem(st: os.stat_result, *, on_the_way: bool = False) -> str | None:
+    """Why a file, directory or symlink with this (l)stat may not be trusted, or None when it may.
+
+    ``on_the_way``: a directory passed through rather than used; a sticky one may then be
+    writable by others (see the module's rule). A symlink's mode means nothing: only its owner.
+    """
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in trusted_uids():
         return f"owned by uid {st.st_uid}, not by root or uid {os.geteuid()} (mode {mode:04o})"
-    if mode & stat.S_IWOTH:
-        return f"world-writable (mode {mode:04o}, owner uid {st.st_uid})"
-    if mode & stat.S_IWGRP:
-        return f"group-writable (mode {mode:04o}, owner uid {st.st_uid})"
-    return None
+    if stat.S_ISLNK(st.st_mode) or (on_the_way and stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX):
+        return None
+    word = writable_word(mode)
+    return None if word is None else f"{word} (mode {mode:04o}, owner uid {st.st_uid})"
 
 
 def writable_word(mode: int) -> str | None:
@@ -57,10 +75,9 @@ def writable_word(mode: int) -> str | None:
     return None
 
 
-def _refuse(path: Path | str, what: str, why: str) -> InputError:
-    return InputError(str(path), f"refusing the {what}: it is {why}",
-                      hint="make it owned by root (or the user running nccltune) and writable by nobody else, "
-                           "e.g. chown root: PATH && chmod go-w PATH")
+def _refuse(path: Path | str, what: str, why: str, component: str | None = None) -> InputError:
+    where = "" if component is None or component == str(path) else f"{component} on its way is "
+    return InputError(str(path), f"refusing the {what}: {where or 'it is '}{why}", hint=HINT)
 
 
 def check_stat(path: Path | str, st: os.stat_result, what: str) -> None:
@@ -70,17 +87,91 @@ def check_stat(path: Path | str, st: os.stat_result, what: str) -> None:
         raise _refuse(path, what, why)
 
 
-def check_dir(path: Path | str, what: str = "directory") -> None:
-    """Refuse a directory that is a symlink's target we did not expect, not a directory, or not trusted.
+def resolve_trusted(path: Path | str, what: str, *, follow_last: bool = True) -> tuple[Path, os.stat_result]:
+    """Walk ``path`` from ``/`` as the kernel would and check every component on the way: each
+    directory, each symlink (its own owner) and, through every link, the directories its target
+    names. Returns the final target's real path and its lstat. With ``follow_last`` false a
+    symlink as the last component is refused instead of followed (a file nccltune opens with
+    O_NOFOLLOW).
+
+    A relative path starts at the working directory, whose own chain is walked too.
 
     Raises:
-        InputError: not a directory, or owned/writable by another user (exit 78).
+        InputError: a component may not be trusted, or the last one is a symlink not to be
+            followed, or there are more than MAX_LINKS links (exit 78).
+        OSError: a component is missing or cannot be read (the caller words it); NotADirectoryError
+            when a component on the way is not a directory.
+    """
+    shown = str(path)
+    pending = [p for p in os.path.abspath(os.fspath(path)).split("/") if p]
+    current = "/"
+    st = os.lstat(current)
+    why = problem(st, on_the_way=bool(pending))
+    if why is not None:
+        raise _refuse(shown, what, why, current)
+    links = 0
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)  # already resolved and checked
+            continue
+        candidate = os.path.join(current, name)
+        st = os.lstat(candidate)
+        if stat.S_ISLNK(st.st_mode):
+            why = problem(st)
+            if why is not None:
+                raise _refuse(shown, what, f"a symlink {why}", candidate)
+            if not pending and not follow_last:
+                raise InputError(shown, f"refusing the {what}: it is a symlink",
+                                 hint="remove it; nccltune never opens its files through a link")
+            links += 1
+            if links > MAX_LINKS:
+                raise InputError(shown, f"refusing the {what}: more than {MAX_LINKS} symlinks on its way")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                current = "/"
+            pending[:0] = [p for p in target.split("/") if p]
+            continue
+        if pending and not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), candidate)
+        if not pending and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            # A device, FIFO or socket: the caller refuses it for what it is (/dev/null is 0666).
+            return Path(candidate), st
+        why = problem(st, on_the_way=bool(pending))
+        if why is not None:
+            raise _refuse(shown, what, why, candidate)
+        current = candidate
+    return Path(current), st
+
+
+def trusted_file(path: Path | str, what: str) -> Path:
+    """An existing regular file that will be read as configuration or run, its whole chain
+    trusted (links followed, each checked). Returns its real path: open that, not ``path``.
+
+    Raises:
+        InputError: untrusted on the way, or not a regular file (exit 78).
+        OSError: missing or unreadable (the caller words it).
+    """
+    real, st = resolve_trusted(path, what)
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(str(path), f"is a directory, not a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(str(path), f"is not a regular file (a device, FIFO or socket), not a {what}")
+    return real
+
+
+def check_dir(path: Path | str, what: str = "directory") -> None:
+    """Refuse a directory that is not one, or not trusted along its whole chain (links followed).
+
+    Raises:
+        InputError: not a directory, or owned/writable by another user on the way (exit 78).
         OSError: it cannot be stat'ed (the caller words it).
     """
-    st = os.stat(path)
+    _, st = resolve_trusted(path, what)
     if not stat.S_ISDIR(st.st_mode):
         raise InputError(str(path), f"the {what} is not a directory")
-    check_stat(path, st, what)
 
 
 def ensure_dir(path: Path | str, what: str = "directory") -> Path:
@@ -138,16 +229,55 @@ def open_file(path: Path | str, flags: int, what: str, mode: int = 0o644) -> int
 
 
 def check_file(path: Path | str, what: str = "file") -> os.stat_result:
-    """lstat-based check of an existing file that will be read: regular, not a link, trusted.
+    """An existing file nccltune reads and writes in place: regular, not itself a link, trusted
+    along its whole chain.
 
     Raises:
-        InputError: a symlink, not a regular file, or not trusted (exit 78).
+        InputError: a symlink, not a regular file, or not trusted on the way (exit 78).
         OSError: it cannot be stat'ed.
     """
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise InputError(str(path), f"refusing the {what}: it is a symlink")
+    _, st = resolve_trusted(path, what, follow_last=False)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(str(path), f"refusing the {what}: it is not a regular file")
-    check_stat(path, st, what)
     return st
+
+
+# -- the Python interpreters nccltune starts -------------------------------------------------------
+
+# Isolated mode for every Python nccltune starts (the worker, its probe, torchrun, a search for
+# torch): no PYTHON* variables, no user site-packages, and neither the working directory nor any
+# other path but the script's own directory (for `-c` and `-m`: none) on sys.path. A torch.py
+# planted where root happens to stand is never imported.
+PYTHON_ISOLATED = "-I"
+# PATH for those children: system directories only, never the caller's (which may hold ".").
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What a child that only loads torch and NCCL keeps of nccltune's environment.
+KEPT_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_")
+KEPT_NAMES = ("LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ")
+
+
+# Variables that make a Python started without -I (torchrun starts its workers so) import from
+# elsewhere than its installation, and the settings that keep its own directory and the user's
+# site-packages off its path: for every environment nccltune gives a Python child.
+PYTHON_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT",
+                         "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR")
+PYTHON_SAFE_SETTINGS = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+
+
+def without_python_paths(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without PYTHON_PATH_VARIABLES, with PYTHON_SAFE_SETTINGS."""
+    return {**{k: v for k, v in env.items() if k not in PYTHON_PATH_VARIABLES}, **PYTHON_SAFE_SETTINGS}
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A clean environment for a child interpreter that looks at torch and NCCL: a fixed PATH,
+    the CUDA, NCCL and library-path variables of ``env`` (default: this process's), nothing else."""
+    source = os.environ if env is None else env
+    kept = {k: v for k, v in source.items() if k.startswith(KEPT_PREFIXES) or k in KEPT_NAMES}
+    return {**kept, "PATH": SAFE_PATH, **PYTHON_SAFE_SETTINGS}
+
+
+def python_argv(python: str, *args: str) -> list[str]:
+    """The command line that runs ``python`` isolated with ``args`` (a script by absolute path,
+    or ``-m MODULE`` / ``-c CODE``)."""
+    return [python, PYTHON_ISOLATED, *args]

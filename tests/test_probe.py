@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.probe import parse_probe, probe_nccl
+from nccltune.nccl.probe import parse_probe, probe_nccl
 from nccltune.trials.worker import probe_record
 
 
@@ -56,8 +56,8 @@ def test_probe_nccl_runs_the_worker_probe_of_the_given_interpreter(tmp_path: Pat
     info = probe_nccl(str(script))
     assert info["nccl_lib"] == str(lib) and info["nccl_version"] == "2.28.9"
     assert info["nccl_lib_stat"][0] == lib.stat().st_size
-    worker, flag = args_file.read_text().split()
-    assert worker.endswith("trials/worker.py") and flag == "--probe"
+    isolated, worker, flag = args_file.read_text().split()
+    assert isolated == "-I" and worker.endswith("trials/worker.py") and flag == "--probe"
 
 
 def test_the_worker_probe_finds_the_library_by_the_memory_map_rule(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK, NccltuneError, UsageError
+from ..trust import ensure_dir
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -101,7 +102,10 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
     endpoint = parse_endpoint(args.join, "--join")
     cfg = load_cfg(args, demo=bool(args.demo))
     python = find_worker_python(args.python or cfg.bench.python)
-    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=Path(cfg.state_dir) / "join")
+    # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
+    # there as root, so none of it may be another user's, nor reached through her link.
+    work_dir = ensure_dir(ensure_dir(Path(cfg.state_dir), "state directory") / "join", "join directory")
+    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir)
     out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
     return EXIT_OK
 

@@ -2,7 +2,9 @@
 
 Asked of the worker itself (`worker.py --probe`), so that the sweep and the daemon see the NCCL
 the trials load, found by the same rule the worker uses for its direct NCCL calls. Runs in a
-child interpreter: nccltune itself never imports torch.
+child interpreter (nccltune itself never imports torch), isolated: `python -I` on the worker's
+absolute path, from `/`, with a clean environment (trust.child_env), so nothing in the caller's
+working directory or environment is imported.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 import subprocess
 from typing import Any
 
-from .trials.runner import WORKER
+from ..trials.runner import WORKER
+from ..trust import child_env, python_argv
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,8 @@ def probe_nccl(python: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """torch and NCCL versions (and NCCL's library file) as the worker interpreter sees them;
     {"error": ...} when the probe could not run."""
     try:
-        out = subprocess.run([python, str(WORKER), "--probe"], capture_output=True, text=True, timeout=timeout_s,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run(python_argv(python, str(WORKER), "--probe"), capture_output=True, text=True,
+                             timeout=timeout_s, stdin=subprocess.DEVNULL, cwd="/", env=child_env())
         return parse_probe(out.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         log.debug("probe of %s failed: %s", python, exc)

@@ -71,7 +71,8 @@ def main(argv: list[str]) -> int:
         return 4
     if env.get("RANK", "0") != "0":
         os.dup2(2, 1)
-    os.execve(sys.executable, [sys.executable, *rest], env)
+    # Isolated (-I), as nccltune starts every Python: nothing of a working directory or PYTHONPATH.
+    os.execve(sys.executable, [sys.executable, "-I", *rest], env)
     return 0  # pragma: no cover - exec does not return
 
 

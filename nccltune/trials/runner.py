@@ -108,11 +108,14 @@ def with_nccl_choice(m: Measurement, choice: SizeChoice | None) -> Measurement:
 
 
 def check_python(configured: str) -> None:
-    """Refuse a worker interpreter that cannot be one, before anything is measured or written.
+    """Refuse a worker interpreter that cannot be one, or that root may not run, before anything
+    is measured or written: the interpreter and every directory and link on the way to it pass
+    the trust rule (a venv's python linked to /usr/bin/python3 is fine; one in a directory another
+    user may write is not).
 
     Raises:
         UnavailableError: it does not exist (exit 69).
-        InputError: a directory, or a file without the run bit (exit 78).
+        InputError: a directory, a file without the run bit, or not trusted on its way (exit 78).
     """
     found = shutil.which(configured)
     if found is None and not Path(configured).exists():
@@ -121,6 +124,10 @@ def check_python(configured: str) -> None:
     # A directory or a file without the run bit would fail in every rank's exec: say so once.
     if target.is_dir():
         raise InputError("bench.python (--python)", f"{configured} is a directory, not an interpreter")
+    try:
+        trust.trusted_file(target, "worker interpreter (bench.python)")
+    except OSError as exc:
+        raise InputError("bench.python (--python)", f"{configured}: {exc.strerror}") from exc
     if not os.access(target, os.X_OK):
         raise InputError("bench.python (--python)", f"{configured} is not executable (no run bit)",
                          hint=f"chmod +x {configured}, or name the interpreter your jobs use")
@@ -140,11 +147,20 @@ def find_worker_python(configured: str | None) -> str:
     if importlib.util.find_spec("torch") is not None:
         return sys.executable
     for name in ("python3", "python"):
-        exe = shutil.which(name)
-        if exe and exe != sys.executable:
-            probe = subprocess.run([exe, "-c", "import torch"], capture_output=True, timeout=120)
-            if probe.returncode == 0:
-                return exe
+        # Only the system's directories, and only an interpreter root may run; asked isolated
+        # (python -I, from /, a clean environment) so that no torch.py planted anywhere is imported.
+        exe = shutil.which(name, path=trust.SAFE_PATH)
+        if not exe or exe == sys.executable:
+            continue
+        try:
+            trust.trusted_file(exe, "worker interpreter")
+        except (InputError, OSError) as exc:
+            log.warning("not looking for torch in %s: %s", exe, exc)
+            continue
+        probe = subprocess.run(trust.python_argv(exe, "-c", "import torch"), capture_output=True, timeout=120,
+                               cwd="/", env=trust.child_env(), stdin=subprocess.DEVNULL)
+        if probe.returncode == 0:
+            return exe
     raise UnavailableError(
         "no Python interpreter with torch found for the benchmark worker",
         hint="set bench.python in the config (or --python) to the interpreter your jobs use",
@@ -196,8 +212,9 @@ class Runner:
         env.update(candidate)
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
-        # The worker must see its own file's directory only, never a stale nccltune on the path.
-        env.pop("PYTHONSTARTUP", None)
+        # The worker must see its own file's directory only, never a stale nccltune on the path,
+        # nor (under torchrun, which starts it without -I) anything PYTHONPATH names.
+        env = trust.without_python_paths(env)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
@@ -214,7 +231,8 @@ class Runner:
         env = self.trial_env(candidate)
         if self.nccl_debug:
             env.update(debug_env(trial_dir))
-        cmd = [self.python, str(WORKER), "--backend", self.backend,
+        # Isolated (-I): the worker imports nothing from a working directory or PYTHONPATH.
+        cmd = [*trust.python_argv(self.python, str(WORKER)), "--backend", self.backend,
                "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
                "--timeout-s", str(max(30.0, self.timeout_s))]
         if not check:
