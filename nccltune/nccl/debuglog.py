@@ -132,6 +132,11 @@ class NcclLog:
     # The file named by "Loading topology file X": differs from topo_file when NCCL picked up
     # /var/run/nvidia-topologyd/virtualTopology.xml on its own (topo.cc, no NCCL_TOPO_FILE).
     topo_loaded_file: str | None = None
+    # "TUNER/Plugin: Using nccltune (v5)" (plugin/tuner.cc): the tuner plugin NCCL bound, by name
+    # and ABI version; None when it loaded none. `tuner_notes`: what nccltune's own plugin said
+    # at each init ("using table ...", "table ... is stale ...": nccltune_tuner.c), INFO or WARN.
+    tuner: str | None = None
+    tuner_notes: list[str] = field(default_factory=list)
 
 
 # --- Line framing (debug.cc:ncclDebugLogV) -------------------------------------------------
@@ -194,6 +199,9 @@ _PATH_ENTRY_RE = re.compile(rf"({_NODE}) \((\d+)/([\d.]+)/(\w+)\)", _A)
 _COLL_CHANNELS_RE = re.compile(r"(?:^|\s)(\d+) coll channels,", _A)
 _INIT_COMPLETE_RE = re.compile(r"\brank (\d+) nranks (\d+)\b.*Init COMPLETE", _A)
 _COMM_SUMMARY_RE = re.compile(r"\brank (\d+) nRanks (\d+) nNodes (\d+)", _A)
+# plugin/tuner.cc: the plugin NCCL bound; nccltune_tuner.c prefixes every line it logs.
+_TUNER_RE = re.compile(r"^TUNER/Plugin: Using (.+)$", _A)
+TUNER_NOTE_PREFIX = "nccltune tuner: "
 # graph/paths.cc:ncclTopoCheckP2p (INFO; the NVLINK variant is a WARN and fails the init).
 _P2P_DISABLED_RE = re.compile(r"P2P is disabled between (?:NVLINK )?connected GPUs (\d+) and (\d+)", _A)
 
@@ -286,6 +294,8 @@ class _Builder:
         self.init_complete_ranks: set[int] = set()
         self.nranks: int | None = None
         self.p2p_disabled_pairs: list[tuple[int, int]] = []
+        self.tuner: str | None = None
+        self.tuner_notes: list[str] = []
 
     def line(self, line: str) -> None:
         if self.version is None:
@@ -308,6 +318,8 @@ class _Builder:
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(msg)
+        if msg.startswith(TUNER_NOTE_PREFIX):
+            self.tuner_notes.append(msg[len(TUNER_NOTE_PREFIX):])
         if _is_failure(msg):
             self.errors.append(msg)
         # Releases before 2.2x printed these topology messages as WARN, not INFO.
@@ -333,6 +345,13 @@ class _Builder:
         m = _ENV_RE.match(msg)
         if m is not None:
             self._env(m.group(1), m.group(2))
+            return
+        if msg.startswith(TUNER_NOTE_PREFIX):
+            self.tuner_notes.append(msg[len(TUNER_NOTE_PREFIX):])
+            return
+        m = _TUNER_RE.match(msg)
+        if m is not None:
+            self.tuner = m.group(1).strip()
             return
         if self._topology(msg):
             return
@@ -469,6 +488,8 @@ class _Builder:
             nranks=self.nranks,
             p2p_disabled_pairs=self.p2p_disabled_pairs,
             topo_loaded_file=self.topo_loaded_file,
+            tuner=self.tuner,
+            tuner_notes=self.tuner_notes,
         )
 
 
