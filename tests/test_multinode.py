@@ -23,21 +23,13 @@ import pytest
 
 from nccltune.cli import build_parser, main, sweep_launch_request
 from nccltune.errors import EXIT_USAGE, UsageError
+from nccltune.hw.procfs import descendants
 from nccltune.sweep.plan import JobShape
 from nccltune.trials import nccllog
-from nccltune.trials.launch import (
-    RANKEXEC,
-    WORKER,
-    LaunchShape,
-    LocalLaunch,
-    SrunLaunch,
-    TorchrunLaunch,
-    TrialSpec,
-    _descendants,
-    make_launch,
-    parse_endpoint,
-    torchrun_argv,
-)
+from nccltune.trials.launch import RANKEXEC, WORKER, LaunchShape, TrialSpec, make_launch, parse_endpoint
+from nccltune.trials.launch.local import LocalLaunch
+from nccltune.trials.launch.srun import SrunLaunch
+from nccltune.trials.launch.torchrun import TorchrunLaunch, torchrun_argv
 from nccltune.trials.runner import Runner, TrialResult
 from nccltune.trials.worker import FAULT_VAR
 from tests.twonodes import end, kill_under, node_env, port_pair, processes_in, wait_gone
@@ -108,7 +100,7 @@ def _left_below(pid: int, keep: set[int], wait_s: float = 15.0) -> set[int]:
     """Processes below `pid` other than `keep`, once they had `wait_s` to go (reaping takes a moment)."""
     deadline = time.monotonic() + wait_s
     while True:
-        left = set(_descendants(pid)) - keep
+        left = descendants(pid) - keep
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -495,7 +487,7 @@ def test_a_joining_node_refuses_a_candidate_outside_nccls_variables(tmp_path: Pa
     import threading
 
     from nccltune import __version__
-    from nccltune.trials.launch import join
+    from nccltune.trials.launch.torchrun import join
 
     port = _port_pair()
     server = socket.create_server(("127.0.0.1", port + 1))

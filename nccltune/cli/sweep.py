@@ -91,7 +91,8 @@ def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> La
 
 def cmd_sweep_join(args: argparse.Namespace) -> int:
     """`nccltune sweep --join HOST:PORT`: this node runs the coordinator's trials until it stops."""
-    from ..trials.launch import join, parse_endpoint
+    from ..trials.launch import parse_endpoint
+    from ..trials.launch.torchrun import join
     from ..trials.runner import find_worker_python
 
     given = [flag for flag, on in (("--nodes", args.nodes != 1), ("--rdzv-endpoint", args.rdzv_endpoint),

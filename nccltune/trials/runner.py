@@ -32,7 +32,8 @@ from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_l
 from ..records import Measurement, TrialResult, TrialStatus
 from ..trust import ensure_dir
 from . import nccltests
-from .launch import Launch, LocalLaunch, TrialSpec
+from .launch import Launch, TrialSpec
+from .launch.local import LocalLaunch
 from .nccllog import debug_env, rank0_log
 from .rankexec import die_with_parent
 

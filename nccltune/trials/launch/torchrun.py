@@ -1,0 +1,306 @@
+"""torchrun agents joined by c10d rendezvous: the coordinator's launch and a joining node's loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
+from ...hw.procfs import descendants
+from ...publish import validate_env
+from .. import nccllog
+from ..rankexec import die_with_parent
+from . import (
+    KILL_GRACE_S,
+    RANKEXEC,
+    WORKER,
+    Launch,
+    LaunchShape,
+    ProcSpec,
+    TrialSpec,
+    clean_env,
+    host_port,
+    is_loopback,
+    read_text,
+    worker_args,
+)
+from .channel import CONTROL_PORT_OFFSET, MAX_MESSAGE_BYTES, ControlServer, Peer, connect, version
+
+log = logging.getLogger(__name__)
+
+MONITOR_INTERVAL_S = 0.5  # torchrun's worker polling (its default is 0.1 s on 2.x, 5 s before)
+# Variables naming a file whose text goes to the other nodes, and the name it gets there.
+SHIPPED_FILES = {"NCCL_TOPO_FILE": "ncclTopology.xml"}
+
+
+def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], rdzv_id: str,
+                  is_host: bool, timeout_s: float, args: Sequence[str], local_addr: str | None = None,
+                  monitor_interval_s: float = MONITOR_INTERVAL_S) -> list[str]:
+    """One node's torchrun agent for one trial, running rankexec.py -> worker.py with `args`."""
+    # join_timeout: a node that never comes must not keep the others waiting past the trial;
+    # read_timeout: how long an agent waits on a store that stopped answering.
+    conf = f"is_host={1 if is_host else 0},join_timeout={max(30, int(timeout_s))},read_timeout=10"
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", host_port(*endpoint), "--rdzv-id", rdzv_id,
+            "--rdzv-conf", conf, "--max-restarts", "0", "--monitor-interval", f"{monitor_interval_s:g}"]
+    if local_addr:
+        argv += ["--local-addr", local_addr]
+    return [*argv, str(RANKEXEC), str(WORKER), *args]
+
+
+def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM `proc` (a torchrun agent or srun, in its own session), SIGKILL it and everything
+    below it after `grace_s`. The tree is read first: once the agent dies its workers are orphans."""
+    if proc.poll() is not None:
+        below = descendants(proc.pid)
+        _kill_all(below)
+        return
+    below = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    # Workers started after the first look (a rendezvous finishing meanwhile) are below it too.
+    below |= descendants(proc.pid)
+    _kill_all([proc.pid, *below])
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _kill_all(pids: Iterable[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # a worker leads its own session, so its pid is its group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class TorchrunLaunch(Launch):
+    """One torchrun agent per node and trial, c10d rendezvous; this node coordinates."""
+
+    launcher = "torchrun"
+
+    def __init__(self, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], *,
+                 node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0) -> None:
+        super().__init__(LaunchShape(nnodes, nproc_per_node), node_class)
+        self.endpoint = endpoint
+        self.local_addr = local_addr if local_addr else ("127.0.0.1" if is_loopback(endpoint[0]) else None)
+        self.join_wait_s = join_wait_s
+        self._token = secrets.token_hex(4)
+        self._control: ControlServer | None = None
+        self._trial_dir: Path | None = None
+
+    def rdzv_id(self, seq: int) -> str:
+        return f"nccltune-{self._token}-{seq}"
+
+    def start(self, trial: TrialSpec) -> list[ProcSpec]:
+        candidate = validate_env(trial.candidate, source="trial candidate")
+        self._trial_dir = trial.trial_dir
+        rdzv_id = self.rdzv_id(trial.seq)
+        args = worker_args(trial.worker)
+        if self.shape.nnodes > 1:
+            if self._control is None:
+                host, port = self.endpoint
+                self._control = ControlServer(host, port + CONTROL_PORT_OFFSET, joiners=self.shape.nnodes - 1,
+                                              nproc_per_node=self.shape.ranks_per_node, join_wait_s=self.join_wait_s)
+            self._control.publish({"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate,
+                                   "files": _file_payload(candidate), "worker_args": args,
+                                   "timeout_s": trial.timeout_s, "nccl_debug": trial.nccl_log})
+        argv = torchrun_argv(trial.worker[0], nnodes=self.shape.nnodes, nproc_per_node=self.shape.ranks_per_node,
+                             endpoint=self.endpoint, rdzv_id=rdzv_id, is_host=True, timeout_s=trial.timeout_s,
+                             args=args, local_addr=self.local_addr)
+        return [ProcSpec("agent", argv, clean_env(trial.env), "torchrun on this node")]
+
+    def poll(self) -> str | None:
+        return self._control.failure() if self._control is not None else None
+
+    def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+        if self._control is not None:
+            self._control.kill()
+        for proc in procs:
+            stop_tree(proc)
+
+    def finish(self, trial_dir: Path) -> None:
+        """Rank 0's output from the node it ran on: this one, or the joiner whose report carries it,
+        with its NCCL log (nccllog.RANK0_LOG)."""
+        remote = self._control.collect(KILL_GRACE_S * 2) if self._control is not None else []
+        local = read_text(trial_dir / "agent.out")
+        text = local
+        if not local.strip():
+            rank0 = next((r for r in remote if str(r.get("rank0_out", "")).strip()), None)
+            text = str(rank0["rank0_out"]) if rank0 else ""
+            if rank0 is not None:
+                _write_rank0_log(trial_dir, rank0)
+        (trial_dir / "rank0.out").write_text(text)
+        (trial_dir / "rank0.err").write_text(read_text(trial_dir / "agent.err"))
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+
+def _write_rank0_log(trial_dir: Path, report: Mapping[str, Any]) -> None:
+    """The NCCL log a joiner sent with rank 0's output, as nccllog.RANK0_LOG; a warning when the
+    runner reads NCCL's log and none came."""
+    packed = report.get("nccl_log")
+    if isinstance(packed, str):
+        try:
+            (trial_dir / nccllog.RANK0_LOG).write_bytes(nccllog.unpack(packed))
+            return
+        except ValueError as exc:
+            log.warning("trial %s: rank 0's NCCL log from the other node is unreadable: %s", trial_dir.name, exc)
+    if report.get("nccl_log_missing"):
+        log.warning("trial %s: rank 0 ran on another node, whose NCCL log did not come: %s", trial_dir.name,
+                    report["nccl_log_missing"])
+
+
+def _file_payload(candidate: Mapping[str, str]) -> dict[str, str]:
+    """Files the candidate names (SHIPPED_FILES), by variable: their text travels, paths are node-local."""
+    out = {}
+    for name in SHIPPED_FILES:
+        path = candidate.get(name)
+        if path:
+            try:
+                out[name] = Path(path).read_text()
+            except OSError as exc:
+                raise UnavailableError(f"{name} {path}: {exc.strerror}") from exc
+    return out
+
+
+# -- a joining node ----------------------------------------------------------------------------------
+
+
+def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str], work_dir: Path,
+         connect_wait_s: float = 600.0) -> int:
+    """Run trials for the coordinator at `endpoint` until it says stop, with as many ranks on this
+    node as the coordinator runs on its own. Returns the trial count.
+
+    Raises:
+        UnavailableError: the coordinator cannot be reached or refused this node (exit 69).
+    """
+    host, port = endpoint
+    local_addr = "127.0.0.1" if is_loopback(host) else None
+    peer = Peer(connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), f"coordinator {host_port(host, port)}")
+    peer.sock.settimeout(None)
+    peer.send({"hello": socket.gethostname(), "version": version()})
+    reply = peer.read(60.0)
+    if not reply or "welcome" not in reply[0]:
+        why = reply[0].get("refuse") if reply else "no answer"
+        peer.close()
+        raise UnavailableError(f"the coordinator at {host_port(host, port)} refused this node: {why}")
+    nnodes, nproc_per_node = int(reply[0]["welcome"]), int(reply[0]["nproc_per_node"])
+    pending = reply[1:]  # the first trial may come in the same read as the welcome
+    trials = 0
+    try:
+        while not peer.closed:
+            if not pending:
+                pending.extend(peer.read(3600.0))
+            while pending:
+                msg = pending.pop(0)
+                if msg.get("stop"):
+                    return trials
+                if "trial" in msg:
+                    trials += 1
+                    # Messages that arrive during the trial, other than its kill, wait in `pending`.
+                    peer.send(_join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
+                                          nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
+                                          local_addr=local_addr))
+        log.warning("the coordinator closed the connection")
+        return trials
+    finally:
+        peer.close()
+
+
+def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]], *, python: str,
+                base_env: Mapping[str, str], work_dir: Path, nnodes: int, nproc_per_node: int,
+                endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
+    seq = int(msg["trial"])
+    trial_dir = work_dir / f"trial-{seq:03d}"
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        candidate = validate_env(msg.get("env") or {}, source=f"trial {seq} from the coordinator")
+        files = dict(msg.get("files") or {})
+        args = [str(a) for a in msg.get("worker_args") or []]
+        timeout_s = min(float(msg.get("timeout_s", 180.0)), 24 * 3600.0)
+        rdzv_id = str(msg["rdzv_id"])
+        nccl_debug = msg.get("nccl_debug") is True
+    except (NccltuneError, KeyError, TypeError, ValueError) as exc:
+        log.error("trial %d: %s", seq, exc)
+        return {"result": seq, "exit": EXIT_CONFIG, "err_tail": f"the joining node refused the trial: {exc}"[:300]}
+    for name, local_name in SHIPPED_FILES.items():
+        if name in candidate and name in files:
+            local = trial_dir / local_name
+            local.write_text(str(files[name]))
+            candidate[name] = str(local)
+    env = clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if nccl_debug:
+        # As the coordinator runs its own ranks, with the log in this node's trial directory.
+        env.update(nccllog.debug_env(trial_dir))
+    argv = torchrun_argv(python, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
+                         rdzv_id=rdzv_id, is_host=False, timeout_s=timeout_s, args=args,
+                         local_addr=local_addr)
+    started = time.monotonic()
+    with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
+        # The agent dies with this process (as the runner's ranks do with theirs), its workers with it.
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=trial_dir, preexec_fn=die_with_parent(os.getpid()))
+    log.info("trial %d: agent %d started", seq, proc.pid)
+    try:
+        deadline = started + timeout_s + KILL_GRACE_S
+        while proc.poll() is None:
+            got = peer.read(0.2)
+            killed = any(m.get("kill") == seq for m in got)
+            pending.extend(m for m in got if "kill" not in m)
+            why = ("the coordinator ended it" if killed else "the coordinator is gone" if peer.closed
+                   else "its timeout passed" if time.monotonic() > deadline else None)
+            if why:
+                log.warning("trial %d: stopping this node's agent: %s", seq, why)
+                stop_tree(proc)
+                break
+    except BaseException:
+        stop_tree(proc)
+        raise
+    code = proc.wait()
+    _kill_all(descendants(proc.pid))
+    err_lines = read_text(trial_dir / "agent.err").strip().splitlines()
+    rank0_out = read_text(trial_dir / "agent.out")[:MAX_MESSAGE_BYTES // 4]
+    report: dict[str, Any] = {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
+                              "rank0_out": rank0_out, "err_tail": err_lines[-1][:300] if err_lines else ""}
+    if nccl_debug and rank0_out.strip():
+        report.update(_rank0_log_payload(trial_dir, rank0_out))
+    return report
+
+
+def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
+    """Rank 0 ran here (its JSON lines are on this agent's stdout): its NCCL log, packed, for the
+    coordinator's runner; or why there is none."""
+    pid = None
+    for line in rank0_out.splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and doc.get("event") == "start":
+                pid = doc.get("pid")
+                break
+    path = nccllog.rank0_log(trial_dir, pid)
+    if path is None:
+        return {"nccl_log_missing": f"no NCCL log in {trial_dir}"}
+    try:
+        packed = nccllog.pack(nccllog.read_log(path))
+    except OSError as exc:
+        return {"nccl_log_missing": f"{path}: {exc.strerror}"}
+    if len(packed) > MAX_MESSAGE_BYTES // 4:
+        log.warning("%s: too large to send even compressed (%d bytes)", path, len(packed))
+        return {"nccl_log_missing": f"{path} is over {MAX_MESSAGE_BYTES // 4} bytes compressed; it stays there"}
+    return {"nccl_log": packed}
