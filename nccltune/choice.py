@@ -123,9 +123,7 @@ def _verdict_sentence(result: SearchResult, chosen: Finalist | None) -> str:
     if chosen is None:
         return "Nothing beat NCCL's defaults beyond the measured noise: publishing the defaults."
     v = chosen.verdict
-    if chosen is result.topo_only:
-        return ("No setting beat NCCL's defaults beyond the measured noise; publishing the defaults with "
-                "nccltune's topology file (measured no slower than without it).")
+    what = "NCCL's defaults with nccltune's topology file" if chosen is result.topo_only else chosen.label
     gain = (f"{v.gain_pct:+.2f}% ({v.robust_gain_pct:+.2f}% beyond the run-to-run noise at each size; "
             f"minimum {v.threshold_pct:.2f}%)") if v else ""
-    return f"Publishing {chosen.label}: weighted gain {gain} over NCCL's defaults."
+    return f"Publishing {what}: weighted gain {gain} over NCCL's defaults."

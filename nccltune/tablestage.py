@@ -218,9 +218,7 @@ class TableStage:
             if f.runs:
                 f.stats = size_stats(f.runs)
                 f.verdict = judge(f.stats, baseline, result.weights, min_gain_pct=self.cfg.sweep.min_gain_pct,
-                                  max_regression_pct=self.cfg.sweep.max_regression_pct,
-                                  # The topology file alone needs only to be no slower, as in the search.
-                                  require_gain=bool(set(f.env) - {"NCCL_TOPO_FILE", *self.plan.policy}))
+                                  max_regression_pct=self.cfg.sweep.max_regression_pct)
         return finalists
 
     def _default_channels(self) -> int | None:

@@ -121,19 +121,24 @@ def test_the_same_candidate_is_accepted_under_large() -> None:
     assert result.chosen.verdict.gain_pct == pytest.approx(10.0, abs=0.6)
 
 
-def test_a_gain_inside_the_noise_is_not_chosen_and_the_topology_file_alone_is_published() -> None:
-    # 1% "faster" where every run varies by +-4%.
+def test_a_gain_inside_the_noise_is_not_chosen_and_neither_is_the_topology_file_alone() -> None:
+    # 1% "faster" where every run varies by +-4%; the topology file changes nothing.
     bench = Bench({("NCCL_BUFFSIZE", "8388608"): 1.01}, noise_pct=4.0, seed=3)
     result = search({"NCCL_BUFFSIZE": ["8388608"]}, bench).run()
     assert result.topo_only is not None
-    assert result.chosen is result.topo_only
-    assert chosen_env(result) == COMMON
-    assert result.chosen.label == TOPO_ONLY
-    # It was judged only for regressions: no gain was needed.
-    assert result.topo_only.verdict is not None and result.topo_only.verdict.eligible
-    assert result.topo_only.verdict.gain_pct < result.topo_only.verdict.threshold_pct
+    # The topology file alone is published on a gain, as any candidate: "no slower" is not evidence.
+    assert result.topo_only.verdict is not None and not result.topo_only.verdict.eligible
+    assert result.chosen is None
     buff = [f for f in result.finalists if f.env.get("NCCL_BUFFSIZE")]
     assert all(f.verdict is None or not f.verdict.eligible for f in buff)
+
+
+def test_a_topology_file_that_is_faster_beyond_noise_is_published() -> None:
+    bench = Bench({("NCCL_TOPO_FILE", TOPO): 1.2})
+    result = search({"NCCL_BUFFSIZE": ["8388608"]}, bench).run()
+    assert result.chosen is result.topo_only and result.chosen is not None
+    assert result.chosen.label == TOPO_ONLY and chosen_env(result) == COMMON
+    assert result.chosen.verdict is not None and result.chosen.verdict.gain_pct > result.chosen.verdict.threshold_pct
 
 
 def test_a_topology_file_that_is_slower_is_not_published() -> None:

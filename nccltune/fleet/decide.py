@@ -49,7 +49,7 @@ from ..sweep.pertable import (
     table_inputs,
 )
 from ..sweep.select import Key, SizeStats, Verdict, judge, key_label, size_stats
-from ..sweep.strategy import CARRIED, TOPO_ONLY, label_of
+from ..sweep.strategy import CARRIED, label_of
 from ..topology.nodeclass import class_id_of, describe_difference
 from .export import EXPORT_KIND
 from .schema import SchemaViolation, load_schema, validate
@@ -429,19 +429,15 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
             judged.append((cand, None, stats, f"measured on {len(cand.nodes)} of {len(all_nodes)} node(s); "
                                               "a class choice needs every node's samples"))
             continue
-        topo_only = cand.label == TOPO_ONLY
         verdict = judge(stats, baseline, weights, min_gain_pct=rules.min_gain_pct,
-                        max_regression_pct=rules.max_regression_pct, require_gain=not topo_only)
+                        max_regression_pct=rules.max_regression_pct)
         judged.append((cand, verdict, stats, verdict.reason))
-    # As the node's own sweep chooses: the best eligible candidate by the gain of its medians,
-    # the topology file alone only when nothing else qualifies.
-    eligible = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label != TOPO_ONLY]
-    topo = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible and c.label == TOPO_ONLY]
+    # As the node's own sweep chooses: the best eligible candidate by the gain of its medians (the
+    # topology file alone included: it too is published on a gain only).
+    eligible = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible]
     chosen: tuple[_Candidate, Verdict[Key]] | None = None
     if eligible:
         chosen = max(eligible, key=lambda cv: cv[1].gain_pct)
-    elif topo:
-        chosen = topo[0]
     first = exports[0].doc
     facts = first["node_class"]["facts"]
     if len(pooled.backends) > 1:

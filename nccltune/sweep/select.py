@@ -14,8 +14,9 @@ spread alone therefore lets noise through exactly when the repeats are fewest. S
 
 * A candidate measured once is refused outright: one run says nothing about its own spread,
   and its screening run cannot be reused, since it was picked for looking fast. Likewise when
-  only one run of the defaults worked. (The topology file alone, which is published on "no
-  slower", not on a gain, is exempt.)
+  only one run of the defaults worked. Every candidate, nccltune's topology file alone included,
+  is published on a gain and never on "no slower": on a backend that ignores NCCL's variables (the
+  CPU demo) every candidate equals the defaults, and whatever is "no slower" there is noise.
 * Otherwise, at each size, the log ratio of the medians counts only beyond a one-sided 95%
   bound of Welch's t: t(0.95, df) * sqrt(c(n_d) s_d^2 / n_d + c(n_c) s_c^2 / n_c), where s is
   each side's standard deviation of the log busbw, n its runs, df Welch's degrees of freedom
@@ -304,12 +305,12 @@ class Verdict(Generic[K]):
 
 
 def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-          min_gain_pct: float, max_regression_pct: float, require_gain: bool = True) -> Verdict[K]:
+          min_gain_pct: float, max_regression_pct: float) -> Verdict[K]:
     """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
     a regression of any collective at any size it weighs refuses the candidate, and a gain must
     be beyond the noise and supported by the number of runs on both sides."""
     return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
-                    require_gain=require_gain, require_support=True)
+                    require_support=True)
 
 
 def screen(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
@@ -318,12 +319,11 @@ def screen(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Ma
     of runs: screening measures each candidate once (the per-size stage), and every screened
     winner is measured again in a final check that must pass judge() with it."""
     return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
-                    require_gain=True, require_support=False)
+                    require_support=False)
 
 
 def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-             min_gain_pct: float, max_regression_pct: float, require_gain: bool,
-             require_support: bool) -> Verdict[K]:
+             min_gain_pct: float, max_regression_pct: float, require_support: bool) -> Verdict[K]:
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
@@ -352,23 +352,24 @@ def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: 
         worst = min(regressions, key=lambda r: r[1])
         return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {key_label(worst[0])}: "
                               f"x{worst[1]:.3f})")
-    if require_gain and require_support and supported is None:
+    if require_support and supported is None:
         # No bar can be set: one run bounds nothing, and a bar from the other side's spread alone
         # would assume the candidate varies as the defaults do.
         who = f"{runs[0]} finalist sample" if runs[0] < 2 else f"{runs[1]} sample of the defaults"
         return verdict(False, f"{who}: cannot show a gain beyond noise (gain {gain:+.2f}% not judged; "
                               "sweep.finalist_repeats of 2 or more can)", too_few=True)
-    if require_gain and gain <= 0.0:
+    if gain <= 0.0:
         # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
         # themselves saying "slower overall" is evidence enough not to publish.
-        return verdict(False, f"the medians are slower overall (gain {gain:+.2f}%), although {robust:+.2f}% beyond "
+        overall = "slower" if gain < 0.0 else "no faster"
+        return verdict(False, f"the medians are {overall} overall (gain {gain:+.2f}%), {robust:+.2f}% beyond "
                               "the noise at each size")
-    if require_gain and robust <= threshold:
+    if robust <= threshold:
         return verdict(False, f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
                               f"the minimum of {threshold:.2f}%")
     confident = (f"{supported or 0.0:+.2f}% at {100 * CONFIDENCE:.0f}% confidence with {runs[0]} runs against "
                  f"{runs[1]} of the defaults")
-    if require_gain and require_support and (supported or 0.0) <= 0.0:
+    if require_support and (supported or 0.0) <= 0.0:
         return verdict(False, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, but {confident}: "
                               "too few runs for a spread that large")
     return verdict(True, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, {confident}")

@@ -191,19 +191,17 @@ class Search:
             if not f.runs:
                 continue
             f.stats = size_stats(f.runs)
-            require_gain = f is not topo_only
             f.verdict = judge(f.stats, baseline, self.weights, min_gain_pct=self.s.min_gain_pct,
-                              max_regression_pct=self.s.max_regression_pct, require_gain=require_gain)
+                              max_regression_pct=self.s.max_regression_pct)
         short = [f for f in finalists if f.verdict and f.verdict.too_few_runs]
         if short and self.s.finalist_repeats >= 2:
             # The configured repeats would do; failed runs left too few.
             for f in short:
                 self._note(f"{f.label}: {f.verdict.reason if f.verdict else ''}")
-        eligible = [f for f in finalists if f.verdict and f.verdict.eligible and f is not topo_only]
+        # The topology file alone competes like any candidate: on its gain.
+        eligible = [f for f in finalists if f.verdict and f.verdict.eligible]
         if eligible:
             chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
-        elif topo_only is not None and topo_only.verdict and topo_only.verdict.eligible:
-            chosen = topo_only
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
                             self.notes)
 
