@@ -16,6 +16,11 @@ profile.path), the published setting is the class's, and the expectation is the 
 measured distribution in the profile's evidence: a node below it beyond noise fails with code
 `below_class` (the rule is nccltune.fleet.outlier.judge_node). Sizes the profile has no
 per-node numbers for are compared with this node's own last sweep, where it has one.
+
+On GPU nodes the check also proves what NCCL ran (nccl/ran.py), from NCCL's own log of the last
+good trial: each published variable as NCCL read it, the tuner plugin NCCL bound and the table it
+applied, and NCCL's choice per size against the table's entries for the check's communicator. A
+mismatch fails the check with that finding's code, measured bandwidth or not.
 """
 
 from __future__ import annotations
@@ -31,19 +36,24 @@ from typing import Literal
 
 from .compare import baseline_slower
 from .config import Config, SweepConfig
-from .errors import BusyError, CheckFailed, UsageError
+from .errors import BusyError, CheckFailed, InputError, UsageError
 from .fleet.apply import profile_in_force
 from .fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
 from .lock import SweepLock
 from .names import format_size
+from .nccl.debuglog import parse_nccl_log
+from .nccl.ran import WhatRan, what_ran
 from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
 from .planning import check_profile, workload
 from .publish import PublishedSet, job_env, read_set
+from .records import TrialResult
 from .store import Store
 from .sweep.select import Key, d2, key_label, t_quantile
+from .trials.nccllog import MAX_LOG_BYTES, rank0_log
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
+from .tuner.table import TunerTable, read_table
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +146,8 @@ class VerifyRow:
 
 # The verdict as a stable word beside the prose `reason` (the verify schema lists them).
 VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "below_class",
-                     "slower_than_baseline"]
+                     "slower_than_baseline", "variable_differs", "plugin_not_loaded", "table_unreadable",
+                     "table_malformed", "table_stale", "table_missing", "table_other", "table_not_applied"]
 # What the expectations came from (kept in the run's summary, for the metrics and doctor).
 Reference = Literal["sweep", "floor", "class"]
 
@@ -158,6 +169,8 @@ class VerifyResult:
     reference: Reference = "sweep"
     # The class profile in force (nccl.json's class_profile) when the class was the expectation.
     class_profile: dict[str, object] | None = None
+    # What NCCL ran, from its log (WhatRan.doc()); None where there is no NCCL log (the CPU demo).
+    nccl_ran: dict[str, object] | None = None
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -245,6 +258,31 @@ def _with_class(reference: ClassReference, class_keys: set[Key], keys: list[Key]
     return own, expectation, counts
 
 
+def _published_table(env: dict[str, str]) -> TunerTable | None:
+    """The tuner table the published set names, None when it names none or it cannot be read (the
+    plugin's own line in NCCL's log then says why)."""
+    path = env.get("NCCLTUNE_TUNER_TABLE")
+    if not path:
+        return None
+    try:
+        return read_table(Path(path))
+    except InputError as exc:
+        log.debug("published tuner table unreadable: %s", exc)
+        return None
+
+
+def _what_ran(result: TrialResult | None, env: dict[str, str]) -> WhatRan | None:
+    """The proof of what NCCL ran, from rank 0's log of a good trial; None without such a log."""
+    if result is None or result.log_dir is None:
+        return None
+    found = rank0_log(Path(result.log_dir), result.start.get("pid"))
+    if found is None:
+        return None
+    with found.open("rb") as f:
+        text = f.read(MAX_LOG_BYTES).decode(errors="replace")
+    return what_ran(parse_nccl_log(text), env, _published_table(env))
+
+
 def verify_sizes(cfg: Config, node: Node) -> list[int]:
     if node.demo:
         return list(DEMO_VERIFY_SIZES)
@@ -302,18 +340,21 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         engine = resolve_engine(cfg, node, collectives)
         runner = Runner(python=engine.python, backend=node.backend, nccl_tests=engine.nccl_tests,
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
-                        timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=False,
+                        # NCCL's own log proves what it ran (GPU nodes; gloo writes none).
+                        timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=not node.demo,
                         abort_check=abort_check, rank_record=state / RANK_RECORD)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)
         best: dict[Key, float] = {}
         samples: dict[Key, list[float]] = {}
+        last_good: TrialResult | None = None
         try:
             for i in range(repeats):
                 res = session.trial(env, "verify", f"verify #{i + 1}")
                 if not res.ok:
                     continue
+                last_good = res
                 for s in res.sizes:
                     # The better of the repeats: a degraded link is slow every time, noise is not.
                     key = (s.collective, s.size_bytes)
@@ -372,13 +413,17 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
             if slower:
                 code, passed, reason = "slower_than_baseline", False, slower
+        ran = None if node.demo else _what_ran(last_good, env)
+        if passed and ran is not None and not ran.passed:
+            code, passed, reason = ran.findings[0].code, False, "; ".join(f.message for f in ran.findings)
         ref_kind: Reference = "floor" if floor_gbps is not None else "class" if class_keys else "sweep"
         session.finish("ok" if passed else "failed",
                        {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
                         "rows": [vars(r) for r in rows], "env_source": source, "method": session.method,
                         "reference": ref_kind,
-                        "class_profile": class_prov if class_keys else None})
+                        "class_profile": class_prov if class_keys else None,
+                        "nccl_ran": ran.doc() if ran else None})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
                         nccl_version=nccl_version, code=code, reference=ref_kind,
-                        class_profile=class_prov if class_keys else None)
+                        class_profile=class_prov if class_keys else None, nccl_ran=ran.doc() if ran else None)

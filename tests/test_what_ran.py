@@ -35,7 +35,8 @@ def test_the_table_nccl_followed_passes_with_every_cell_checked() -> None:
     assert got.tuner == "nccltune (v5)" and got.table == "/tmp/tp/ll.table"
     assert got.shape == (2, 2, 1)
     assert got.cells_checked == len(LOGGED)
-    assert got.variables == {"NCCL_NVLS_ENABLE": "0", "NCCL_TUNER_PLUGIN": PLUGIN}  # TORCH_ and NCCLTUNE_ are not NCCL's
+    # TORCH_ and NCCLTUNE_ variables are not NCCL's: never looked for in its log
+    assert got.variables == {"NCCL_NVLS_ENABLE": "0", "NCCL_TUNER_PLUGIN": PLUGIN}
 
 
 def test_a_table_nccl_did_not_follow_fails_naming_the_sizes() -> None:
@@ -89,3 +90,36 @@ def test_codes_are_stable_and_in_the_document() -> None:
     got = what_ran(parse_nccl_log(_log("defaults-2hosts.rank0.nccl.log")), _env(), None)
     doc = got.doc()
     assert doc["passed"] is False and {f["code"] for f in doc["findings"]} <= set(CODES)
+
+
+def test_verify_judges_rank0s_log_of_its_trial_against_the_published_table(tmp_path: Path) -> None:
+    """verify's own path: rank 0's log found in the trial's directory, the published table read from
+    the path the published set names (the recorded log's table path moved to this test's directory)."""
+    from nccltune.records import TrialResult
+    from nccltune.trials.nccllog import debug_env
+    from nccltune.tuner.table import render_table
+    from nccltune.verify import _what_ran
+
+    table_path = tmp_path / "ll.table"
+    table_path.write_text(render_table(_table("tree", "simple")), encoding="ascii")
+    rank_dir = Path(debug_env(tmp_path)["NCCL_DEBUG_FILE"]).parent
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    text = _log("table-ring-ll-2x1.rank0.nccl.log").replace("/tmp/tp/ll.table", str(table_path))
+    (rank_dir / "nccl.698.log").write_text(text)
+    result = TrialResult(status="ok", reason=None, sizes=[], wall_s=1.0, start={"pid": 698}, log_dir=str(tmp_path))
+    got = _what_ran(result, _env(str(table_path)))
+    assert got is not None and [f.code for f in got.findings] == ["table_not_applied"]
+    assert got.table == str(table_path) and got.cells_checked == len(LOGGED)
+    assert _what_ran(None, _env()) is None  # no good trial: nothing to judge
+
+
+def test_verify_codes_are_the_schemas_enum() -> None:
+    import json
+    import typing
+
+    from nccltune.verify import VerifyCode
+
+    schema = json.loads((Path(__file__).parent.parent / "schemas" / "verify.schema.json").read_text())
+    assert list(typing.get_args(VerifyCode)) == schema["properties"]["code"]["enum"]
+    ran = schema["properties"]["nccl_ran"]["properties"]["findings"]["items"]["properties"]["code"]["enum"]
+    assert ran == list(CODES) and set(CODES) <= set(typing.get_args(VerifyCode))
