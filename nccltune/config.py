@@ -1090,7 +1090,7 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     p = Path(path)
     name = str(p)
     try:
-        raw = read_input_file(p, MAX_CONFIG_BYTES, "config file")
+        raw = read_input_file(p, MAX_CONFIG_BYTES, "config file", trusted=True)
     except (FileNotFoundError, NotADirectoryError) as exc:
         if required:
             raise InputError(

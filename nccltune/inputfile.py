@@ -1,23 +1,33 @@
-"""Reading an input file (config, snapshot, NCCL XML) without hanging or exhausting memory."""
+"""Reading an input file (config, snapshot, NCCL XML, JSON documents) without hanging, exhausting
+memory or believing a file another user controls; parsing JSON strictly."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+from . import trust
 from .errors import InputError
 
 
-def read_input_file(path: Path, max_bytes: int, what: str) -> bytes:
+def read_input_file(path: Path, max_bytes: int, what: str, *, trusted: bool = False) -> bytes:
     """Read an input file safely: only a regular file (a FIFO would hang, /dev/zero never ends),
     at most ``max_bytes``. Opened O_NONBLOCK so that opening a FIFO cannot block either.
 
+    ``trusted``: the file is read as configuration (the config file, a snapshot, a class
+    profile): it and its whole chain must pass trust.resolve_trusted, and what is opened is the
+    real path that walk checked.
+
     Raises:
-        InputError: a directory, a device, a FIFO or a socket, or larger than ``max_bytes`` (exit 78).
+        InputError: a directory, a device, a FIFO or a socket, larger than ``max_bytes``, or (with
+            ``trusted``) a component on its way another user may change (exit 78).
         OSError: it cannot be opened (FileNotFoundError and the like; the caller words it).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    real = trust.resolve_trusted(path, what)[0] if trusted else path
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -37,3 +47,66 @@ def read_input_file(path: Path, max_bytes: int, what: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+# Deeper than any document nccltune reads or writes (a profile nests 6 levels), far below where
+# a parser or a schema check would run out of stack.
+MAX_JSON_DEPTH = 64
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            # Two readers could take either copy: the document means nothing certain.
+            raise ValueError(f"duplicate key {key!r}")
+        doc[key] = value
+    return doc
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(doc: Any) -> int:
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_JSON_DEPTH:
+                stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads, refusing what Python's parser accepts and JSON (or one meaning) does not: NaN
+    and Infinity, a key twice in one object, nesting deeper than MAX_JSON_DEPTH.
+
+    Raises:
+        json.JSONDecodeError: not JSON (its msg and lineno say where).
+        ValueError: one of the refusals above, worded for a message.
+    """
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return doc
+
+
+def parse_json(raw: bytes, path: str) -> Any:
+    """A JSON document's bytes, parsed by loads_strict.
+
+    Raises:
+        InputError: not UTF-8, not JSON (with its line), or refused by loads_strict (exit 78).
+    """
+    try:
+        return loads_strict(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    except ValueError as exc:
+        raise InputError(path, f"not valid JSON: {exc}") from None

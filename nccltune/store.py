@@ -58,6 +58,7 @@ BUSY_TIMEOUT_MS = 5000
 # SQLite primary result codes (sqlite3.h) that decide how an error is reported.
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _SQLITE_IOERR = 10
@@ -68,6 +69,7 @@ _CODE_BY_MESSAGE = {
     "database disk image is malformed": _SQLITE_CORRUPT,
     "file is not a database": _SQLITE_NOTADB,
     "database or disk is full": _SQLITE_FULL,
+    "attempt to write a readonly database": _SQLITE_READONLY,
     "disk I/O error": _SQLITE_IOERR,
 }
 # Files SQLite keeps beside the database. They go aside with a corrupt file: SQLite replays a
@@ -366,15 +368,23 @@ class Store:
             if not existed:
                 self._remove_new_file()
             if code in (_SQLITE_FULL, _SQLITE_IOERR):
-                # Disk full or an I/O error is no bad config: exit 1 with the OS's words.
-                os_error = OSError(errno.ENOSPC if code == _SQLITE_FULL else errno.EIO,
-                                   "No space left on device" if code == _SQLITE_FULL else str(exc))
-                raise FileError(self.path, os_error, action="cannot write the history database") from exc
+                raise self._disk_error(code, exc) from exc
             raise
         except BaseException:
             if not existed:
                 self._remove_new_file()
             raise
+
+    def _disk_error(self, code: int | None, exc: sqlite3.Error) -> FileError:
+        """Disk full or an I/O error is no bad config: exit 1 with the OS's words. SQLite reports
+        a write that failed for want of space as SQLITE_IOERR as often as SQLITE_FULL; a file
+        system with no block left is called full, whichever it said."""
+        full = code == _SQLITE_FULL
+        if not full:
+            with contextlib.suppress(OSError):
+                full = os.statvfs(self.path.parent).f_bavail == 0
+        os_error = OSError(errno.ENOSPC, "No space left on device") if full else OSError(errno.EIO, str(exc))
+        return FileError(self.path, os_error, action="cannot write the history database")
 
     def _check_trust(self, existed: bool) -> None:
         """The database lives in the state directory root shares with nobody: refuse a symlinked,
@@ -522,9 +532,15 @@ class Store:
         try:
             yield self._conn
             self._conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if self._conn.in_transaction:  # some errors (SQLITE_FULL, ...) have rolled back already
                 self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error) and _error_code(exc) in (_SQLITE_FULL, _SQLITE_IOERR):
+                raise self._disk_error(_error_code(exc), exc) from exc
+            if isinstance(exc, sqlite3.Error) and _error_code(exc) == _SQLITE_READONLY:
+                raise InputError(str(self.path), f"cannot write the history database: {exc}",
+                                 hint="nccltune keeps its history there: make the file and its state directory "
+                                      "writable (or choose another --state-dir)") from exc
             raise
 
     def _now(self) -> str:

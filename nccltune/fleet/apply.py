@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import __version__
+from .. import __version__, trust
 from ..config import Config
 from ..errors import InputError
 from ..publish import PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
@@ -30,7 +30,6 @@ from ..publish.policy import MAX_VARIABLES
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
-from ..trust import problem
 from .decide import PROFILE_KIND, TOPO_FILE, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node, worker_nccl
 from .table import profile_tuner
@@ -223,25 +222,21 @@ def profile_file(path: Path, class_id: str) -> Path:
     return path
 
 
-def _check_trusted(path: Path) -> None:
-    """The file a profile is read from, and its directory, after following links (a Kubernetes
-    ConfigMap's `..data` link included): owned by root or us, writable by nobody else. What every
-    job sources must not be up to another user.
+def trusted_profile(path: Path) -> Path:
+    """The real file a profile is read from, after the trust rule held for every directory and
+    link on the way (a Kubernetes ConfigMap's `..data` link included, and the directories its
+    targets are in): each owned by root or us and writable by nobody else. What every job sources
+    must not be up to another user, nor may a file root wrote be reached through a name she placed.
 
     Raises:
-        ProfileRefused: code "untrusted" (exit 78).
+        ProfileRefused: code "untrusted", or "missing" when it cannot be read (exit 78).
     """
-    real = Path(os.path.realpath(path))
-    for what, target in (("file", real), ("directory", real.parent)):
-        try:
-            why = problem(os.stat(target))
-        except OSError as exc:
-            raise ProfileRefused(str(path), f"cannot read: {exc.strerror}", code="missing") from exc
-        if why is not None:
-            shown = f" ({target})" if target != path else ""
-            raise ProfileRefused(str(path), f"refusing the profile: its {what}{shown} is {why}", code="untrusted",
-                                 hint="make it owned by root and writable by nobody else (chown root: PATH && "
-                                      "chmod go-w PATH)")
+    try:
+        return trust.resolve_trusted(path, "profile")[0]
+    except InputError as exc:
+        raise ProfileRefused.wrapping(exc, "untrusted") from exc
+    except OSError as exc:
+        raise ProfileRefused(str(path), f"cannot read: {exc.strerror}", code="missing") from exc
 
 
 def read_profile(path: Path) -> LoadedProfile:
@@ -250,9 +245,9 @@ def read_profile(path: Path) -> LoadedProfile:
     Raises:
         ProfileRefused: missing, untrusted, or malformed (with its line or JSON path). Exit 78.
     """
-    _check_trusted(path)
+    real = trusted_profile(path)
     try:
-        doc, raw = read_json_document(path, "profile", PROFILE_KIND)
+        doc, raw = read_json_document(real, "profile", PROFILE_KIND, shown=path)
     except InputError as exc:
         raise ProfileRefused.wrapping(exc, "malformed") from exc
     return LoadedProfile(path, doc, raw)

@@ -35,7 +35,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError, UsageError
-from ..inputfile import read_input_file
+from ..inputfile import parse_json, read_input_file
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import profiles
 from ..sweep.pertable import (
@@ -88,36 +88,35 @@ class Export:
         return f"{self.doc['hostname']} ({self.path.name})"
 
 
-def read_json_document(path: Path, schema_name: str, kind: str) -> tuple[dict[str, Any], bytes]:
-    """Parse and validate one document against its schema.
+def read_json_document(path: Path, schema_name: str, kind: str, *,
+                       shown: Path | None = None) -> tuple[dict[str, Any], bytes]:
+    """Parse and validate one document against its schema. `shown`: the name messages give it
+    (the name a profile was given, when `path` is the real file it was checked to be).
 
     Raises:
-        InputError: unreadable, not JSON (with its line), another kind, or an element the
-            schema does not allow (named by its JSON path). Exit 78.
+        InputError: unreadable, not JSON (with its line; NaN, a duplicate key or nesting past
+            inputfile.MAX_JSON_DEPTH included), another kind, or an element the schema does not
+            allow (named by its JSON path). Exit 78.
     """
+    name = str(shown or path)
     try:
         # Bounded, regular files only: a FIFO or /dev/zero given as a document must not hang.
         raw = read_input_file(path, MAX_DOCUMENT_BYTES, f"{kind} document")
     except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror}") from exc
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(str(path), f"not UTF-8 (byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
+        raise InputError(name, f"cannot read: {exc.strerror}") from exc
+    doc = parse_json(raw, name)
     if not isinstance(doc, dict) or doc.get("kind") != kind:
         got = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        raise InputError(str(path), f"not an {kind} document (kind is {got!r})")
+        raise InputError(name, f"not an {kind} document (kind is {got!r})")
     try:
         validate(doc, load_schema(schema_name))
     except SchemaViolation as exc:
-        raise InputError(str(path), f"{exc.where}: {exc.detail}",
+        raise InputError(name, f"{exc.where}: {exc.detail}",
                          hint=f"the format is schemas/{schema_name}.schema.json") from exc
     cls = doc["node_class"]
     if class_id_of(cls["facts"]) != cls["id"]:
         # An edited fact with the old id would pass for the class it no longer describes.
-        raise InputError(str(path), f"$.node_class.id: {cls['id']} is not the id of $.node_class.facts "
+        raise InputError(name, f"$.node_class.id: {cls['id']} is not the id of $.node_class.facts "
                          f"({class_id_of(cls['facts'])})", hint="regenerate the document rather than editing it")
     return doc, raw
 
@@ -497,7 +496,16 @@ def profile_gains(profile: Mapping[str, Any]) -> dict[str, float]:
 
 
 def dumps_profile(doc: Mapping[str, Any]) -> str:
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    """The profile as JSON: never NaN or Infinity, which are not JSON and which `apply` refuses.
+
+    Raises:
+        InputError: a number of the profile is not finite (exit 78; exports are read without them).
+    """
+    try:
+        return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise InputError("fleet decide", f"the profile would hold a number JSON cannot carry ({exc})",
+                         hint="the exports' measurements must be finite numbers") from None
 
 
 def rules_from(profile: str | None, runs_profiles: set[str | None], *, min_gain_pct: float,

@@ -106,7 +106,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Load a snapshot file. Raises InputError (exit 78) on any fault, naming the file."""
     p = Path(path)
     try:
-        raw = read_input_file(p, MAX_SNAPSHOT_BYTES, "snapshot")
+        raw = read_input_file(p, MAX_SNAPSHOT_BYTES, "snapshot", trusted=True)
     except OSError as exc:
         raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
     try:
