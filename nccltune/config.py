@@ -231,6 +231,9 @@ class BenchConfig:
     # Interpreter that runs the worker; None: found automatically. Point it at the Python and
     # torch the cluster's jobs use, so that the NCCL measured is the NCCL they load.
     python: str | None = None
+    # Who the benchmark ranks run as when nccltune is root (trials.credentials); None: the system
+    # user nccltune that `nccltune install` creates (root, with a warning, where it does not exist).
+    user: str | None = None
     backend: Backend = "auto"
     engine: Engine = "torch"
     nccl_tests_dir: str | None = None

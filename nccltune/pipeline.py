@@ -314,7 +314,7 @@ class _Sweep:
                             base_env=self._base_env(), work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
                             nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,
-                            launch=self.launch)
+                            launch=self.launch, user=self.cfg.bench.user)
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,

@@ -22,6 +22,8 @@ from .nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
 from .records import TrialResult
 from .topology.diff import Change, TopoDiff, diff_trees
 from .topology.ncclxml import load_xml
+from .trials.credentials import RANK_DIR
+from .trials.nccllog import LOG_GLOB, read_log
 from .trials.runner import Runner, find_worker_python
 
 CHECK_SIZES = (1 << 20, 64 << 20)
@@ -77,7 +79,7 @@ ONE_RANK_NOTE = ("one GPU: NCCL ran with one rank; it loads the topology file fo
 
 def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: float = 180.0,
                         keep_dump: Path | None = None, env: dict[str, str] | None = None,
-                        gpu_count: int | None = None) -> TopoCheck:
+                        gpu_count: int | None = None, bench_user: str | None = None) -> TopoCheck:
     """One rank per GPU (``gpu_count``, else as many as NVML sees; one on a one-GPU node).
 
     Raises: InputError when the file is not valid for NCCL's parser (checked before running);
@@ -91,9 +93,10 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
     base = dict(os.environ if env is None else env)
     base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": str(dump.resolve())})
     runner = Runner(python=find_worker_python(python), backend="nccl", nranks=nranks,
-                    base_env=base, work_dir=work, timeout_s=timeout_s)
+                    base_env=base, work_dir=work, timeout_s=timeout_s, user=bench_user)
     result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
-    text = "".join(p.read_text(errors="replace") for p in sorted(Path(result.log_dir or work).glob("nccl.*.log")))
+    logs = sorted((Path(result.log_dir or work) / RANK_DIR).glob(LOG_GLOB))
+    text = "".join(read_log(p).decode(errors="replace") for p in logs)
     log = parse_nccl_log(text)
     dump_diff = None
     if dump.exists():

@@ -342,7 +342,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         # NCCL's own log proves what it ran (GPU nodes; gloo writes none).
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=not node.demo,
-                        abort_check=abort_check, rank_record=state / RANK_RECORD)
+                        abort_check=abort_check, rank_record=state / RANK_RECORD, user=cfg.bench.user)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)

@@ -10,6 +10,7 @@ import pytest
 from nccltune import collectives
 from nccltune.collectives import COLLECTIVES, NAMES, algbw_gbps, get, parse_list
 from nccltune.records import Measurement, TrialResult
+from nccltune.trials.credentials import RANK_DIR
 from nccltune.trials.runner import Runner
 
 MiB = 1 << 20
@@ -117,7 +118,8 @@ def test_gloo_has_every_collective_in_this_torch() -> None:
 
 def test_nccls_algorithm_per_size_is_matched_by_the_collectives_function(tmp_path: Path) -> None:
     # Same size, two functions: each size record gets its own collective's line, sendrecv (p2p) none.
-    (tmp_path / "nccl.7001.log").write_text(
+    (tmp_path / RANK_DIR).mkdir()
+    (tmp_path / RANK_DIR / "nccl.7001.log").write_text(
         "nodea:7001:7001 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}\n"
         "nodea:7001:7001 [0] NCCL INFO AllGather: 4096 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..3}\n")
     result = TrialResult("ok", None, [Measurement(4096, 1.0, 1.0, 1.0, collective=n)

@@ -26,6 +26,7 @@ from nccltune.errors import EXIT_USAGE, UsageError
 from nccltune.hw.procfs import descendants
 from nccltune.sweep.plan import JobShape
 from nccltune.trials import nccllog
+from nccltune.trials.credentials import RANK_DIR
 from nccltune.trials.launch import RANKEXEC, WORKER, LaunchShape, TrialSpec, make_launch, parse_endpoint
 from nccltune.trials.launch.local import LocalLaunch
 from nccltune.trials.launch.srun import SrunLaunch
@@ -188,9 +189,9 @@ def test_rank_0s_nccl_log_comes_back_from_the_node_it_ran_on(
     here, there = tmp_path / "work" / "trial-001", join_state / "join" / "trial-001"
     assert (here / "agent.out").read_text() == "" and (there / "agent.out").read_text().strip()
     # Both nodes ran their ranks with the coordinator's debug variables, each log in its own
-    # node's trial directory: rank 1 here, rank 0 (the pid its start record names) there.
-    rank0 = there / f"nccl.{result.start['pid']}.log"
-    (rank1,) = here.glob("nccl.*.log")
+    # node's rank directory: rank 1 here, rank 0 (the pid its start record names) there.
+    rank0 = there / RANK_DIR / f"nccl.{result.start['pid']}.log"
+    (rank1,) = (here / RANK_DIR).glob("nccl.*.log")
     for log_file, version in ((rank0, "2.28.9"), (rank1, "2.27.3")):
         text = log_file.read_text()
         assert f"NCCL version {version}+cuda12.9" in text
@@ -217,15 +218,17 @@ def test_a_packed_nccl_log_unpacks_to_its_bytes_and_no_further(tmp_path: Path,
 
 def test_rank_0s_log_is_the_one_sent_else_its_own_pid(tmp_path: Path) -> None:
     assert nccllog.rank0_log(tmp_path, 22) is None
+    (tmp_path / RANK_DIR).mkdir()
     for pid in (11, 22):
-        (tmp_path / f"nccl.{pid}.log").write_text(str(pid))
-    assert nccllog.rank0_log(tmp_path, 22) == tmp_path / "nccl.22.log"
-    assert nccllog.rank0_log(tmp_path, 99) == tmp_path / "nccl.11.log"  # nccl-tests: one process, another pid
+        (tmp_path / RANK_DIR / f"nccl.{pid}.log").write_text(str(pid))
+    assert nccllog.rank0_log(tmp_path, 22) == tmp_path / RANK_DIR / "nccl.22.log"
+    # nccl-tests: one process, another pid
+    assert nccllog.rank0_log(tmp_path, 99) == tmp_path / RANK_DIR / "nccl.11.log"
     (tmp_path / nccllog.RANK0_LOG).write_text("sent")
     assert nccllog.rank0_log(tmp_path, 22) == tmp_path / nccllog.RANK0_LOG
     env = nccllog.debug_env(tmp_path)
     assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": nccllog.NCCL_DEBUG_SUBSYS,
-                   "NCCL_DEBUG_FILE": str(tmp_path / "nccl.%p.log")}
+                   "NCCL_DEBUG_FILE": str(tmp_path / RANK_DIR / "nccl.%p.log")}
 
 
 # -- workers die with their agent --------------------------------------------------------------------
@@ -376,7 +379,7 @@ def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm
     # Slurm sets CUDA_VISIBLE_DEVICES for each task from its binding; an enclosing rank never leaks.
     assert "CUDA_VISIBLE_DEVICES" not in spec.env and "RANK" not in spec.env
     assert spec.env["NCCL_ALGO"] == "Ring" and spec.env["NCCL_DEBUG"] == "INFO"
-    assert spec.env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%p.log")
+    assert spec.env["NCCL_DEBUG_FILE"] == str(tmp_path / RANK_DIR / "nccl.%p.log")
     without = make_launch(LaunchShape(2, 4), "srun", None, env=slurm)
     assert isinstance(without, SrunLaunch) and without.gpus_per_task == 0
     plain = without.start(TrialSpec(5, tmp_path, worker, {"CUDA_VISIBLE_DEVICES": "0"}, {}, 300))[0]

@@ -106,7 +106,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
     # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
     # there as root, so none of it may be another user's, nor reached through her link.
     work_dir = ensure_dir(ensure_dir(Path(cfg.state_dir), "state directory") / "join", "join directory")
-    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir)
+    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir, user=cfg.bench.user)
     out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
     return EXIT_OK
 

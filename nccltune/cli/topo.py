@@ -136,7 +136,8 @@ def cmd_topo_check(args: argparse.Namespace) -> int:
     from ..render import dumps, topocheck_doc, topocheck_text
     from ..topocheck import check_topology_file
 
-    check = check_topology_file(Path(args.xml), python=load_cfg(args).bench.python,
+    bench = load_cfg(args).bench
+    check = check_topology_file(Path(args.xml), python=bench.python, bench_user=bench.user,
                                 keep_dump=Path(args.dump) if args.dump else None)
     out(dumps(topocheck_doc(check)) if args.json else topocheck_text(check))
     return EXIT_OK if check.passed else 1

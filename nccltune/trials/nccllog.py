@@ -2,11 +2,12 @@
 
 The runner reads NCCL's INFO log of global rank 0 (nccl.debuglog): TUNING lines, which carry the
 algorithm and protocol per size, are printed by rank 0 alone. Every rank of a trial runs with the
-same debug variables (`debug_env`), each writing `nccl.<pid>.log` in its own node's trial
-directory. When rank 0 ran on another node (torchrun places ranks by its rendezvous), that node
-sends its log back with the trial's result over the control channel (trials.launch), compressed
-(`pack`), and the coordinator writes it as RANK0_LOG in its trial directory, where `rank0_log`
-finds it before any log of its own ranks.
+same debug variables (`debug_env`), each writing `nccl.<pid>.log` in the rank directory of its
+own node's trial directory (credentials.RANK_DIR: the ranks' own, read without following links).
+When rank 0 ran on another node (torchrun places ranks by its rendezvous), that node sends its log
+back with the trial's result over the control channel (trials.launch), compressed (`pack`), and
+the coordinator writes it as RANK0_LOG in its trial directory, where `rank0_log` finds it
+before any log of its own ranks.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
+import stat
 import zlib
 from pathlib import Path
+
+from .credentials import RANK_DIR
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +35,7 @@ MAX_LOG_BYTES = 256 << 20  # a log read or unpacked beyond this is cut (the pars
 def debug_env(trial_dir: Path) -> dict[str, str]:
     """The variables every rank of a trial gets for NCCL's log, on whichever node it runs."""
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": NCCL_DEBUG_SUBSYS,
-            "NCCL_DEBUG_FILE": str(trial_dir / "nccl.%p.log")}
+            "NCCL_DEBUG_FILE": str(trial_dir / RANK_DIR / "nccl.%p.log")}
 
 
 def rank0_log(trial_dir: Path, rank0_pid: object) -> Path | None:
@@ -39,16 +44,24 @@ def rank0_log(trial_dir: Path, rank0_pid: object) -> Path | None:
     shipped = trial_dir / RANK0_LOG
     if shipped.is_file():
         return shipped
-    logs = sorted(trial_dir.glob(LOG_GLOB))
-    own = trial_dir / f"nccl.{rank0_pid}.log" if rank0_pid else None
+    logs = sorted((trial_dir / RANK_DIR).glob(LOG_GLOB))
+    own = trial_dir / RANK_DIR / f"nccl.{rank0_pid}.log" if rank0_pid else None
     if own is not None and own in logs:
         return own
     return logs[0] if logs else None
 
 
 def read_log(path: Path) -> bytes:
-    """A log's bytes, at most MAX_LOG_BYTES (the rest is cut, with a warning)."""
-    with open(path, "rb") as fh:
+    """A log's bytes, at most MAX_LOG_BYTES (the rest is cut, with a warning). The ranks wrote it in
+    their own directory: a symlink is not followed, and only a regular file is read.
+
+    Raises:
+        OSError: it cannot be opened, or is not a regular file (ELOOP for a symlink).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
         data = fh.read(MAX_LOG_BYTES + 1)
     if len(data) > MAX_LOG_BYTES:
         log.warning("%s: over %d bytes; reading the first %d only", path, MAX_LOG_BYTES, MAX_LOG_BYTES)

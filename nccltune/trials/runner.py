@@ -31,11 +31,11 @@ from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from ..trust import ensure_dir
-from . import nccltests
+from . import nccltests, rankexec
+from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_env, rank_preexec, rank_user
 from .launch import Launch, TrialSpec
 from .launch.local import LocalLaunch
-from .nccllog import debug_env, rank0_log
-from .rankexec import die_with_parent
+from .nccllog import debug_env, rank0_log, read_log
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +186,17 @@ class Runner:
         nccl_tests: str | None = None,
         rank_record: Path | None = None,
         launch: Launch | None = None,
+        user: str | None = None,
     ) -> None:
         """`nccl_debug`: run the ranks with NCCL's INFO log and read it (None: with the NCCL backend);
         `nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
         `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
-        start (trials.launch; default one process per rank here)."""
+        start (trials.launch; default one process per rank here); `user`: bench.user, whom the ranks
+        run as when this is root (trials.credentials).
+
+        Raises:
+            InputError: that user does not exist, or cannot run the worker (exit 78).
+        """
         self.python = python
         self.backend = backend
         self.nranks = nranks
@@ -203,6 +209,10 @@ class Runner:
         self.nccl_tests = nccl_tests
         self.rank_record = rank_record
         self.launch = launch or LocalLaunch(nranks)
+        # srun must run as the allocation's owner (Slurm refuses a step to anyone else).
+        self.rank_user = None if self.launch.runs_as_caller else rank_user(user)
+        if nccl_tests is None:
+            check_reachable(python, [WORKER, Path(rankexec.__file__)], self.rank_user)
         self._names: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
@@ -229,7 +239,8 @@ class Runner:
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         ensure_dir(trial_dir, "trial directory")
-        env = self.trial_env(candidate)
+        rank_dir = fresh_rank_dir(trial_dir, self.rank_user)
+        env = rank_env(self.trial_env(candidate), self.rank_user, rank_dir, cache_dir(self.work_dir, self.rank_user))
         if self.nccl_debug:
             env.update(debug_env(trial_dir))
         # Isolated (-I): the worker imports nothing from a working directory or PYTHONPATH.
@@ -268,7 +279,8 @@ class Runner:
         return result
 
     def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str]) -> None:
-        """Start one process in its own session (so its whole group can be killed), output to files.
+        """Start one process in its own session (so its whole group can be killed), output to files
+        root opens in the trial directory, as the rank user (trials.credentials) in its rank directory.
 
         The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL): a kill -9 of the sweep or the
         daemon must not leave ranks holding the GPUs. It is also written to the rank record, so
@@ -280,9 +292,10 @@ class Runner:
         try:
             err = os.open(trial_dir / f"{name}.err", flags, 0o644)
             try:
+                switch = self.rank_user.popen_args() if self.rank_user else {}
                 proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=trial_dir,
-                                        preexec_fn=die_with_parent(os.getpid()))
+                                        start_new_session=True, cwd=trial_dir / RANK_DIR,
+                                        preexec_fn=rank_preexec(os.getpid(), self.rank_user), **switch)
             except OSError as exc:
                 # Not an interpreter after all (exec format error, no permission): the setting is wrong.
                 raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
@@ -461,7 +474,7 @@ class Runner:
         chosen = rank0_log(trial_dir, result.start.get("pid"))
         if chosen is None:
             return
-        parsed = parse_nccl_log(chosen.read_text(errors="replace"))
+        parsed = parse_nccl_log(read_log(chosen).decode(errors="replace"))
         result.nccl = summarize(parsed)
         # nccl-tests runs one process per collective, each with its own log.
         pids = result.start.get("pids") or {}
@@ -472,8 +485,8 @@ class Runner:
             func = nccl_func(c)
             if func is None:
                 continue
-            own = trial_dir / f"nccl.{pids[c]}.log" if c in pids else None
-            log_of_c = parse_nccl_log(own.read_text(errors="replace")) if own and own.exists() else parsed
+            own = trial_dir / RANK_DIR / f"nccl.{pids[c]}.log" if c in pids else None
+            log_of_c = parse_nccl_log(read_log(own).decode(errors="replace")) if own and own.exists() else parsed
             by_collective[c] = choices_by_size(log_of_c, func)
         # NCCL logs the bytes it sees (one rank's block for the split collectives), not the
         # measured size: each measurement is looked up under NCCL's own count.

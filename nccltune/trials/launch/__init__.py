@@ -139,6 +139,8 @@ class Launch:
     """Base: what to start on this node, and the hooks around the runner's wait and kill."""
 
     launcher = "local"
+    # What it starts runs as the caller, never as bench.user (trials.credentials).
+    runs_as_caller = False
 
     def __init__(self, shape: LaunchShape, node_class: str | None = None) -> None:
         self.shape = shape

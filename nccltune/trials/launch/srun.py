@@ -69,6 +69,8 @@ class SrunLaunch(Launch):
     allocation has none)."""
 
     launcher = "srun"
+    # Slurm creates a step only for the allocation's owner (or root): srun cannot run as bench.user.
+    runs_as_caller = True
 
     def __init__(self, nnodes: int, ntasks_per_node: int, *, master_addr: str, master_port: int | None = None,
                  nodelist: Sequence[str] = (), gpus_per_task: int = 0, srun: str = "srun",

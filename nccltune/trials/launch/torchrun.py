@@ -18,8 +18,7 @@ from typing import Any
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
 from ...hw.procfs import descendants
 from ...publish import validate_env
-from .. import nccllog
-from ..rankexec import die_with_parent
+from .. import credentials, nccllog, rankexec
 from . import (
     KILL_GRACE_S,
     RANKEXEC,
@@ -182,13 +181,17 @@ def _file_payload(candidate: Mapping[str, str]) -> dict[str, str]:
 
 
 def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str], work_dir: Path,
-         connect_wait_s: float = 600.0) -> int:
+         connect_wait_s: float = 600.0, user: str | None = None) -> int:
     """Run trials for the coordinator at `endpoint` until it says stop, with as many ranks on this
-    node as the coordinator runs on its own. Returns the trial count.
+    node as the coordinator runs on its own, as `user` (bench.user: trials.credentials). Returns the
+    trial count.
 
     Raises:
         UnavailableError: the coordinator cannot be reached or refused this node (exit 69).
+        InputError: `user` does not exist or cannot run the worker (exit 78).
     """
+    rank = credentials.rank_user(user)
+    credentials.check_reachable(python, [Path(rankexec.__file__)], rank)
     host, port = endpoint
     local_addr = "127.0.0.1" if is_loopback(host) else None
     peer = Peer(connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), f"coordinator {host_port(host, port)}")
@@ -214,7 +217,7 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
                     trials += 1
                     # Messages that arrive during the trial, other than its kill, wait in `pending`.
                     peer.send(_join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
-                                          nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
+                                          rank=rank, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
                                           local_addr=local_addr))
         log.warning("the coordinator closed the connection")
         return trials
@@ -223,8 +226,8 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
 
 
 def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]], *, python: str,
-                base_env: Mapping[str, str], work_dir: Path, nnodes: int, nproc_per_node: int,
-                endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
+                base_env: Mapping[str, str], work_dir: Path, rank: credentials.RankUser | None, nnodes: int,
+                nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
     seq = int(msg["trial"])
     trial_dir = work_dir / f"trial-{seq:03d}"
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +246,9 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
             local = trial_dir / local_name
             local.write_text(str(files[name]))
             candidate[name] = str(local)
-    env = clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"})
+    rank_dir = credentials.fresh_rank_dir(trial_dir, rank)
+    env = credentials.rank_env(clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"}), rank, rank_dir,
+                               credentials.cache_dir(work_dir, rank))
     env.setdefault("OMP_NUM_THREADS", "1")
     if nccl_debug:
         # As the coordinator runs its own ranks, with the log in this node's trial directory.
@@ -253,9 +258,12 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
                          local_addr=local_addr)
     started = time.monotonic()
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
-        # The agent dies with this process (as the runner's ranks do with theirs), its workers with it.
+        # The agent dies with this process (as the runner's ranks do with theirs), its workers with it;
+        # it runs as the rank user, as the runner's do.
+        switch = rank.popen_args() if rank else {}
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=trial_dir, preexec_fn=die_with_parent(os.getpid()))
+                                start_new_session=True, cwd=rank_dir,
+                                preexec_fn=credentials.rank_preexec(os.getpid(), rank), **switch)
     log.info("trial %d: agent %d started", seq, proc.pid)
     try:
         deadline = started + timeout_s + KILL_GRACE_S

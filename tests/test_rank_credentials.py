@@ -1,0 +1,282 @@
+"""Run by root, the benchmark ranks run as bench.user: its uid, gid and groups, no capabilities,
+no_new_privs, an environment without root's, a working directory of their own (trials.credentials).
+
+The demo trial here is real (gloo, two ranks): the test reads each rank's /proc/<pid>/status while
+it runs. CI runs as root; the rank user is created here when missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.trials import credentials
+from nccltune.trials.credentials import RANK_DIR, RankUser, check_reachable, rank_env, rank_user
+from nccltune.trials.runner import Runner, TrialAborted
+from nccltune.trials.worker import FAULT_VAR
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_USER = "nccltune-ranktest"  # not the default user: the rest of the suite keeps its ranks as it has them
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("switching the ranks' user needs root (CI runs as root)")
+
+
+@pytest.fixture(scope="module")
+def user() -> RankUser:
+    """The unprivileged rank user, created (idempotently) when missing."""
+    needs_root()
+    try:
+        pwd.getpwnam(TEST_USER)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if useradd is None:
+            pytest.skip("useradd is not installed here (Debian/Ubuntu: the passwd package)")
+        subprocess.run([useradd, "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        TEST_USER], check=True, capture_output=True)
+    found = rank_user(TEST_USER)
+    assert found is not None and found.uid != 0
+    return found
+
+
+@pytest.fixture(scope="module")
+def python(user: RankUser) -> Iterator[str]:
+    """An interpreter with torch that the rank user can run: this one, or (when it lives where the
+    user cannot go, such as a Python under /root) the system's Python of the same version with this
+    environment's packages."""
+    try:
+        check_reachable(sys.executable, [], user)
+        yield sys.executable
+        return
+    except InputError:
+        pass
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        pytest.skip(f"{sys.executable} is closed to other users and there is no {system} to use instead")
+    where = Path(tempfile.mkdtemp(prefix="nccltune-rank-python-", dir="/tmp"))
+    try:
+        where.chmod(0o755)
+        subprocess.run([str(system), "-m", "venv", "--without-pip", str(where / "venv")], check=True,
+                       capture_output=True)
+        purelib = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        site = next((where / "venv" / "lib").glob("python3*/site-packages"))
+        # addsitedir, not a bare path: that directory's own .pth files (nccltune's editable
+        # install) are read too.
+        (site / "nccltune-test.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+        exe = str(where / "venv" / "bin" / "python")
+        check_reachable(exe, [], user)
+        yield exe
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, python: str, tmp_path: Path) -> None:
+    """A real two-rank gloo trial, held in its timed loop (the worker's hang fault) while the test
+    reads every rank's credentials from /proc; then aborted."""
+    record = tmp_path / "ranks.running"
+    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), FAULT_VAR: "hang", "HOME": "/root",
+                "USER": "root", "SSH_AUTH_SOCK": "/root/agent.sock", "CLUSTER_API_TOKEN": "s3cret",
+                "NOTIFY_SOCKET": "/run/systemd/notify"}
+    seen: dict[int, dict[str, str]] = {}
+    environs: dict[int, dict[str, str]] = {}
+    cwds: dict[int, str] = {}
+    runner: Runner
+
+    def look() -> str | None:
+        out = tmp_path / "work" / "trial-001" / "rank0.out"
+        if not out.exists() or '"event": "start"' not in out.read_text():
+            return None
+        for line in record.read_text().splitlines():
+            pid = int(line.split()[0])
+            seen[pid] = proc_status(pid)
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            environs[pid] = dict(e.decode().partition("=")[::2] for e in raw if e)
+            cwds[pid] = os.readlink(f"/proc/{pid}/cwd")
+        return "credentials read"
+
+    runner = Runner(python=python, backend="gloo", nranks=2, base_env=base_env, work_dir=tmp_path / "work",
+                    timeout_s=240, abort_check=look, rank_record=record, user=TEST_USER)
+    assert runner.rank_user == user
+    with pytest.raises(TrialAborted, match="credentials read"):
+        runner.run({}, [4096], warmup=1, iters=2)
+    assert len(seen) == 2, seen
+    groups = {str(g) for g in user.groups}
+    for pid, status in seen.items():
+        assert status["Uid"].split() == [str(user.uid)] * 4, status["Uid"]  # real, effective, saved, fs
+        assert status["Gid"].split() == [str(user.gid)] * 4, status["Gid"]
+        assert set(status["Groups"].split()) == groups, status["Groups"]
+        for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+            assert int(status[caps], 16) == 0, (caps, status[caps])
+        assert status["NoNewPrivs"] == "1"
+        env = environs[pid]
+        assert env["HOME"] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
+        assert env["USER"] == env["LOGNAME"] == user.name
+        for secret in ("SSH_AUTH_SOCK", "CLUSTER_API_TOKEN", "NOTIFY_SOCKET"):
+            assert secret not in env, secret
+        assert cwds[pid] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
+    # The rank directory is the user's; the trial directory around it, with the ranks' output, root's.
+    trial = tmp_path / "work" / "trial-001"
+    assert (trial / RANK_DIR).stat().st_uid == user.uid
+    assert trial.stat().st_uid == 0 and (trial / "rank0.out").stat().st_uid == 0
+    assert (tmp_path / "work" / credentials.CACHE_DIR).stat().st_uid == user.uid
+
+
+def test_a_finished_demo_trial_as_the_rank_user_is_measured(user: RankUser, python: str, tmp_path: Path) -> None:
+    runner = Runner(python=python, backend="gloo", nranks=2, base_env={"PATH": os.environ.get("PATH", "/usr/bin")},
+                    work_dir=tmp_path / "work", timeout_s=240, user=TEST_USER)
+    result = runner.run({}, [4096], warmup=1, iters=2)
+    assert result.status == "ok", result.reason
+    assert [m.size_bytes for m in result.sizes] == [4096] and result.sizes[0].correct
+
+
+def test_a_symlink_the_ranks_leave_is_not_followed_when_root_reads_their_log(tmp_path: Path) -> None:
+    from nccltune.trials.nccllog import read_log
+
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    link = tmp_path / "nccl.1.log"
+    link.symlink_to(secret)
+    with pytest.raises(OSError):
+        read_log(link)
+
+
+def test_the_rank_environment_has_nothing_of_roots() -> None:
+    user = RankUser("ranks", 999, 999, (999, 44))
+    env = {"PATH": "/usr/bin", "NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7",
+           "HOME": "/root", "USER": "root", "SUDO_USER": "admin", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent",
+           "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t", "DB_PASSWORD": "p", "NOTIFY_SOCKET": "/run/notify",
+           "XDG_CACHE_HOME": "/var/cache/nccltune", "CUDA_CACHE_PATH": "/var/cache/nccltune/cuda"}
+    out = rank_env(env, user, Path("/s/trial-001/rank"), Path("/s/rank-cache"))
+    assert out == {"PATH": "/usr/bin", "NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7",
+                   "HOME": "/s/trial-001/rank", "USER": "ranks", "LOGNAME": "ranks",
+                   "XDG_CACHE_HOME": "/s/rank-cache", "CUDA_CACHE_PATH": "/s/rank-cache/cuda"}
+    assert rank_env(env, None, Path("/x"), Path("/y")) == env  # the caller's own ranks: unchanged
+
+
+def test_a_configured_user_that_does_not_exist_is_refused_before_any_trial(tmp_path: Path) -> None:
+    needs_root()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"bench": {"user": "no-such-rank-user"}}))
+    config.chmod(0o644)
+    state = tmp_path / "state"
+    proc = subprocess.run([sys.executable, "-m", "nccltune", "sweep", "--demo", "--json", "--config", str(config),
+                           "--state-dir", str(state)], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert proc.returncode == EXIT_CONFIG, proc.stderr
+    assert "bench.user" in proc.stderr and "no-such-rank-user" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(state.glob("**/trial-*")), "a trial ran"
+
+
+def test_root_is_no_rank_user() -> None:
+    needs_root()
+    with pytest.raises(InputError, match=r"bench\.user") as err:
+        rank_user("root")
+    assert err.value.exit_code == EXIT_CONFIG
+
+
+def test_not_root_means_no_switch(user: RankUser, python: str) -> None:
+    """Run by the rank user itself, rank_user answers None whatever is configured."""
+    code = ("from nccltune.trials.credentials import rank_user; import json; "
+            f"print(json.dumps([rank_user({TEST_USER!r}), rank_user('no-such-user'), rank_user(None)]))")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                          **user.popen_args())
+    assert json.loads(proc.stdout) == [None, None, None], proc.stderr
+
+
+def test_the_rank_directory_is_made_fresh_and_given_to_the_user(tmp_path: Path) -> None:
+    needs_root()
+    trial = tmp_path / "trial-001"
+    trial.mkdir()
+    old = credentials.fresh_rank_dir(trial, None)
+    (old / "nccl.1.log").write_text("an earlier run's\n")
+    (old / "link").symlink_to("/etc/shadow")
+    (old / "sub").mkdir()
+    (old / "sub" / "f").touch()
+    (old / "sub").chmod(0o500)  # the ranks' own directory, closed even to its owner's writes
+    user = RankUser("x", 4242, 4243, (4243,))
+    for d in (old / "sub", old):
+        os.chown(d, 4242, 4243)
+    fresh = credentials.fresh_rank_dir(trial, user)
+    st = fresh.lstat()
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (4242, 4243)
+    assert list(fresh.iterdir()) == []
+    assert Path("/etc/shadow").exists()
+
+
+DAEMON_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from nccltune.trials.runner import Runner, TrialAborted
+python, user, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+env = {"PATH": os.environ.get("PATH", "/usr/bin")}
+first = Runner(python=python, backend="gloo", nranks=2, base_env=env, work_dir=work, timeout_s=240, user=user)
+ok = first.run({}, [4096], warmup=1, iters=2).status
+# The same trial directory again (as verify reuses its own): the ranks' old files are root's to remove.
+again = Runner(python=python, backend="gloo", nranks=2, base_env=env, work_dir=work, timeout_s=240, user=user)
+record = work / "ranks.running"
+pids = []
+def stop():
+    out = work / "trial-001" / "rank0.out"
+    if out.exists() and '"event": "start"' in out.read_text():
+        pids.extend(int(line.split()[0]) for line in record.read_text().splitlines())
+        return "stop"
+    return None
+held = Runner(python=python, backend="gloo", nranks=2, base_env={**env, "NCCLTUNE_WORKER_FAULT": "hang"},
+              work_dir=work, timeout_s=240, user=user, abort_check=stop, rank_record=record)
+try:
+    held.run({}, [4096], warmup=1, iters=2)
+except TrialAborted:
+    pass
+alive = [p for p in pids if Path(f"/proc/{p}").exists()]
+caps = [line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapEff")]
+print(json.dumps({"ok": ok, "pids": pids, "alive": alive, "caps": caps}))
+"""
+
+
+def test_the_units_capabilities_suffice_to_run_and_end_the_ranks(user: RankUser, python: str, tmp_path: Path) -> None:
+    """As the daemon under its unit: root with only the unit's CapabilityBoundingSet (no
+    CAP_DAC_OVERRIDE, no CAP_SYS_PTRACE). A trial runs, a reused trial directory is cleared, and
+    held ranks of another uid are ended."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    unit = (REPO / "systemd" / "nccltune.service").read_text()
+    caps = next(line for line in unit.splitlines() if line.startswith("CapabilityBoundingSet=")).partition("=")[2]
+    bounding = ",".join(["-all", *("+" + c.removeprefix("CAP_").lower() for c in caps.split())])
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([setpriv, "--bounding-set", bounding, sys.executable, "-c", DAEMON_SCRIPT, python,
+                           TEST_USER, str(work)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["ok"] == "ok"
+    assert len(got["pids"]) == 2 and got["alive"] == [], got
+    # Not all of root's: the bounding set held (CAP_DAC_OVERRIDE is bit 1).
+    assert not int(got["caps"][0].split()[1], 16) & (1 << 1)
