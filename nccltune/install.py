@@ -1,5 +1,6 @@
-"""`nccltune install` and `nccltune uninstall`: the systemd units, the example config and the
-launchers (the torchrun wrapper, the Slurm task prolog), and nothing else.
+"""`nccltune install` and `nccltune uninstall`: the systemd units, the example config, the
+launchers (the torchrun wrapper, the Slurm task prolog) and the system user the benchmark ranks
+run as, and nothing else.
 
 The files ship in the source tree's `systemd/`, `examples/` and `launchers/` folders (or their
 copies installed as package data). ExecStart is rewritten to the nccltune executable actually
@@ -8,13 +9,21 @@ installed, so the unit never points at a path that does not exist. Install first
 of every file written, with its SHA-256, is kept in /etc/nccltune/installed.json. Uninstall removes
 only the files whose content is still what install wrote (an edited config or wrapper stays, and
 is named), never the state directory.
+
+The rank user (trials.credentials.DEFAULT_USER) is created on this machine only (prefix /), with
+`useradd --system`: no home, no login shell, its own group, and as supplementary groups those that
+own the GPUs' and RDMA devices' nodes (often video or render) so that it can open them as the jobs
+do. Installing again adds only a group it lacks. Uninstall keeps the user (files may be its).
 """
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import logging
+import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -23,6 +32,7 @@ from pathlib import Path
 
 from .atomicfile import atomic_write
 from .errors import InputError, NccltuneError, UnavailableError
+from .trials.credentials import DEFAULT_USER
 from .trust import check_file
 
 log = logging.getLogger(__name__)
@@ -36,6 +46,9 @@ LAUNCHERS = (
 MANIFEST = "etc/nccltune/installed.json"
 ENABLE = (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "nccltune.service"])
 DISABLE = ["systemctl", "disable", "--now", "nccltune.service"]
+# The device nodes the ranks open: the GPUs (and MIG capabilities), and RDMA for NCCL's IB transport.
+DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/infiniband/*", "/dev/dri/render*")
+NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
 
 
 def shipped_dir(source: str, packaged: str) -> Path:
@@ -94,6 +107,41 @@ def unit_text(name: str, exe: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def device_groups(globs: tuple[str, ...] = DEVICE_GLOBS) -> list[str]:
+    """The groups that own the GPUs' and RDMA devices' nodes with read and write for the group
+    (root's group excepted: membership in it is not asked for)."""
+    import glob
+
+    names = set()
+    for pattern in globs:
+        for node in glob.glob(pattern):
+            try:
+                st = os.stat(node)
+            except OSError:
+                continue
+            if st.st_gid != 0 and st.st_mode & 0o060 == 0o060:
+                try:
+                    names.add(grp.getgrgid(st.st_gid).gr_name)
+                except KeyError:
+                    continue
+    return sorted(names)
+
+
+def rank_user_commands(name: str = DEFAULT_USER, groups: list[str] | None = None) -> list[list[str]]:
+    """What creates the rank user, or adds the device groups it lacks; nothing when it is complete."""
+    groups = device_groups() if groups is None else groups
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        shell = next((s for s in NOLOGIN if os.path.exists(s)), NOLOGIN[0])
+        cmd = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+               "--shell", shell, "--comment", "nccltune benchmark ranks"]
+        return [cmd + (["--groups", ",".join(groups)] if groups else []) + [name]]
+    have = {g.gr_name for g in grp.getgrall() if name in g.gr_mem or g.gr_gid == entry.pw_gid}
+    missing = [g for g in groups if g not in have]
+    return [["usermod", "--append", "--groups", ",".join(missing), name]] if missing else []
+
+
 def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True) -> InstallPlan:
     """What install writes and runs; writes nothing."""
     exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
@@ -111,6 +159,12 @@ def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True
     prolog = prefix / LAUNCHERS[1][1]
     plan.notes.append(f"for Slurm: TaskProlog=/{LAUNCHERS[1][1]} in slurm.conf (one TaskProlog per node: "
                       f"call {prolog.name} from an existing one)")
+    if prefix.resolve() == Path("/"):
+        plan.commands.extend(rank_user_commands())
+    else:
+        plan.notes.append(f"on the target, create the user the benchmark ranks run as (bench.user): "
+                          f"useradd --system --user-group --no-create-home --shell /usr/sbin/nologin "
+                          f"[--groups <the groups owning /dev/nvidia*>] {DEFAULT_USER}")
     if enable:
         plan.commands.extend(list(c) for c in ENABLE)
     return plan

@@ -230,6 +230,63 @@ def test_the_rank_directory_is_made_fresh_and_given_to_the_user(tmp_path: Path) 
     assert Path("/etc/shadow").exists()
 
 
+# --- nccltune install: the rank user --------------------------------------------------------------
+
+
+def test_install_finds_the_groups_that_own_the_device_nodes(tmp_path: Path) -> None:
+    import grp
+
+    from nccltune.install import device_groups
+
+    try:
+        video = grp.getgrnam("video")
+    except KeyError:
+        pytest.skip("no video group here")
+    needs_root()
+    node = tmp_path / "nvidia0"
+    node.touch()
+    os.chown(node, 0, video.gr_gid)
+    node.chmod(0o660)
+    closed = tmp_path / "nvidiactl"
+    closed.touch()
+    closed.chmod(0o666)  # root's group: nothing to join
+    assert device_groups((str(tmp_path / "nvidia*"),)) == ["video"]
+    node.chmod(0o640)  # the group may read only: not a device the ranks could use through it
+    assert device_groups((str(tmp_path / "nvidia*"),)) == []
+
+
+def test_install_creates_the_rank_user_once(tmp_path: Path) -> None:
+    import grp
+
+    from nccltune.install import rank_user_commands
+
+    needs_root()
+    if shutil.which("useradd") is None or shutil.which("usermod") is None:
+        pytest.skip("useradd/usermod are not installed here (Debian/Ubuntu: the passwd package)")
+    name = "nccltune-insttest"
+    groups = ["video"] if "video" in {g.gr_name for g in grp.getgrall()} else []
+    created = False
+    try:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            (cmd,) = rank_user_commands(name, groups)
+            assert cmd[:2] == ["useradd", "--system"] and cmd[-1] == name
+            subprocess.run(cmd, check=True, capture_output=True)
+            created = True
+        entry = pwd.getpwnam(name)
+        assert entry.pw_uid != 0 and entry.pw_shell.endswith(("nologin", "false"))
+        assert not Path(entry.pw_dir).exists()
+        assert rank_user_commands(name, groups) == []  # installing again changes nothing
+        for group in groups:
+            assert name in grp.getgrnam(group).gr_mem
+        found = rank_user(name)
+        assert found is not None and found.uid == entry.pw_uid
+    finally:
+        if created:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
 DAEMON_SCRIPT = """
 import json, os, sys
 from pathlib import Path
