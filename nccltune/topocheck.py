@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomicfile import atomic_write
 from .errors import UnavailableError
 from .hw.nvml import read_nvml
 from .nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
@@ -73,6 +74,7 @@ def verdict_of(log: NcclLog, result: TrialResult) -> tuple[bool, str]:
     return True, "NCCL loaded the file and the all-reduce was correct"
 
 
+DUMP_NAME = "nccl-redump.xml"
 ONE_RANK_NOTE = ("one GPU: NCCL ran with one rank; it loads the topology file for one rank too, and a "
                  "one-rank all-reduce moves nothing between GPUs (bus bandwidth 0)")
 
@@ -89,12 +91,20 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
     if nranks < 1:
         raise UnavailableError("no GPU to run NCCL on")
     work = Path(tempfile.mkdtemp(prefix="nccltune-topocheck-"))
-    dump = keep_dump or (work / "nccl-redump.xml")
+    dump = keep_dump or (work / DUMP_NAME)
     base = dict(os.environ if env is None else env)
-    base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": str(dump.resolve())})
+    # The re-dump is NCCL's, written by a rank: relative, so into the ranks' own directory (which
+    # bench.user may write), and copied from there by root without following a link.
+    base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": DUMP_NAME})
     runner = Runner(python=find_worker_python(python), backend="nccl", nranks=nranks,
                     base_env=base, work_dir=work, timeout_s=timeout_s, user=bench_user)
     result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
+    try:
+        redump = read_log(Path(result.log_dir or work) / RANK_DIR / DUMP_NAME)
+    except OSError:  # NCCL wrote none (it failed first), or what is there is no file of its own
+        redump = None
+    if redump is not None:
+        atomic_write(dump, redump)
     logs = sorted((Path(result.log_dir or work) / RANK_DIR).glob(LOG_GLOB))
     text = "".join(read_log(p).decode(errors="replace") for p in logs)
     log = parse_nccl_log(text)
