@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import sys
@@ -189,10 +190,10 @@ def _read_manifest(prefix: Path) -> dict[str, str]:
 
 def _run(cmd: list[str]) -> None:
     if shutil.which(cmd[0]) is None:
-        raise NccltuneError(f"{cmd[0]} not found: run `{' '.join(cmd)}` by hand")
+        raise NccltuneError(f"{cmd[0]} not found: run `{shlex.join(cmd)}` by hand")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise NccltuneError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+        raise NccltuneError(f"{shlex.join(cmd)} failed: {proc.stderr.strip()}")
 
 
 def install_units(prefix: Path, *, binary: str | None = None, enable: bool = True,
@@ -203,7 +204,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
         return ([f"would write {w.path} (mode {w.mode:04o}) {w.note}".rstrip() for w in plan.writes]
                 + [f"would write {prefix / MANIFEST} (what was written, for uninstall)"]
                 + [f"then: {n}" for n in plan.notes]
-                + [f"would run {' '.join(c)}" for c in plan.commands])
+                + [f"would run {shlex.join(c)}" for c in plan.commands])
     if enable and shutil.which("systemctl") is None:
         raise NccltuneError("systemctl not found: enable the service by hand")
     manifest = _read_manifest(prefix)
@@ -217,7 +218,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
     done.extend(f"then: {n}" for n in plan.notes)
     for cmd in plan.commands:
         _run(cmd)
-        done.append(" ".join(cmd))
+        done.append(shlex.join(cmd))
     return done
 
 
