@@ -49,7 +49,7 @@ from .publish import PublishedSet, job_env, read_set
 from .records import TrialResult
 from .store import Store
 from .sweep.select import Key, d2, key_label, t_quantile
-from .trials.nccllog import MAX_LOG_BYTES, rank0_log
+from .trials.nccllog import rank0_log, read_log
 from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
 from .trials.session import TrialSession, resolve_engine, start_run
 from .trust import ensure_dir
@@ -278,8 +278,10 @@ def _what_ran(result: TrialResult | None, env: dict[str, str]) -> WhatRan | None
     found = rank0_log(Path(result.log_dir), result.start.get("pid"))
     if found is None:
         return None
-    with found.open("rb") as f:
-        text = f.read(MAX_LOG_BYTES).decode(errors="replace")
+    try:
+        text = read_log(found).decode(errors="replace")  # the ranks' own file: no link followed
+    except OSError:
+        return None
     return what_ran(parse_nccl_log(text), env, _published_table(env))
 
 

@@ -337,3 +337,18 @@ def test_the_units_capabilities_suffice_to_run_and_end_the_ranks(user: RankUser,
     assert len(got["pids"]) == 2 and got["alive"] == [], got
     # Not all of root's: the bounding set held (CAP_DAC_OVERRIDE is bit 1).
     assert not int(got["caps"][0].split()[1], 16) & (1 << 1)
+
+
+def test_a_log_link_in_the_rank_directory_is_skipped_not_followed(tmp_path: Path) -> None:
+    """The runner reads NCCL's log from the ranks' directory: a link there (to a file of root's) is
+    not read, and the trial goes on without NCCL's details."""
+    from nccltune.records import Measurement, TrialResult
+
+    secret = tmp_path / "root-only"
+    secret.write_text("nodea:7001:7001 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto LL "
+                      "channel{Lo..Hi}={0..1}\n")
+    (tmp_path / RANK_DIR).mkdir()
+    (tmp_path / RANK_DIR / "nccl.7001.log").symlink_to(secret)
+    result = TrialResult("ok", None, [Measurement(4096, 1.0, 1.0, 1.0)], 1.0, start={"pid": 7001})
+    Runner._attach_nccl_log(tmp_path, result)
+    assert result.status == "ok" and not result.nccl and result.sizes[0].algo is None

@@ -134,6 +134,16 @@ def check_python(configured: str) -> None:
                          hint=f"chmod +x {configured}, or name the interpreter your jobs use")
 
 
+def _log_text(path: Path) -> str | None:
+    """An NCCL log the ranks wrote, as text; None, with a warning, when it is no regular file of
+    theirs (nccllog.read_log follows no link)."""
+    try:
+        return read_log(path).decode(errors="replace")
+    except OSError as exc:
+        log.warning("not reading NCCL's log %s: %s", path, exc)
+        return None
+
+
 def find_worker_python(configured: str | None) -> str:
     """The interpreter that runs the worker: configured, this one if it has torch, or python3.
 
@@ -472,9 +482,10 @@ class Runner:
         """NCCL's INFO log of rank 0 (nccllog.rank0_log: sent by its node when that was another):
         versions, transports, and the algorithm/protocol per size."""
         chosen = rank0_log(trial_dir, result.start.get("pid"))
-        if chosen is None:
+        text = _log_text(chosen) if chosen is not None else None
+        if text is None:
             return
-        parsed = parse_nccl_log(read_log(chosen).decode(errors="replace"))
+        parsed = parse_nccl_log(text)
         result.nccl = summarize(parsed)
         # nccl-tests runs one process per collective, each with its own log.
         pids = result.start.get("pids") or {}
@@ -486,7 +497,8 @@ class Runner:
             if func is None:
                 continue
             own = trial_dir / RANK_DIR / f"nccl.{pids[c]}.log" if c in pids else None
-            log_of_c = parse_nccl_log(read_log(own).decode(errors="replace")) if own and own.exists() else parsed
+            own_text = _log_text(own) if own and own.exists() else None
+            log_of_c = parse_nccl_log(own_text) if own_text is not None else parsed
             by_collective[c] = choices_by_size(log_of_c, func)
         # NCCL logs the bytes it sees (one rank's block for the split collectives), not the
         # measured size: each measurement is looked up under NCCL's own count.
