@@ -58,7 +58,8 @@ def split_scopes(chosen_env: Mapping[str, str], plan: Plan,
     """(every job, single-node jobs): the topology file, policy values and config pins fit every
     job; the other chosen variables were tuned on this node alone."""
     every_job: dict[str, str] = {}
-    if "NCCL_TOPO_FILE" in chosen_env:
+    # A topology file the site's NCCL conf file names is the site's: never replaced.
+    if "NCCL_TOPO_FILE" in chosen_env and "NCCL_TOPO_FILE" not in plan.pinned:
         every_job["NCCL_TOPO_FILE"] = str(topology_file)
     config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
     every_job.update({**plan.policy, **config_pins})

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .compare import upgrade_check
+from .nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
+from .nccl.site import conf_files as _nccl_conf_files
 from .publish import read_published
 from .store import Store
 from .sweep.plan import ll128_auto
@@ -56,33 +58,34 @@ def read_conf_file(path: Path) -> dict[str, str]:
     return out
 
 
-def existing_tuner(env: Mapping[str, str], conf_files: list[Path]) -> tuple[str, str] | None:
-    """NCCL_TUNER_PLUGIN as NCCL would see it, when it names a tuner other than nccltune's:
-    (value, where it came from: "the environment" or the conf file). NCCL reads the environment
-    first and a conf file only fills what the environment leaves unset."""
-    got: tuple[str, str] | None = None
-    if "NCCL_TUNER_PLUGIN" in env:
-        got = (env["NCCL_TUNER_PLUGIN"], "the environment")
-    else:
-        for path in conf_files:
-            value = read_conf_file(path).get("NCCL_TUNER_PLUGIN")
-            if value is not None:
-                got = (value, str(path))
-                break
-    if got is None or is_own_tuner(got[0]):
+def existing_tuner(env: Mapping[str, str], conf_files: list[Path]) -> SiteTuner | None:
+    """The tuner NCCL would load without nccltune, when it is not nccltune's: named by
+    NCCL_TUNER_PLUGIN in the environment or a conf file (the environment first, as NCCL reads it),
+    else ``libnccl-tuner.so`` or the network plugin's own tuner (nccl.site.site_tuner)."""
+    return site_tuner(env, conf_settings(env, conf_files), is_own=is_own_tuner)
+
+
+def site_settings_finding(site: Mapping[str, ConfSetting]) -> Finding | None:
+    """What the site's NCCL conf files already give every job (nccltune's own block left out): kept
+    as pins, never swept and never published over (the environment would beat the file in NCCL)."""
+    tuned = {name: c for name, c in site.items() if name.startswith(("NCCL_", "TORCH_NCCL_"))}
+    if not tuned:
         return None
-    return got
+    listed = ", ".join(f"{name} ({c.path})" for name, c in sorted(tuned.items()))
+    return Finding("info", "site-settings", f"the site's NCCL conf files set {listed}; nccltune keeps them "
+                   "(pinned: never swept, never published over)", "sweep.unpin NAME to tune one anyway")
 
 
-def tuner_finding(existing: tuple[str, str] | None, mode: str) -> Finding | None:
+def tuner_finding(existing: SiteTuner | None, mode: str) -> Finding | None:
     """What doctor (and the plan) say about a tuner that is already set, under config tuner.plugin."""
     if existing is None:
         return None
-    value, source = existing
-    if value.lower() == "none":
-        what = f"NCCL_TUNER_PLUGIN=none (from {source}) turns NCCL's tuner plugins off"
+    if existing.named and existing.value.lower() == "none":
+        what = f"{existing.describe()} turns NCCL's tuner plugins off"
+    elif existing.named:
+        what = f"{existing.describe()} already names a tuner"
     else:
-        what = f"NCCL_TUNER_PLUGIN={value} (from {source}) already names a tuner"
+        what = f"NCCL loads {existing.describe()}"
     if mode == "nccltune":
         return Finding("warning", "tuner-plugin-replaced", f"{what}; tuner.plugin is nccltune, so nccltune's "
                        "published environment REPLACES it with its own tuner", "set tuner.plugin: auto or keep "
@@ -105,6 +108,9 @@ def diagnose(
     tuner = tuner_finding(existing_tuner(env, conf_files), tuner_mode)
     if tuner is not None:
         f.append(tuner)
+    site = site_settings_finding(conf_settings(env, conf_files))
+    if site is not None:
+        f.append(site)
     nvlink_pairs = [(a, b) for (a, b), p in paths.gpu_gpu.items() if a < b and p.type in ("NVL", "NVB")]
     conf: dict[str, tuple[str, Path]] = {}
     for path in conf_files:
@@ -315,9 +321,8 @@ def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dic
 
 
 def default_conf_files(env: Mapping[str, str]) -> list[Path]:
-    """NCCL's order: NCCL_CONF_FILE (2.23+) or ~/.nccl.conf, then /etc/nccl.conf."""
-    first = env.get("NCCL_CONF_FILE") or (str(Path(env.get("HOME", "/root")) / ".nccl.conf"))
-    return [Path(first), Path("/etc/nccl.conf")]
+    """NCCL's order: NCCL_CONF_FILE (2.23+) or ~/.nccl.conf, then /etc/nccl.conf (nccl.site)."""
+    return _nccl_conf_files(env)
 
 
 def upgrade_findings(store: Store, fingerprint: str) -> list[Finding]:

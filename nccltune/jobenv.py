@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .nccl.site import ConfSetting, SiteTuner
+
 DISABLE_VAR = "NCCLTUNE_DISABLE"
 
 # A line of nccl.sh (export NAME='value') or nccl.env (NAME=value), as the publisher writes them.
@@ -85,3 +87,13 @@ def filter_text(text: str, decision: JobDecision) -> str:
         else:
             lines.append(line)
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def site_comment(site: Mapping[str, ConfSetting], tuner: SiteTuner | None) -> str:
+    """What the site already gives the job besides nccltune (its NCCL conf files, its tuner), as
+    comments for `nccltune env`: names and files only, no values (a value may hold anything)."""
+    lines = [f"# kept from the site: {name} ({setting.path})" for name, setting in sorted(site.items())
+             if name.startswith(("NCCL_", "TORCH_NCCL_"))]
+    if tuner is not None:
+        lines.append(f"# kept from the site: the tuner {tuner.value} ({tuner.source})")
+    return "".join(line.replace("\n", " ") + "\n" for line in lines)

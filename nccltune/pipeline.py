@@ -207,8 +207,8 @@ class SweepPipeline:
                                                   cfg.topology_file)
             probed = self.nccl_version()
             prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed)
-            published = publish_setting(cfg, Setting(every_job, prov, single_node, render_xml(node.topo.system),
-                                                     where="one-GPU publish"))
+            xml = render_xml(node.topo.system) if "NCCL_TOPO_FILE" in every_job else None  # else the site's
+            published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
@@ -357,7 +357,9 @@ class _Sweep:
         return self.search.run()
 
     def _common(self) -> dict[str, str]:
-        return {"NCCL_TOPO_FILE": str(self.trial_xml), **self.plan.policy}
+        # A site's NCCL_TOPO_FILE (its conf file, a pin) stays: NCCL in the trials reads it there.
+        own_topology = {} if "NCCL_TOPO_FILE" in self.plan.pinned else {"NCCL_TOPO_FILE": str(self.trial_xml)}
+        return {**own_topology, **self.plan.policy}
 
     def tuning_fp(self) -> str:
         """The tuning fingerprint (once per sweep): in the provenance and in the tuner table."""

@@ -12,6 +12,7 @@ from . import collectives as coll
 from .config import Config, profile_collectives
 from .doctor import default_conf_files, existing_tuner
 from .errors import InputError
+from .nccl.site import conf_settings
 from .node import Node, iterations, size_ladder
 from .publish import preflight
 from .sweep import profiles
@@ -68,6 +69,7 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
               {n: f"{cfg.path or 'config'}:{cfg.lines.get(f'sweep.pin.{n}')}" for n in cfg.sweep.pin})
     plan = build_plan(
         node.topo, node.paths, env=env, config_pins=cfg.sweep.pin, unpin=list(cfg.sweep.unpin),
+        site_pins={n: (c.value, str(c.path)) for n, c in conf_settings(env).items()},
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
         sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks, shape=shape,
     )
@@ -89,12 +91,10 @@ def tuner_inactive_reason(cfg: Config, env: Mapping[str, str], demo: bool, plan:
         return "tuner.plugin is keep: nccltune never sets NCCL_TUNER_PLUGIN"
     existing = existing_tuner(env, default_conf_files(env))
     if existing is not None:
-        value, source = existing
         if mode == "auto":
-            return (f"NCCL_TUNER_PLUGIN={value} (from {source}) is already set and kept (tuner.plugin: auto; "
+            return (f"{existing.describe()} is already set and kept (tuner.plugin: auto; "
                     "set tuner.plugin: nccltune to replace it)")
-        plan.notes.append(f"WARNING: NCCL_TUNER_PLUGIN={value} (from {source}) is REPLACED by nccltune's tuner "
-                          "(tuner.plugin: nccltune)")
+        plan.notes.append(f"WARNING: {existing.describe()} is REPLACED by nccltune's tuner (tuner.plugin: nccltune)")
     if not demo and find_compiler() is None:
         return "no C compiler (cc, gcc or clang) on PATH to build the plugin"
     return None

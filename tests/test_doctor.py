@@ -310,7 +310,8 @@ def test_doctor_json_with_an_error_exits_1(tmp_path: Path) -> None:
     assert rc == 1, err
     doc = json.loads(out)
     assert doc["counts"]["error"] == 2 and doc["counts"]["warning"] == 1
-    assert [f["code"] for f in doc["findings"]] == ["p2p-disabled", "graph-file-in-conf", "debug-on"]
+    # site-settings: the conf file's NCCL_GRAPH_FILE is the site's (info).
+    assert [f["code"] for f in doc["findings"]] == ["p2p-disabled", "graph-file-in-conf", "debug-on", "site-settings"]
     assert all(f["fix"] for f in doc["findings"])
     assert str(conf) in doc["findings"][1]["message"]
 

@@ -20,6 +20,7 @@ from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.doctor import diagnose, existing_tuner
 from nccltune.errors import InputError
 from nccltune.fleet.schema import validate
+from nccltune.nccl.site import SiteTuner
 from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.records import Measurement, TrialResult
@@ -112,9 +113,9 @@ def test_an_existing_tuner_is_kept_or_replaced_as_the_config_says(mode: str, act
 def test_an_existing_tuner_from_an_nccl_conf_file_is_named(tmp_path: Path) -> None:
     conf = tmp_path / "nccl.conf"
     conf.write_text("NCCL_DEBUG=WARN\nNCCL_TUNER_PLUGIN=sitetuner\n")
-    assert existing_tuner({}, [conf]) == ("sitetuner", str(conf))
+    assert existing_tuner({}, [conf]) == SiteTuner("sitetuner", str(conf))
     # The environment comes first, as with NCCL; nccltune's own plugin is not a foreign tuner.
-    assert existing_tuner({"NCCL_TUNER_PLUGIN": "other"}, [conf]) == ("other", "the environment")
+    assert existing_tuner({"NCCL_TUNER_PLUGIN": "other"}, [conf]) == SiteTuner("other", "the environment")
     assert existing_tuner({"NCCL_TUNER_PLUGIN": "/x/libnccl-tuner-nccltune.so"}, [conf]) is None
     topo = load_node(Config(), str(SNAPSHOT)).topo
     findings = diagnose(topo, compute_paths(topo), env={}, publish_dir=tmp_path / "none", conf_files=[conf])

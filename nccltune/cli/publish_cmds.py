@@ -27,7 +27,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
     can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
     """
-    from ..jobenv import decide, filter_text
+    from ..doctor import default_conf_files, existing_tuner
+    from ..jobenv import decide, filter_text, site_comment
+    from ..nccl.site import conf_settings
     from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
     from ..render import single_node_comment
 
@@ -50,6 +52,10 @@ def cmd_env(args: argparse.Namespace) -> int:
         sys.stdout.write(single if decision is None else filter_text(single, decision))
     elif got.single_node_env:
         sys.stdout.write(single_node_comment(got.single_node_env, nnodes))
+    if decision is not None:
+        # What the site gives the job besides (NCCL's conf files, a tuner nccltune leaves in place).
+        sys.stdout.write(site_comment(conf_settings(os.environ), existing_tuner(os.environ,
+                                                                                 default_conf_files(os.environ))))
     return EXIT_OK
 
 

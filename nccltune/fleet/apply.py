@@ -25,6 +25,7 @@ from typing import Any, Literal
 from .. import __version__, trust
 from ..config import Config
 from ..errors import InputError
+from ..nccl.site import conf_settings
 from ..publish import PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
 from ..publish.policy import MAX_VARIABLES
 from ..topology.fingerprint import topology_fingerprint
@@ -296,7 +297,9 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # The class shares the tree's shape, not its bus ids: each node's own XML, as the generation's
     # own file. The profile's copy in force is written with the set (publish_setting), so a refused
     # or failed publish leaves the previous profile in force.
-    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system) if doc["topology_file"] else None,
+    # A topology file the site's NCCL conf file names stays the site's (nccl.site).
+    own_xml = doc["topology_file"] and "NCCL_TOPO_FILE" not in conf_settings(os.environ)
+    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system) if own_xml else None,
                       tuner=tuner, class_profile=loaded.raw, where=str(loaded.path))
     published = publish_setting(cfg, setting)
     log.info("applied %s: generation %d", note, published.generation)

@@ -76,7 +76,6 @@ def _not_published(cfg: Config, doc: Mapping[str, Any], env: Mapping[str, str]) 
         return "tuner.plugin is keep: nccltune never sets NCCL_TUNER_PLUGIN"
     existing = existing_tuner(env, default_conf_files(env))
     if existing is not None and cfg.tuner.plugin == "auto":
-        value, source = existing
-        return (f"NCCL_TUNER_PLUGIN={value} (from {source}) is already set and kept (tuner.plugin: auto; set "
+        return (f"{existing.describe()} is already set and kept (tuner.plugin: auto; set "
                 "tuner.plugin: nccltune to replace it)")
     return None

@@ -58,7 +58,7 @@ class Pruned:
 class Pinned:
     name: str
     value: str
-    source: str  # "environment" or "config"
+    source: str  # "environment", "config" or "conf file PATH" (NCCL's conf files: the site's)
     warning: str | None = None
 
 
@@ -204,8 +204,13 @@ def build_plan(
     backend: str,
     nranks: int,
     shape: JobShape | None = None,
+    site_pins: Mapping[str, tuple[str, str]] | None = None,
 ) -> Plan:
     """Build the plan. Values must already be validated (see sweep.space).
+
+    `site_pins`: name -> (value, where) of what NCCL's conf files give the jobs (nccl.site): pinned
+    exactly like the environment, which wins over them as in NCCL; NCCL_TOPO_FILE among them too (a
+    site's curated topology file is kept, and nccltune then neither sets nor publishes its own).
 
     `shape` is the job the plan is for (one node by default); network knobs are only candidates
     when traffic crosses a NIC (several nodes, or NIC loopback).
@@ -220,6 +225,13 @@ def build_plan(
             warning = tun.validate(value) if tun else (
                 "not a setting nccltune knows; passed to every trial unchanged")
             pinned[name] = Pinned(name, value, "environment", warning)
+    for name, (value, where) in (site_pins or {}).items():
+        if not name.startswith(TUNED_NAME_STARTS) or name in unpin or name in pinned or name in OWN_TUNER_VARS:
+            continue
+        if (name in MANAGED and name != "NCCL_TOPO_FILE") or (name == "NCCL_TUNER_PLUGIN" and is_own_tuner(value)):
+            continue
+        tun = CATALOGUE.get(name)
+        pinned[name] = Pinned(name, value, f"conf file {where}", tun.validate(value) if tun else None)
     for name, value in config_pins.items():
         # `--unpin`/`sweep.unpin` promise to sweep a variable "although the environment or config
         # sets it": a config pin is no stronger than an environment one.
