@@ -26,10 +26,11 @@ from nccltune.config import Config, load_config
 from nccltune.daemon import actions
 from nccltune.daemon.actions import NcclInfo
 from nccltune.errors import InputError
-from nccltune.fleet.apply import MAX_CHOSEN_CHARS, ProfileRefused, apply_profile
+from nccltune.fleet.apply import MAX_CHOSEN_CHARS, ProfileRefused, apply_profile, profile_in_force
 from nccltune.publish import (
     CONF_BEGIN,
     CONF_END,
+    CURRENT_NAME,
     PROFILE_IN_FORCE,
     PUBLISHED_NAMES,
     TOPOLOGY_NAME,
@@ -196,6 +197,29 @@ def test_a_publish_that_fails_after_validation_keeps_the_profile_in_force(
     # The same profile applies once the disk has room, and is then the one in force.
     apply_profile(cfg, other, demo=str(SNAPSHOT))
     assert (state / PROFILE_IN_FORCE).read_bytes() == other.read_bytes()
+
+
+def test_the_profile_in_force_switches_with_its_set(applied: tuple[Config, Path], profile_doc: dict[str, Any],
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after the switch but before the state directory's copy: the set's own copy is the
+    profile in force, so a later sweep by hand or verify sees the profile that is published."""
+    cfg, state = applied
+    kept = (state / PROFILE_IN_FORCE).read_bytes()
+    other = write_profile({**profile_doc, "chosen": f"{profile_doc['chosen']} (re-decided)"}, tmp_path / "b.json")
+
+    def stopped(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nccltune.publish.publisher.atomic_write", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        apply_profile(cfg, other, demo=str(SNAPSHOT))
+    monkeypatch.undo()
+    assert (state / PROFILE_IN_FORCE).read_bytes() == kept  # the stop came before this copy
+    got = read_set(state)
+    assert got is not None and got.generation == 2
+    loaded = profile_in_force(cfg, got.provenance)
+    assert loaded is not None and loaded.raw == other.read_bytes()
+    assert (state / CURRENT_NAME / PROFILE_IN_FORCE).read_bytes() == other.read_bytes()
 
 
 def test_a_setting_over_a_bound_is_refused_before_the_state_directory_exists(tmp_path: Path) -> None:

@@ -4,11 +4,12 @@ node, after checking it is for it.
 A profile is refused (exit 78, nothing published changes) when it is malformed, when its file
 may be changed by another user, when it was made for another class of node, when it is stale
 (made with another NCCL, driver or nccltune release than this node runs), when its demo flag
-does not match the node, or when any variable fails the publish validation; the refusal's
-`code` names which (the daemon's metrics carry it). Only then are the node's files replaced,
-atomically, with provenance that names the profile (`nccltune env` shows it in the header,
-nccl.json carries its digest under `class_profile`), and a copy of it is kept in the state
-directory (PROFILE_IN_FORCE) for `nccltune verify` to compare the node with its class.
+does not match the node, or when any variable or what it carries fails the publish validation
+or bounds; the refusal's `code` names which (the daemon's metrics carry it). Only then is the
+profile published as one Setting (publish.publish_setting), atomically, with provenance that
+names the profile (`nccltune env` shows it in the header, nccl.json carries its digest under
+`class_profile`); its copy (PROFILE_IN_FORCE) is a file of that generation and follows it into
+the state directory, for `nccltune verify` to compare the node with its class.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .. import __version__, trust
 from ..config import Config
 from ..errors import InputError
 from ..nccl.site import conf_settings
-from ..publish import PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
+from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
 from ..publish.policy import MAX_VARIABLES
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
@@ -322,13 +323,15 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
 
 
 def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfile | None:
-    """The class profile the published set came from, as kept in the state directory, or None
-    when the set is a node's own decision or the copy is not the one published (another digest,
-    gone, unreadable: logged)."""
+    """The class profile the published set came from, as kept in its generation (or, for a set
+    published before generations kept it, in the state directory), or None when the set is a
+    node's own decision or the copy is not the one published (another digest, gone, unreadable:
+    logged)."""
     published = provenance.get("class_profile")
     if not isinstance(published, Mapping) or not isinstance(published.get("sha256"), str):
         return None
-    path = Path(cfg.state_dir) / PROFILE_IN_FORCE
+    own = Path(cfg.publish_dir) / CURRENT_NAME / PROFILE_IN_FORCE
+    path = own if os.path.lexists(own) else Path(cfg.state_dir) / PROFILE_IN_FORCE
     try:
         loaded = read_profile(path)
     except ProfileRefused as exc:

@@ -29,6 +29,8 @@ SINGLE_SH_NAME = "nccl-single-node.sh"
 SINGLE_ENV_NAME = "nccl-single-node.env"
 TUNER_PLUGIN_NAME = "libnccl-tuner-nccltune.so"
 TUNER_TABLE_NAME = "tuner-table.txt"
+# The class profile a set was published from, kept with it: the set and its profile switch together.
+CLASS_PROFILE_NAME = "class-profile.json"
 PUBLISHED_NAMES = (SH_NAME, ENV_NAME, JSON_NAME, SINGLE_SH_NAME, SINGLE_ENV_NAME)
 # The labels of the two scopes in nccl.json, and which jobs get each.
 EVERY_JOB = "every_job"
@@ -204,6 +206,8 @@ def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict
             own[TUNER_FINGERPRINT_VAR] = prov.tuning_fingerprint
         files.append((TUNER_PLUGIN_NAME, setting.tuner.plugin_bytes()))
         files.append((TUNER_TABLE_NAME, setting.tuner.table_text.encode("utf-8")))
+    if setting.class_profile is not None:
+        files.append((CLASS_PROFILE_NAME, setting.class_profile))
     every_job = validate_env({**setting.every_job_env, **own}, source=f"{setting.where}: every-job environment")
     single = dict(setting.single_node_env)
     sets = [

@@ -10,6 +10,7 @@ Layout (DESIGN.md section 3), one *set* per publish, in the publish directory::
     <publish_dir>/generations/<N>/nccl.json        both parts, labelled, with their provenance
     <publish_dir>/generations/<N>/ncclTopology.xml when a topology is published with the set
     <publish_dir>/generations/<N>/libnccl-tuner-nccltune.so, tuner-table.txt   when a tuner is published
+    <publish_dir>/generations/<N>/class-profile.json   the class profile the set comes from, if any
     <publish_dir>/generations/last                 the last generation number handed out
     <publish_dir>/current -> generations/<N>       the one switch
     <publish_dir>/nccl.sh -> current/nccl.sh       (and the other four): the paths users know

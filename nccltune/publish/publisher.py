@@ -3,9 +3,10 @@
 Every decider (the sweep, the one-GPU node, a class profile, the daemon's safe republish) calls
 ``publish_setting``, so they all write the same files the same way: the state directory created
 under the trust rule where missing, the set as one generation (generations.py; NCCL_TOPO_FILE
-names the generation's own topology file), the stable copy of the topology file
-(``publish.topology_file``, for site scripts that name one path), the class profile in force
-(``<state_dir>/class-profile.json``) and the managed nccl.conf block when one is configured.
+names the generation's own topology file; a class profile's document is a file of it), the
+stable copy of the topology file (``publish.topology_file``, for site scripts that name one
+path), the state directory's copy of the class profile in force (``<state_dir>/class-profile.json``)
+and the managed nccl.conf block when one is configured.
 
 Everything that could be refused is checked before the first byte is written; the state
 directory's copies follow the switch to the new generation, so a refusal or a failure leaves the
@@ -20,15 +21,15 @@ from ..atomicfile import atomic_write
 from ..config import Config
 from ..errors import InputError
 from ..trust import ensure_dir
-from .formats import render_set
+from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
 from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
 from .setting import Setting
 
-# The class profile in force, as applied, in the state directory: what verify and a later sweep
-# compare the published set's `class_profile.sha256` with.
-PROFILE_IN_FORCE = "class-profile.json"
+# The class profile in force: in the generation it was published with (the copy that switches
+# with the set) and, once that generation is current, in the state directory.
+PROFILE_IN_FORCE = CLASS_PROFILE_NAME
 # NCCL hands only NCCL_* from its conf file to the process, so the plugin could never find its
 # table there: the tuner is for jobs that take nccl.sh or nccl.env.
 _NOT_IN_NCCL_CONF = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
