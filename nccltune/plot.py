@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from .atomicfile import atomic_write
-from .choice import DEFAULTS_LABEL
+from .pipeline.choice import DEFAULTS_LABEL
 from .collectives import COLLECTIVES
 from .errors import UnavailableError
 from .names import DEMO_LABEL, format_size

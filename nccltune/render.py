@@ -33,9 +33,9 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from .doctor import Finding
     from .node import Node
     from .pipeline import SweepReport
-    from .planning import Workload
+    from .pipeline.planning import Workload
     from .sweep.plan import Plan
-    from .tablestage import TableOutcome
+    from .pipeline.tablestage import TableOutcome
     from .topocheck import TopoCheck
     from .verify import VerifyResult
 

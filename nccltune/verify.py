@@ -44,7 +44,7 @@ from .names import format_size
 from .nccl.debuglog import parse_nccl_log
 from .nccl.ran import WhatRan, what_ran
 from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
-from .planning import check_profile, workload
+from .pipeline.planning import check_profile, workload
 from .publish import PublishedSet, job_env, read_set
 from .records import TrialResult
 from .store import Store

@@ -3,7 +3,7 @@ published environment, and the rows the reports show."""
 
 from __future__ import annotations
 
-from nccltune.choice import nccl_choices, report_rows
+from nccltune.pipeline.choice import nccl_choices, report_rows
 from nccltune.nccl.debuglog import SizeChoice
 from nccltune.records import Measurement, ReportRow, TrialResult
 from nccltune.sweep.select import SizeStats
@@ -48,7 +48,7 @@ def test_rows_compare_the_defaults_with_the_chosen_setting() -> None:
 def test_the_choice_splits_into_what_fits_every_job_and_what_was_tuned_on_this_node() -> None:
     from pathlib import Path
 
-    from nccltune.choice import choose
+    from nccltune.pipeline.choice import choose
     from nccltune.sweep.plan import build_plan
     from nccltune.topology.model import from_snapshot
     from nccltune.topology.paths import compute_paths

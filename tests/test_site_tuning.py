@@ -20,7 +20,7 @@ import pytest
 import yaml
 from demo_state import BASE_CONFIG, SNAPSHOT, SWEEP_S, clean_env
 
-from nccltune.choice import split_scopes
+from nccltune.pipeline.choice import split_scopes
 from nccltune.config import Config, TunerConfig
 from nccltune.doctor import diagnose, existing_tuner
 from nccltune.nccl.site import (

@@ -16,7 +16,7 @@ from demo_state import clean_env
 from nccltune.cli import main
 from nccltune.config import Config, parse_config, with_overrides
 from nccltune.node import load_node
-from nccltune.planning import workload
+from nccltune.pipeline.planning import workload
 from nccltune.sweep import profiles
 from nccltune.sweep.plan import Plan
 from nccltune.sweep.select import MiB, SizeStats, judge, size_stats
@@ -182,7 +182,7 @@ def test_the_plan_shows_the_profiles_collectives_and_a_longer_estimate(
 
 
 def test_collectives_without_numbers_are_listed_with_why_in_the_plan_and_the_report() -> None:
-    from nccltune.planning import Workload
+    from nccltune.pipeline.planning import Workload
     from nccltune.records import ReportRow
     from nccltune.render import rows_text, workload_doc, workload_lines
 

@@ -25,7 +25,7 @@ from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.records import Measurement, TrialResult
 from nccltune.sweep.space import CATALOGUE
-from nccltune.tablestage import TableOutcome
+from nccltune.pipeline.tablestage import TableOutcome
 from nccltune.topology.paths import compute_paths
 from nccltune.trials.session import TrialSession
 from nccltune.tuner.build import find_compiler
@@ -127,7 +127,7 @@ def test_an_existing_tuner_from_an_nccl_conf_file_is_named(tmp_path: Path) -> No
 
 
 def test_no_compiler_means_no_table_in_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("nccltune.planning.find_compiler", lambda cc=None: None)
+    monkeypatch.setattr("nccltune.pipeline.planning.find_compiler", lambda cc=None: None)
     pipe, _ = _plan(Config(), ENV, gpu=True)
     plan = pipe.plan()[0]
     assert plan.per_size is not None and not plan.per_size.active
@@ -251,7 +251,7 @@ def _stage_result(speed: Callable[[dict[str, str], str, str, int], float],
     from nccltune.sweep.pertable import per_size_candidates
     from nccltune.sweep.select import size_stats
     from nccltune.sweep.strategy import SearchResult
-    from nccltune.tablestage import TableStage
+    from nccltune.pipeline.tablestage import TableStage
 
     cfg = parse_config("sweep:\n  profile: fsdp\n")
     pipe, _ = _plan(cfg, ENV, gpu=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from . import __version__
-from .config import Config
+from .. import __version__
+from ..config import Config
 
 
 def tuning_fingerprint(cfg: Config, topology_fp: str, nccl_version: str | None, demo: bool) -> str:

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .. import __version__
 from .choice import Choice, choose, split_scopes
-from .config import Config
-from .errors import InputError, NccltuneError, UnavailableError
-from .lock import SweepLock
-from .names import DEMO_LABEL
-from .nccl.probe import probe_nccl
-from .node import ONE_GPU, Node, load_node, require_idle
+from ..config import Config
+from ..errors import InputError, NccltuneError, UnavailableError
+from ..lock import SweepLock
+from ..names import DEMO_LABEL
+from ..nccl.probe import probe_nccl
+from ..node import ONE_GPU, Node, load_node, require_idle
 from .planning import (
     POLICY_VAR,
     Workload,
@@ -38,20 +38,20 @@ from .planning import (
     settings,
     workload,
 )
-from .publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
-from .records import Backend, ReportRow
-from .store import Phase, RunStatus, Store
-from .sweep.plan import JobShape, Plan
-from .sweep.select import Key, key_label
-from .sweep.strategy import Search, SearchResult
+from ..publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
+from ..records import Backend, ReportRow
+from ..store import Phase, RunStatus, Store
+from ..sweep.plan import JobShape, Plan
+from ..sweep.select import Key, key_label
+from ..sweep.strategy import Search, SearchResult
 from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TableStage
-from .topology.ncclxml import render_xml
-from .topology.nodeclass import node_class
-from .trials.launch import LaunchRequest
-from .trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
-from .trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
-from .trust import ensure_dir
-from .tuner.build import is_own_tuner
+from ..topology.ncclxml import render_xml
+from ..topology.nodeclass import node_class
+from ..trials.launch import LaunchRequest
+from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
+from ..trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
+from ..trust import ensure_dir
+from ..tuner.build import is_own_tuner
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ class _Sweep:
     def _held_by_profile(self) -> str | None:
         """Why this node's own result must not replace what is published: a class profile in force
         (one decision per kind of node; the daemon keeps profile.path's applied), or None."""
-        from .fleet.apply import profile_in_force
+        from ..fleet.apply import profile_in_force
 
         try:
             current = read_set(self.cfg.publish_dir)

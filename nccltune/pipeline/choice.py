@@ -10,11 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .nccl.debuglog import SizeChoice, prevailing
-from .records import ReportRow, TrialResult
-from .sweep.plan import Plan
-from .sweep.select import Key, split_key
-from .sweep.strategy import Finalist, SearchResult, label_of
+from ..nccl.debuglog import SizeChoice, prevailing
+from ..records import ReportRow, TrialResult
+from ..sweep.plan import Plan
+from ..sweep.select import Key, split_key
+from ..sweep.strategy import Finalist, SearchResult, label_of
 
 DEFAULTS_LABEL = "NCCL defaults"
 

@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config
-from .publish import atomic_write
-from .records import Measurement, TrialResult
-from .store import Phase
-from .sweep.pertable import (
+from ..config import Config
+from ..publish import atomic_write
+from ..records import Measurement, TrialResult
+from ..store import Phase
+from ..sweep.pertable import (
     TRIAL_LABEL,
     SizeCandidate,
     Span,
@@ -49,12 +49,12 @@ from .sweep.pertable import (
     table_inputs,
     to_table,
 )
-from .sweep.plan import Plan
-from .sweep.select import judge, size_stats
-from .sweep.strategy import Finalist, SearchResult, label_of
-from .trials.session import TrialSession
-from .tuner.build import BuildResult, build_plugin
-from .tuner.table import TunerTable, render_table
+from ..sweep.plan import Plan
+from ..sweep.select import judge, size_stats
+from ..sweep.strategy import Finalist, SearchResult, label_of
+from ..trials.session import TrialSession
+from ..tuner.build import BuildResult, build_plugin
+from ..tuner.table import TunerTable, render_table
 
 log = logging.getLogger(__name__)
 

@@ -8,19 +8,19 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import collectives as coll
-from .config import Config, profile_collectives
-from .doctor import default_conf_files, existing_tuner
-from .errors import InputError
-from .nccl.site import conf_settings
-from .node import Node, iterations, size_ladder
-from .publish import preflight
-from .sweep import profiles
-from .sweep.plan import JobShape, Plan, build_plan, plan_per_size
-from .sweep.select import Key
-from .sweep.space import CATALOGUE, unknown_variable_hint
-from .sweep.strategy import Search, Settings
-from .tuner.build import find_compiler
+from .. import collectives as coll
+from ..config import Config, profile_collectives
+from ..doctor import default_conf_files, existing_tuner
+from ..errors import InputError
+from ..nccl.site import conf_settings
+from ..node import Node, iterations, size_ladder
+from ..publish import preflight
+from ..sweep import profiles
+from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
+from ..sweep.select import Key
+from ..sweep.space import CATALOGUE, unknown_variable_hint
+from ..sweep.strategy import Search, Settings
+from ..tuner.build import find_compiler
 
 log = logging.getLogger(__name__)
 
