@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from .atomicfile import atomic_write
-from .pipeline.choice import DEFAULTS_LABEL
 from .collectives import COLLECTIVES
 from .errors import UnavailableError
 from .names import DEMO_LABEL, format_size
+from .pipeline.choice import DEFAULTS_LABEL
 from .records import ALL_REDUCE
 from .store import RunRecord, TrialRecord
 

@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from .node import Node
     from .pipeline import SweepReport
     from .pipeline.planning import Workload
-    from .sweep.plan import Plan
     from .pipeline.tablestage import TableOutcome
+    from .sweep.plan import Plan
     from .topocheck import TopoCheck
     from .verify import VerifyResult
 

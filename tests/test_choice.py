@@ -3,8 +3,8 @@ published environment, and the rows the reports show."""
 
 from __future__ import annotations
 
-from nccltune.pipeline.choice import nccl_choices, report_rows
 from nccltune.nccl.debuglog import SizeChoice
+from nccltune.pipeline.choice import nccl_choices, report_rows
 from nccltune.records import Measurement, ReportRow, TrialResult
 from nccltune.sweep.select import SizeStats
 from nccltune.sweep.strategy import Finalist, SearchResult

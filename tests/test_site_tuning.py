@@ -20,7 +20,6 @@ import pytest
 import yaml
 from demo_state import BASE_CONFIG, SNAPSHOT, SWEEP_S, clean_env
 
-from nccltune.pipeline.choice import split_scopes
 from nccltune.config import Config, TunerConfig
 from nccltune.doctor import diagnose, existing_tuner
 from nccltune.nccl.site import (
@@ -35,6 +34,7 @@ from nccltune.nccl.site import (
 )
 from nccltune.node import load_node
 from nccltune.pipeline import SweepPipeline
+from nccltune.pipeline.choice import split_scopes
 from nccltune.topology.paths import compute_paths
 
 CC = shutil.which("cc") or shutil.which("gcc")

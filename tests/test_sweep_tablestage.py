@@ -23,9 +23,9 @@ from nccltune.fleet.schema import validate
 from nccltune.nccl.site import SiteTuner
 from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
+from nccltune.pipeline.tablestage import TableOutcome
 from nccltune.records import Measurement, TrialResult
 from nccltune.sweep.space import CATALOGUE
-from nccltune.pipeline.tablestage import TableOutcome
 from nccltune.topology.paths import compute_paths
 from nccltune.trials.session import TrialSession
 from nccltune.tuner.build import find_compiler
@@ -247,11 +247,11 @@ def _stage_result(speed: Callable[[dict[str, str], str, str, int], float],
     """The per-size stage on the 2x H200 recording as a GPU node under fsdp, its trials answered by `speed`.
     The trials measure all_reduce besides fsdp's two collectives, so the table has all-reduce entries
     too; only all_gather and reduce_scatter weigh."""
+    from nccltune.pipeline.tablestage import TableStage
     from nccltune.sweep import profiles
     from nccltune.sweep.pertable import per_size_candidates
     from nccltune.sweep.select import size_stats
     from nccltune.sweep.strategy import SearchResult
-    from nccltune.pipeline.tablestage import TableStage
 
     cfg = parse_config("sweep:\n  profile: fsdp\n")
     pipe, _ = _plan(cfg, ENV, gpu=True)

@@ -21,13 +21,26 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from .choice import Choice, choose, split_scopes
 from ..config import Config
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..lock import SweepLock
 from ..names import DEMO_LABEL
 from ..nccl.probe import probe_nccl
 from ..node import ONE_GPU, Node, load_node, require_idle
+from ..publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
+from ..records import Backend, ReportRow
+from ..store import Phase, RunStatus, Store
+from ..sweep.plan import JobShape, Plan
+from ..sweep.select import Key, key_label
+from ..sweep.strategy import Search, SearchResult
+from ..topology.ncclxml import render_xml
+from ..topology.nodeclass import node_class
+from ..trials.launch import LaunchRequest
+from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
+from ..trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
+from ..trust import ensure_dir
+from ..tuner.build import is_own_tuner
+from .choice import Choice, choose, split_scopes
 from .planning import (
     POLICY_VAR,
     Workload,
@@ -38,20 +51,7 @@ from .planning import (
     settings,
     workload,
 )
-from ..publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
-from ..records import Backend, ReportRow
-from ..store import Phase, RunStatus, Store
-from ..sweep.plan import JobShape, Plan
-from ..sweep.select import Key, key_label
-from ..sweep.strategy import Search, SearchResult
 from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TableStage
-from ..topology.ncclxml import render_xml
-from ..topology.nodeclass import node_class
-from ..trials.launch import LaunchRequest
-from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
-from ..trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
-from ..trust import ensure_dir
-from ..tuner.build import is_own_tuner
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
