@@ -222,6 +222,9 @@ class PublishConfig:
     metrics_dir: str | None = None
     # None: <state_dir>/ncclTopology.xml.
     topology_file: str | None = None
+    # A CDI spec directory (/var/run/cdi on a Kubernetes node) to keep the published set in as the
+    # CDI spec nccltune.io-tuning.json (nccltune.cdi); None: no CDI spec.
+    cdi_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,11 @@ class Config:
     def metrics_dir(self) -> Path | None:
         """The node_exporter textfile directory, or None when metrics are off."""
         return self._under_state(self.publish.metrics_dir)
+
+    @property
+    def cdi_dir(self) -> Path | None:
+        """The CDI spec directory kept current after every publish, or None when that is off."""
+        return self._under_state(self.publish.cdi_dir)
 
     @property
     def profile_path(self) -> Path | None:

@@ -1,7 +1,9 @@
 """What a reviewer checks in the Kubernetes manifest and the container build file: the mounts
 match the config the daemon reads, the security context, cheap probes of the heartbeat file the
 daemon writes (test_daemon_profile.py runs them on a real one), resources, the profile mount that
-profile.path names, hostPID, no GPU request, and an image that runs `nccltune daemon`."""
+profile.path names, hostPID, no GPU request, and an image that runs `nccltune daemon`; every
+manifest valid against the Kubernetes API's schemas (kubernetes-validate, offline, strict), Pod
+Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -172,3 +175,52 @@ def test_image_runs_the_daemon_as_root_without_torch(container: dict[str, Any]) 
     runs = " ".join(rest for word, rest in ins if word == "RUN")
     assert "pip install" in runs and not re.search(r"\btorch\b", runs)
     assert container["args"][0].startswith("--")  # arguments to the daemon, not a command
+
+
+@pytest.mark.parametrize("version", ["1.28", "1.37"])
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(version: str) -> None:
+    """kubernetes-validate bundles the API's OpenAPI schemas: no cluster, no network. Strict:
+    a misspelt or misplaced field is an error, not ignored."""
+    docs = [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc]
+    assert len(docs) == 4
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+    broken = dict(docs[-1])
+    broken["spec"] = {**broken["spec"], "updateStrategi": {}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, version, strict=True)
+
+
+def test_the_namespace_carries_pod_security_labels(docs: dict[str, Any]) -> None:
+    labels = docs["Namespace/nccltune"]["metadata"]["labels"]
+    # hostPID, hostNetwork and hostPath need the privileged level; tenants' namespaces stay stricter.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    assert labels["pod-security.kubernetes.io/audit"] == "baseline"
+
+
+def test_dev_shm_is_a_memory_volume_with_a_size_limit(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    shm = _volume(pod, _mounts(container)["/dev/shm"]["name"])
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert shm["emptyDir"]["sizeLimit"]
+
+
+def test_memory_is_requested_as_limited(container: dict[str, Any]) -> None:
+    res = container["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"]
+
+
+def test_the_cdi_spec_directory_is_the_hosts_and_the_daemon_writes_there(
+        docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any], tmp_path: Path) -> None:
+    cfg = _daemon_config(docs, pod, container, tmp_path)
+    assert cfg.cdi_dir == Path("/var/run/cdi")
+    mount = _mounts(container)[str(cfg.cdi_dir)]
+    assert not mount.get("readOnly", False)
+    assert _volume(pod, mount["name"])["hostPath"]["path"] == str(cfg.cdi_dir)
+
+
+def test_the_image_has_a_c_compiler_for_the_tuner_plugin() -> None:
+    final_stage = CONTAINERFILE.read_text().rsplit("\nFROM ", 1)[1]
+    runs = " ".join(rest for word, rest in _instructions() if word == "RUN")
+    assert re.search(r"apt-get install .*\bgcc\b.*\blibc6-dev\b", runs)
+    assert "gcc" in final_stage  # in the image that runs, not only in the build stage

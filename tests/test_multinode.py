@@ -1,9 +1,8 @@
 """Trials over several "nodes" on this machine: two torchrun agents joined by c10d rendezvous over
 127.0.0.1 (the second one started by `nccltune sweep --join`), gloo, one rank per node, the real
 worker; rank 0's NCCL log sent back from the node it ran on (NCCL's logging played by a stand-in:
-NCCL cannot run here); workers dying with a killed agent; srun through a stand-in that starts the
-tasks here the way srun does (Slurm itself cannot run here), with the command line it was given
-checked; NIC loopback's environment and shape.
+NCCL cannot run here); workers dying with a killed agent; the srun command line a trial asks for
+(trials through real Slurm: test_slurm_real.py); NIC loopback's environment and shape.
 """
 
 from __future__ import annotations
@@ -290,32 +289,6 @@ def test_the_torchrun_command_line() -> None:
 
 # -- Slurm -----------------------------------------------------------------------------------------
 
-SRUN_STANDIN = """\
-#!{python}
-# Stands in for srun: records its argv and environment, then starts the tasks here as srun does
-# (SLURM_PROCID etc. per task, stdout and stderr passed through), killing the rest on a bad exit.
-import json, os, subprocess, sys
-argv = sys.argv[1:]
-with open({record!r}, "w") as fh:
-    json.dump({{"argv": sys.argv, "env": dict(os.environ)}}, fh)
-opts, i = {{}}, 0
-while argv[i].startswith("--"):
-    name, _, value = argv[i][2:].partition("=")
-    if not value and name in ("nodes", "ntasks", "ntasks-per-node"):
-        i += 1
-        value = argv[i]
-    opts[name] = value
-    i += 1
-cmd, ntasks, per_node = argv[i:], int(opts["ntasks"]), int(opts["ntasks-per-node"])
-procs = []
-for task in range(ntasks):
-    env = dict(os.environ, SLURM_PROCID=str(task), SLURM_LOCALID=str(task % per_node),
-               SLURM_NODEID=str(task // per_node), SLURM_NTASKS=str(ntasks), SLURM_NTASKS_PER_NODE=str(per_node))
-    procs.append(subprocess.Popen(cmd, env=env))
-codes = [p.wait() for p in procs]
-sys.exit(max(abs(c) for c in codes))
-"""
-
 SCONTROL_STANDIN = """\
 #!/bin/sh
 # Stands in for `scontrol show hostnames LIST`: the allocation's first node is this machine.
@@ -328,38 +301,9 @@ printf 'localhost\\nnode-b\\n'
 def slurm_bin(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "srun").write_text(SRUN_STANDIN.format(python=sys.executable, record=str(tmp_path / "srun.json")))
     (bindir / "scontrol").write_text(SCONTROL_STANDIN)
-    for name in ("srun", "scontrol"):
-        (bindir / name).chmod(0o755)
+    (bindir / "scontrol").chmod(0o755)
     return bindir
-
-
-def test_srun_inside_an_allocation_builds_the_command_and_runs_the_trial(slurm_bin: Path, tmp_path: Path) -> None:
-    path = f"{slurm_bin}:{os.environ.get('PATH', '')}"
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node-[a-b]", "PATH": path}
-    launch = make_launch(LaunchShape(2, 1), "auto", None, node_class="cpu-test", env=slurm)
-    assert isinstance(launch, SrunLaunch) and launch.master_addr == "localhost"
-    runner = Runner(python=sys.executable, backend="gloo", nranks=1, base_env=_base_env(PATH=path, RANK="9"),
-                    work_dir=tmp_path / "work", timeout_s=120, launch=launch)
-    candidate = {"NCCL_ALGO": "Ring", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
-    result = _run(runner, candidate)
-    assert result.status == "ok", result.reason
-    assert result.start["world_size"] == 2
-    assert result.shape == {"label": "2x1", "nnodes": 2, "ranks_per_node": 1, "loopback": False,
-                            "launcher": "srun", "node_class": "cpu-test"}
-    seen = json.loads((tmp_path / "srun.json").read_text())
-    worker_args = ["--backend", "gloo", "--sizes", "4096,16384", "--warmup", "1", "--iters", "2", "--timeout-s", "120"]
-    # The CPU demo's allocation has no GPUs: no GPU binding asked for.
-    assert seen["argv"] == [
-        str(slurm_bin / "srun"), "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1",
-        "--nodelist=localhost,node-b", "--distribution=block", "--kill-on-bad-exit=1", "--wait=60",
-        "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCL_ALGO,NCCL_IB_HCA", "--time=4",
-        sys.executable, str(RANKEXEC), "--slurm", str(WORKER), *worker_args]
-    env = seen["env"]
-    assert env["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1" and env["NCCL_ALGO"] == "Ring"
-    assert env["MASTER_ADDR"] == "localhost" and env["MASTER_PORT"].isdigit()
-    assert "RANK" not in env  # an enclosing launch's rank never reaches srun's tasks
 
 
 def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm_bin: Path, tmp_path: Path) -> None:
@@ -373,8 +317,9 @@ def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm
     (spec,) = launch.start(TrialSpec(5, tmp_path, worker, env, {"NCCL_ALGO": "Ring"}, 300, nccl_log=True))
     assert spec.argv == [
         "srun", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4", "--nodelist=localhost,node-b",
-        "--distribution=block", "--gpus-per-task=1", "--kill-on-bad-exit=1", "--wait=60",
-        "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCL_ALGO,NCCL_DEBUG,NCCL_DEBUG_FILE,NCCL_DEBUG_SUBSYS", "--time=7",
+        "--distribution=block", "--gpus-per-task=1", "--kill-on-bad-exit=1", "--wait=60", "--label",
+        "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCLTUNE_DISABLE,NCCL_ALGO,NCCL_DEBUG,NCCL_DEBUG_FILE,NCCL_DEBUG_SUBSYS",
+        "--time=7",
         "/opt/py/bin/python", str(RANKEXEC), "--slurm", str(WORKER), "--backend", "nccl", "--sizes", "1024"]
     # Slurm sets CUDA_VISIBLE_DEVICES for each task from its binding; an enclosing rank never leaks.
     assert "CUDA_VISIBLE_DEVICES" not in spec.env and "RANK" not in spec.env
@@ -384,7 +329,7 @@ def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm
     assert isinstance(without, SrunLaunch) and without.gpus_per_task == 0
     plain = without.start(TrialSpec(5, tmp_path, worker, {"CUDA_VISIBLE_DEVICES": "0"}, {}, 300))[0]
     assert "--gpus-per-task=1" not in plain.argv and plain.env["CUDA_VISIBLE_DEVICES"] == "0"
-    assert "--export=ALL,MASTER_ADDR,MASTER_PORT" in plain.argv  # no candidate, no log settings asked for
+    assert "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCLTUNE_DISABLE" in plain.argv  # no candidate, no log settings
 
 
 def test_srun_refuses_a_candidate_that_is_not_safe(slurm_bin: Path, tmp_path: Path) -> None:

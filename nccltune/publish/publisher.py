@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..atomicfile import atomic_write
+from ..cdi import write_spec
 from ..config import Config
 from ..errors import InputError
 from ..trust import ensure_dir
@@ -61,4 +62,8 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
     if cfg.nccl_conf is not None:
         conf_env = {name: value for name, value in published.env.items() if name not in _NOT_IN_NCCL_CONF}
         update_nccl_conf(cfg.nccl_conf, conf_env, setting.provenance)
+    if cfg.cdi_dir is not None:
+        # The same generation for Kubernetes pods (nccltune.cdi), after the switch like the copies above.
+        write_spec(cfg.cdi_dir, Path(cfg.publish_dir) / GENERATIONS_DIR / str(published.generation),
+                   published.env, published.single_node_env, generation=published.generation)
     return published

@@ -178,6 +178,21 @@ def find_worker_python(configured: str | None) -> str:
     )
 
 
+def exit_status(who: str, code: int | None, what: str = "", said: str = "") -> tuple[TrialStatus, str]:
+    """The trial's status when `who` ended it with exit status `code` (negative: killed by that
+    signal; None: its launcher said only `what`); `said`: its own last line of stderr, or ""."""
+    tail = f": {said}" if said else ""
+    if code is None:
+        return "crashed", f"{who}: {what}{tail}"
+    if code == _EXIT_WRONG_RESULT:
+        return "wrong_result", f"{who} found a wrong all-reduce result"
+    if code < 0:
+        return "crashed", f"{who} was killed by signal {signal.Signals(-code).name}{tail}"
+    if code == _EXIT_SETUP:
+        return "error", f"{who} could not set up{tail or ' (see its log)'}"
+    return "crashed", f"{who} exited with status {code}{tail}"
+
+
 class Runner:
     """Runs trials. One instance per sweep; `kill()` stops whatever is running."""
 
@@ -280,6 +295,10 @@ class Runner:
                 self._spawn(trial_dir, spec.name, spec.argv, spec.env)
             status, reason = self._wait(started)
             self.launch.finish(trial_dir)
+            # srun exits 143 whichever of its tasks failed: the launch knows which, and how.
+            failed = self.launch.failed_rank(trial_dir) if status in ("crashed", "error", "wrong_result") else None
+            if failed is not None:
+                status, reason = exit_status(failed.who, failed.code, failed.what, failed.said)
         except BaseException:
             self.kill()
             raise
@@ -386,13 +405,7 @@ class Runner:
                 index, code = failed[0]
                 rank = self._names[index] if index < len(self._names) else f"rank {index}"
                 assert code is not None
-                if code == _EXIT_WRONG_RESULT:
-                    return "wrong_result", f"{rank} found a wrong all-reduce result"
-                if code < 0:
-                    return "crashed", f"{rank} was killed by signal {signal.Signals(-code).name}"
-                if code == _EXIT_SETUP:
-                    return "error", f"{rank} could not set up (see its log)"
-                return "crashed", f"{rank} exited with status {code}"
+                return exit_status(rank, code)
             remote = self.launch.poll()
             if remote:
                 self.kill()

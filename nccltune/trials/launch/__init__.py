@@ -48,9 +48,10 @@ A trial that fails or hangs on any node ends on all of them, and the sweep goes 
 - an agent killed outright (SIGKILL, the OOM killer) takes its workers with it: each worker dies
   with its parent (rankexec.die_with_parent), and a joiner's agent dies with the joiner.
 - with srun, a task that exits non-zero ends the step (--kill-on-bad-exit=1), one that ends while
-  the others still run ends them SRUN_WAIT_S later (--wait); the runner's timeout sends srun
-  SIGTERM, which srun delivers to every task on every node; Slurm's KillWait later kills what
-  remains, and the runner SIGKILLs srun after KILL_GRACE_S.
+  the others still run ends them SRUN_WAIT_S later (--wait); srun then exits 143 whichever task
+  failed, so the failing task's own report is read from srun's stderr (srun.first_failure). The
+  runner's timeout sends srun SIGTERM, on which srun SIGKILLs every task on every node, and the
+  runner SIGKILLs srun after KILL_GRACE_S.
 
 The control channel between the coordinator and the joining nodes is described in channel.py.
 """
@@ -121,6 +122,19 @@ class ProcSpec:
 
 
 @dataclass(frozen=True)
+class RankFailure:
+    """The rank that ended a trial, as a launcher that reports one exit status for all its ranks
+    tells it: `who` ("rank 3 on node-b"), `code` (its exit status, negative for a signal; None
+    where the launcher said something else), `what` (the launcher's words), `said` (the rank's own
+    last line of stderr, or "")."""
+
+    who: str
+    code: int | None
+    what: str = ""
+    said: str = ""
+
+
+@dataclass(frozen=True)
 class TrialSpec:
     """What the runner knows of a trial: `worker` is [python, worker.py, args...]; `env` the full
     environment with the candidate applied; `candidate` the candidate alone; `nccl_log`: the
@@ -164,6 +178,11 @@ class Launch:
 
     def finish(self, trial_dir: Path) -> None:
         """After the wait: leave rank 0's JSON lines in trial_dir/rank0.out."""
+
+    def failed_rank(self, trial_dir: Path) -> RankFailure | None:
+        """After finish, when the one process started here exited non-zero for all the ranks:
+        which rank failed, and how (None: not known beyond that exit status)."""
+        return None
 
     def close(self) -> None:
         """At the end of the sweep."""
@@ -245,11 +264,12 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     `gpus`: the ranks run on GPUs, one each, which srun then binds).
 
     Raises:
-        UsageError: an impossible combination (exit 2); UnavailableError: Slurm asked for and
-        scontrol cannot name the nodes (exit 69).
+        UsageError: an impossible combination, or an allocation too small for the trials (exit
+        2); UnavailableError: Slurm asked for, and scontrol cannot name the nodes or the first
+        does not resolve (exit 69).
     """
     from .local import LocalLaunch
-    from .srun import SrunLaunch, slurm_node_count, slurm_nodes
+    from .srun import srun_launch
     from .torchrun import TorchrunLaunch
 
     env = os.environ if env is None else env
@@ -263,18 +283,7 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     if choice == "torchrun":
         ep = endpoint or (socket.getfqdn(), DEFAULT_RDZV_PORT)
         return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, ep, node_class=node_class)
-    nnodes = shape.nnodes if shape.nnodes > 1 else max(1, slurm_node_count(env))
-    hosts = slurm_nodes(env)
-    if nnodes > len(hosts):
-        raise UsageError(f"--nodes {nnodes}: the allocation has {len(hosts)} node(s)")
-    here = socket.gethostname().split(".")[0]
-    if hosts[0].split(".")[0] != here:
-        log.warning("rank 0 runs on %s, the allocation's first node, not on this node (%s): its NCCL log stays "
-                    "there, and trials go without the algorithm and protocol per size; run the sweep on %s",
-                    hosts[0], here, hosts[0])
-    return SrunLaunch(nnodes, shape.ranks_per_node, master_addr=hosts[0],
-                      master_port=endpoint[1] if endpoint else None, nodelist=hosts[:nnodes],
-                      gpus_per_task=1 if gpus else 0, node_class=node_class)
+    return srun_launch(shape, endpoint[1] if endpoint else None, env, gpus=gpus, node_class=node_class)
 
 
 @dataclass(frozen=True)

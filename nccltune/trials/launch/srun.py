@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ...errors import UnavailableError
+from ...errors import UnavailableError, UsageError
 from ...publish import validate_env
 from .. import nccllog
 from . import (
@@ -20,12 +23,15 @@ from . import (
     Launch,
     LaunchShape,
     ProcSpec,
+    RankFailure,
     TrialSpec,
     clean_env,
     free_port,
     read_text,
     worker_args,
 )
+
+log = logging.getLogger(__name__)
 
 
 def slurm_nodes(env: Mapping[str, str], scontrol: str = "scontrol") -> list[str]:
@@ -58,7 +64,117 @@ def slurm_node_count(env: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() else 1
 
 
+def cpus_per_node(env: Mapping[str, str]) -> list[int]:
+    """The CPUs the allocation holds on each of its nodes, in node order, from
+    SLURM_JOB_CPUS_PER_NODE ("2(x3),1": two on each of three nodes, then one); [] where Slurm
+    does not say or says it otherwise."""
+    out: list[int] = []
+    for part in env.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            return []
+        out += [int(m[1])] * int(m[2] or 1)
+    return out
+
+
+def check_room(hosts: Sequence[str], ranks_per_node: int, env: Mapping[str, str]) -> None:
+    """Refuse an allocation that cannot run `ranks_per_node` tasks on each of `hosts` (its first
+    nodes): srun would refuse every trial's step ("More processors requested than permitted").
+    A step inherits the allocation's --cpus-per-task (SLURM_CPUS_PER_TASK), one CPU otherwise.
+
+    Raises:
+        UsageError: too few CPUs on one of the nodes (exit 2).
+    """
+    text = env.get("SLURM_CPUS_PER_TASK", "")
+    per_task = int(text) if text.isdigit() and int(text) > 0 else 1
+    for host, cpus in zip(hosts, cpus_per_node(env), strict=False):  # [] where Slurm does not say
+        if cpus < ranks_per_node * per_task:
+            raise UsageError(
+                f"the allocation holds {cpus} CPU(s) on {host}, and every trial runs {ranks_per_node} task(s) "
+                f"per node with {per_task} CPU each: srun would refuse every trial",
+                hint=f"allocate them: sbatch/salloc --nodes {len(hosts)} --ntasks-per-node={ranks_per_node}")
+
+
+def check_resolves(host: str) -> None:
+    """Rank 0 listens on the allocation's first node, and every rank connects to it by name
+    (MASTER_ADDR): a name that does not resolve would leave every trial waiting until its timeout.
+
+    Raises:
+        UnavailableError: `host` does not resolve here (exit 69).
+    """
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        raise UnavailableError(
+            f"the allocation's first node {host} does not resolve here ({exc}): every rank connects to rank 0 "
+            f"there by that name", hint="Slurm's node names must resolve on every node (DNS or /etc/hosts)") from exc
+
+
+def this_node(env: Mapping[str, str]) -> str:
+    """This node's Slurm name: SLURMD_NODENAME inside a job (several slurmd may share a host name),
+    else the host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def srun_launch(shape: LaunchShape, master_port: int | None, env: Mapping[str, str], *, gpus: bool,
+                node_class: str | None) -> SrunLaunch:
+    """The SrunLaunch of a sweep of `shape` in the allocation `env` describes, checked before the
+    first trial: enough nodes, room for the tasks on each, a first node whose name resolves.
+
+    Raises:
+        UsageError: too few nodes or CPUs (exit 2); UnavailableError: scontrol cannot name the
+        nodes, or the first does not resolve (exit 69).
+    """
+    nnodes = shape.nnodes if shape.nnodes > 1 else max(1, slurm_node_count(env))
+    hosts = slurm_nodes(env)
+    if nnodes > len(hosts):
+        raise UsageError(f"--nodes {nnodes}: the allocation has {len(hosts)} node(s)")
+    check_room(hosts[:nnodes], shape.ranks_per_node, env)
+    check_resolves(hosts[0])
+    here = this_node(env)
+    if hosts[0] != here and hosts[0].split(".")[0] != here.split(".")[0]:
+        log.warning("rank 0 runs on %s, the allocation's first node, not on this node (%s): its NCCL log stays "
+                    "there, and trials go without the algorithm and protocol per size; run the sweep on %s",
+                    hosts[0], here, hosts[0])
+    return SrunLaunch(nnodes, shape.ranks_per_node, master_addr=hosts[0], master_port=master_port,
+                      nodelist=hosts[:nnodes], gpus_per_task=1 if gpus else 0, node_class=node_class)
+
+
 SRUN_WAIT_S = 60  # srun --wait: a task that ended while others run means those others are stuck
+# With --label, srun starts every line a task writes with the task's number: "3: text".
+LABELLED = re.compile(r" *(\d+): ?(.*)")
+# srun's account of a task that ended badly: "srun: error: NODE: task 3: Exited with exit code 4",
+# "...: task 3: Aborted" (strsignal's words), "...: tasks 0-1: Terminated".
+TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? (\d+)[-,\d]*: (.*)")
+EXITED = re.compile(r"Exited with exit code (\d+)")
+SIGNAL_WORDS = {signal.strsignal(s) or s.name: int(s) for s in signal.Signals}
+
+
+def task_lines(text: str, task: int) -> list[str]:
+    """The lines task `task` wrote, without srun's label (and without slurmstepd's own lines)."""
+    out = []
+    for line in text.splitlines():
+        m = LABELLED.fullmatch(line)
+        if m and int(m[1]) == task and not m[2].startswith("slurmstepd"):
+            out.append(m[2])
+    return out
+
+
+def first_failure(srun_err: str) -> RankFailure | None:
+    """The task that ended a step, from srun's stderr: the first task srun reports as ended badly
+    (the ones --kill-on-bad-exit then terminated come after it), with its exit status or signal and
+    its own last line."""
+    for line in srun_err.splitlines():
+        m = TASK_ENDED.fullmatch(line.strip())
+        if m is None:
+            continue
+        node, task, what = m[1], int(m[2]), m[3].strip()
+        exited = EXITED.fullmatch(what)
+        signum = SIGNAL_WORDS.get(what.removesuffix(" (core dumped)"))
+        code = int(exited[1]) if exited else -signum if signum else None
+        own = task_lines(srun_err, task)
+        return RankFailure(f"rank {task} on {node}", code, what, own[-1][:200] if own else "")
+    return None
 
 
 class SrunLaunch(Launch):
@@ -104,6 +220,9 @@ class SrunLaunch(Launch):
         # cgroup/v2). --wait: the remaining tasks are terminated this long after the first task
         # ends; without it, slurm.conf's WaitTime decides. The runner's timeout stays the last word.
         argv += ["--kill-on-bad-exit=1", f"--wait={SRUN_WAIT_S}"]
+        # --label: every line of output starts with its task's number, so rank 0's JSON lines and a
+        # failing task's own message can be told apart in srun's two merged streams.
+        argv.append("--label")
         # --export=ALL,NAMES: a name without a value passes srun's current value to every task (values
         # stay out of the list: it is comma-separated, and NCCL_IB_HCA's values hold commas). Given
         # on the command line, it wins over the export setting steps would otherwise inherit from
@@ -117,8 +236,11 @@ class SrunLaunch(Launch):
         # The master port is chosen free here; sbatch runs its script on the allocation's first node,
         # so that is where rank 0 listens (elsewhere, give the port explicitly).
         port = self.master_port or free_port("0.0.0.0")
-        env = {**clean_env(trial.env), **candidate, "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port)}
-        names = sorted(candidate)
+        # NCCLTUNE_DISABLE: the TaskProlog (launchers/slurm-prolog.sh) exports nothing, so this node's
+        # published set never adds to or replaces what the trial measures.
+        env = {**clean_env(trial.env), **candidate, "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port),
+               "NCCLTUNE_DISABLE": "1"}
+        names = ["NCCLTUNE_DISABLE", *sorted(candidate)]
         if trial.nccl_log:
             # The log's path is this node's trial directory: rank 0, on this node, writes it there.
             names += sorted(set(nccllog.debug_env(trial.trial_dir)) - set(names))
@@ -127,7 +249,9 @@ class SrunLaunch(Launch):
         return [ProcSpec("srun", self.command(trial, names), env, "srun")]
 
     def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
-        # srun passes SIGTERM to every task on every node; the runner's SIGKILL follows.
+        # srun does not pass SIGTERM on: it SIGKILLs every task of the step on every node ("forcing
+        # job termination") and waits up to KillWait + 2 s for them to go; the runner's SIGKILL to
+        # srun follows KILL_GRACE_S later.
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -137,6 +261,10 @@ class SrunLaunch(Launch):
                 proc.wait(timeout=KILL_GRACE_S)
 
     def finish(self, trial_dir: Path) -> None:
-        (trial_dir / "rank0.out").write_text(read_text(trial_dir / "srun.out"))
-        (trial_dir / "rank0.err").write_text(read_text(trial_dir / "srun.err"))
+        out, err = read_text(trial_dir / "srun.out"), read_text(trial_dir / "srun.err")
+        (trial_dir / "rank0.out").write_text("".join(f"{line}\n" for line in task_lines(out, 0)))
+        (trial_dir / "rank0.err").write_text("".join(f"{line}\n" for line in task_lines(err, 0)))
 
+    def failed_rank(self, trial_dir: Path) -> RankFailure | None:
+        # srun's own exit status is 143 (a task it terminated), whichever task failed and how.
+        return first_failure(read_text(trial_dir / "srun.err"))
