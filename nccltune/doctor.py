@@ -24,7 +24,7 @@ from .topology.links import RANK
 from .topology.model import Topology
 from .topology.paths import PathMatrix
 from .trust import trusted_uids, writable_word
-from .tuner.build import is_own_tuner
+from .tuner.build import find_compiler, is_own_tuner, prebuilt_plugin
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).
@@ -76,6 +76,19 @@ def site_settings_finding(site: Mapping[str, ConfSetting]) -> Finding | None:
                    "(pinned: never swept, never published over)", "sweep.unpin NAME to tune one anyway")
 
 
+def plugin_finding() -> Finding | None:
+    """Which nccltune tuner plugin this node would publish, when it is not the usual one compiled
+    here: the package's prebuilt library, or none at all (no compiler, no prebuilt one that fits)."""
+    prebuilt, why = prebuilt_plugin()
+    if prebuilt is not None:
+        return Finding("info", "tuner-plugin-prebuilt", f"nccltune's tuner plugin is the one {why}", "")
+    if find_compiler() is None:
+        return Finding("info", "tuner-plugin-unavailable", "no C compiler (cc, gcc or clang) on PATH and "
+                       f"{why[0].lower()}{why[1:]}: nccltune's per-size tuner table cannot be active here",
+                       "install a C compiler, or nccltune from a wheel built with one")
+    return None
+
+
 def tuner_finding(existing: SiteTuner | None, mode: str) -> Finding | None:
     """What doctor (and the plan) say about a tuner that is already set, under config tuner.plugin."""
     if existing is None:
@@ -111,6 +124,10 @@ def diagnose(
     site = site_settings_finding(conf_settings(env, conf_files))
     if site is not None:
         f.append(site)
+    if tuner is None and tuner_mode != "keep":
+        plugin = plugin_finding()
+        if plugin is not None:
+            f.append(plugin)
     nvlink_pairs = [(a, b) for (a, b), p in paths.gpu_gpu.items() if a < b and p.type in ("NVL", "NVB")]
     conf: dict[str, tuple[str, Path]] = {}
     for path in conf_files:

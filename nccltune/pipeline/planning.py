@@ -20,7 +20,7 @@ from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from ..sweep.select import Key
 from ..sweep.space import CATALOGUE, unknown_variable_hint
 from ..sweep.strategy import Search, Settings
-from ..tuner.build import find_compiler
+from ..tuner.build import find_compiler, prebuilt_plugin
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ def tuner_inactive_reason(cfg: Config, env: Mapping[str, str], demo: bool, plan:
             return (f"{existing.describe()} is already set and kept (tuner.plugin: auto; "
                     "set tuner.plugin: nccltune to replace it)")
         plan.notes.append(f"WARNING: {existing.describe()} is REPLACED by nccltune's tuner (tuner.plugin: nccltune)")
-    if not demo and find_compiler() is None:
-        return "no C compiler (cc, gcc or clang) on PATH to build the plugin"
+    if not demo and find_compiler() is None and prebuilt_plugin()[0] is None:
+        return "no C compiler (cc, gcc or clang) on PATH to build the plugin, and no prebuilt one that fits"
     return None
 
 

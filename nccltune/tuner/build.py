@@ -1,14 +1,19 @@
-"""Compile nccltune's tuner plugin on the node with the system C compiler.
+"""nccltune's tuner plugin for this node: the one built with the package, else compiled here.
 
-The plugin is C with no CUDA and no libnccl dependency, so any C11 compiler builds it. Where none is
-installed nothing fails: the result says the per-size table is not active and why, and the rest of
-nccltune works as before.
+The plugin is C with no CUDA and no libnccl dependency, so any C11 compiler builds it. A wheel built
+with a compiler at hand carries it prebuilt (setup.py compiles it at build time into
+``nccltune/tuner/prebuilt/``, beside a stamp naming the source it came from and the machine it runs
+on); ``build_plugin`` takes that copy when it matches this installation's source and this machine,
+and otherwise compiles on the node, the fallback. Where neither is possible nothing fails: the
+result says the per-size table is not active and why, and the rest of nccltune works as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +32,9 @@ BASE_FLAGS = ("-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra")
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                   "-fno-sanitize-recover=undefined")
 COMPILE_TIMEOUT_S = 120
+PREBUILT_DIR = "prebuilt"
+# Beside the prebuilt library: "<sha256 of the source and header> <machine>", written by setup.py.
+STAMP_NAME = f"{LIBRARY_NAME}.stamp"
 
 
 def is_own_tuner(value: str) -> bool:
@@ -46,9 +54,12 @@ class BuildResult:
     reason: str | None = None
     warnings: str = ""  # the compiler's diagnostics of a successful build (empty when clean)
     sanitize: bool = False
+    prebuilt: Path | None = None  # the package's prebuilt library, when that is what path is a copy of
 
     @property
     def message(self) -> str:
+        if self.ok and self.prebuilt is not None:
+            return f"tuner plugin: {self.path}, the one prebuilt with the package ({self.prebuilt})"
         if self.ok:
             return f"tuner plugin built: {self.path} (with {self.compiler})"
         return f"per-size tuner table not active: {self.reason}"
@@ -57,6 +68,53 @@ class BuildResult:
 def source_dir() -> Path:
     """The directory holding the plugin's C source and header (package data)."""
     return Path(str(resources.files("nccltune.tuner").joinpath(SOURCE_NAME))).parent
+
+
+def source_digest(directory: Path | None = None) -> str:
+    """sha256 over the plugin's source and header, as shipped: what a prebuilt library must match."""
+    src = directory or source_dir()
+    h = hashlib.sha256()
+    for name in (SOURCE_NAME, HEADER_NAME):
+        h.update((src / name).read_bytes())
+    return h.hexdigest()
+
+
+def stamp_text(directory: Path | None = None) -> str:
+    """The stamp setup.py writes beside a library it built: source digest and machine."""
+    return f"{source_digest(directory)} {platform.machine()}\n"
+
+
+def prebuilt_plugin() -> tuple[Path | None, str]:
+    """The package's prebuilt library when it fits this installation and machine, else None; and
+    what was found (for doctor): where it is, or why it is not used."""
+    directory = source_dir() / PREBUILT_DIR
+    library, stamp = directory / LIBRARY_NAME, directory / STAMP_NAME
+    if not library.is_file():
+        return None, "this installation carries no prebuilt tuner plugin (built without a C compiler, or from source)"
+    try:
+        wanted, found = stamp_text(), stamp.read_text()
+    except OSError as exc:
+        return None, f"the prebuilt tuner plugin {library} has no readable stamp ({exc.strerror})"
+    if found != wanted:
+        return None, (f"the prebuilt tuner plugin {library} is for another source or machine "
+                      f"(stamp {found.strip()!r}, here {wanted.strip()!r})")
+    return library, f"prebuilt with the package: {library}"
+
+
+def _install(source: Path, out_dir: Path) -> Path:
+    """Copy `source` to out_dir/libnccl-tuner-nccltune.so through a temporary file and a rename, so a
+    process loading it at that moment sees the old library or the new one, never a partial one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out)
+        os.chmod(tmp_name, 0o755)
+        os.replace(tmp_name, out_dir / LIBRARY_NAME)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return out_dir / LIBRARY_NAME
 
 
 def find_compiler(cc: str | None = None) -> str | None:
@@ -69,11 +127,33 @@ def find_compiler(cc: str | None = None) -> str | None:
 
 
 def build_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = False) -> BuildResult:
-    """Compile the plugin into out_dir/libnccl-tuner-nccltune.so, replacing any older build atomically.
+    """Put the plugin at out_dir/libnccl-tuner-nccltune.so, replacing any older one atomically: the
+    package's prebuilt library when it fits (see prebuilt_plugin), else compiled here. A compiler
+    named by `cc`, or a sanitizer build, always compiles.
 
     The library is written to a temporary file in out_dir and renamed into place, so a process that
     loads it at the same moment sees either the old or the new library, never a partial one. Never
     raises for a missing compiler, a failed compile or an unwritable out_dir: the result says why."""
+    if cc is None and not sanitize:
+        prebuilt, _why = prebuilt_plugin()
+        if prebuilt is not None:
+            try:
+                target = _install(prebuilt, Path(out_dir))
+            except OSError as e:
+                log.warning("cannot copy the prebuilt tuner plugin %s: %s; compiling instead", prebuilt, e)
+            else:
+                log.info("tuner plugin: %s (prebuilt with the package)", target)
+                return BuildResult(True, target, None, prebuilt=prebuilt)
+    return compile_plugin(out_dir, cc=cc, sanitize=sanitize)
+
+
+def plugin_available() -> bool:
+    """Whether build_plugin can give a plugin here: a prebuilt one that fits, or a compiler."""
+    return prebuilt_plugin()[0] is not None or find_compiler() is not None
+
+
+def compile_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = False) -> BuildResult:
+    """Compile the plugin on this node into out_dir/libnccl-tuner-nccltune.so (see build_plugin)."""
     compiler = find_compiler(cc)
     if compiler is None:
         wanted = f"compiler {cc!r} not found" if cc else f"no C compiler on PATH (looked for {', '.join(COMPILERS)})"
