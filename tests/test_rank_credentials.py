@@ -206,7 +206,7 @@ def test_not_root_means_no_switch(user: RankUser, python: str) -> None:
     code = ("from nccltune.trials.credentials import rank_user; import json; "
             f"print(json.dumps([rank_user({TEST_USER!r}), rank_user('no-such-user'), rank_user(None)]))")
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
-                          **user.popen_args())
+                          preexec_fn=credentials.rank_preexec(os.getpid(), user))
     assert json.loads(proc.stdout) == [None, None, None], proc.stderr
 
 
@@ -352,3 +352,56 @@ def test_a_log_link_in_the_rank_directory_is_skipped_not_followed(tmp_path: Path
     result = TrialResult("ok", None, [Measurement(4096, 1.0, 1.0, 1.0)], 1.0, start={"pid": 7001})
     Runner._attach_nccl_log(tmp_path, result)
     assert result.status == "ok" and not result.nccl and result.sizes[0].algo is None
+
+
+# --- srun's tasks: rankexec --user --------------------------------------------------------------
+
+STATUS_SCRIPT = """
+import json, os
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+keep = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapAmb", "NoNewPrivs")
+print(json.dumps({**{k: status[k].split() for k in keep}, "HOME": os.environ.get("HOME"),
+                  "USER": os.environ.get("USER"), "RANK": os.environ.get("RANK")}))
+"""
+
+
+def test_an_srun_task_started_as_root_becomes_the_rank_user(user: RankUser, python: str) -> None:
+    """What srun's command does on every node (Slurm starts tasks as the allocation's owner, root
+    here): rankexec --user switches before it execs the worker."""
+    from nccltune.trials import rankexec
+
+    where = Path(tempfile.mkdtemp(prefix="nccltune-srun-task-", dir="/tmp"))
+    try:
+        where.chmod(0o755)
+        (where / "status.py").write_text(STATUS_SCRIPT)
+        env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+               "HOME": "/root"}
+        proc = subprocess.run([python, "-I", rankexec.__file__, "--slurm", "--user", user.name,
+                               str(where / "status.py")], capture_output=True, text=True, timeout=120,
+                              cwd=where, env=env)
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["Uid"] == [str(user.uid)] * 4 and got["Gid"] == [str(user.gid)] * 4
+        assert set(got["Groups"]) == {str(g) for g in user.groups}
+        assert all(int(got[c][0], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
+        assert got["NoNewPrivs"] == ["1"]
+        assert got["HOME"] == str(where) and got["USER"] == user.name and got["RANK"] == "0"
+        bad = subprocess.run([python, "-I", rankexec.__file__, "--slurm", "--user", "no-such-rank-user",
+                              str(where / "status.py")], capture_output=True, text=True, timeout=120,
+                             cwd=where, env=env)
+        assert bad.returncode == 4 and "no-such-rank-user" in bad.stderr and not bad.stdout
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_srun_passes_the_rank_user_to_every_task(tmp_path: Path) -> None:
+    from nccltune.trials.launch import RANKEXEC, WORKER, TrialSpec
+    from nccltune.trials.launch.srun import SrunLaunch
+
+    launch = SrunLaunch(2, 1, master_addr="localhost", master_port=29500, nodelist=["localhost", "node-b"])
+    worker = ["/opt/py/bin/python", str(WORKER), "--backend", "gloo", "--sizes", "1024"]
+    (spec,) = launch.start(TrialSpec(1, tmp_path, worker, {"PATH": "/usr/bin"}, {}, 60, user="ranks"))
+    assert spec.argv[spec.argv.index(str(RANKEXEC)):] == [
+        str(RANKEXEC), "--slurm", "--user", "ranks", str(WORKER), "--backend", "gloo", "--sizes", "1024"]
+    (plain,) = launch.start(TrialSpec(1, tmp_path, worker, {"PATH": "/usr/bin"}, {}, 60))
+    assert "--user" not in plain.argv

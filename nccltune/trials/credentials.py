@@ -11,12 +11,13 @@ the system user `nccltune`, which `nccltune install` creates) with:
   given to the user) and a cache directory for CUDA's JIT kernels shared by a sweep's trials. The
   trial directory around it stays root's: the ranks' stdout and stderr are files root opened there.
 
-Not run by root, the ranks run as the caller, unchanged.
+srun is the exception among the processes: Slurm starts a step only for the allocation's owner,
+so srun runs as the caller and each of its tasks switches itself (rankexec --user). Not run by
+root, the ranks run as the caller, unchanged.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -27,10 +28,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import InputError
-from .rankexec import die_with_parent
+from .rankexec import become, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ USER_KEY = "bench.user"
 DEFAULT_USER = "nccltune"
 RANK_DIR = "rank"  # in a trial directory: the ranks' working directory, theirs to write
 CACHE_DIR = "rank-cache"  # in a runner's work directory: XDG_CACHE_HOME and CUDA_CACHE_PATH of the ranks
-PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
 
 # Root's identity and the sockets and descriptors of its session or service: none is the ranks'.
 IDENTITY_VARS = frozenset({
@@ -62,11 +61,6 @@ class RankUser:
     uid: int
     gid: int
     groups: tuple[int, ...]
-
-    def popen_args(self) -> dict[str, Any]:
-        """subprocess.Popen's arguments that switch the child to this user (setgroups, setregid,
-        setreuid, in that order, before `preexec_fn` runs)."""
-        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
 
 def rank_user(configured: str | None) -> RankUser | None:
@@ -100,18 +94,16 @@ def rank_user(configured: str | None) -> RankUser | None:
 
 
 def rank_preexec(parent_pid: int, user: RankUser | None) -> Callable[[], None]:
-    """The ranks' preexec_fn: die with `parent_pid` (rankexec.die_with_parent), and under a rank
-    user set no_new_privs. It runs after Popen switched the user: a credential change clears the
-    parent-death signal, so it is armed only now."""
+    """The ranks' preexec_fn: become the rank user (rankexec.become, the one switch, also for
+    srun's tasks), then die with `parent_pid` (rankexec.die_with_parent; the switch clears the
+    parent-death signal, so it is armed after it)."""
     arm = die_with_parent(parent_pid)
     if user is None:
         return arm
-    libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:
+        become(user.uid, user.gid, user.groups)
         arm()
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            os._exit(126)
 
     return preexec
 
@@ -197,8 +189,10 @@ def check_reachable(python: str, files: Sequence[Path], user: RankUser | None) -
     try:
         done = subprocess.run([python, "-I", "-S", "-c", code, *map(str, files)], capture_output=True, text=True,
                               timeout=120, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                              stdin=subprocess.DEVNULL, preexec_fn=rank_preexec(os.getpid(), user),
-                              **user.popen_args())
+                              stdin=subprocess.DEVNULL, preexec_fn=rank_preexec(os.getpid(), user))
+    except subprocess.SubprocessError as exc:  # the switch itself failed (in preexec_fn)
+        raise InputError(USER_KEY, f"cannot switch to user {user.name} to run the ranks ({exc})",
+                         hint="the service needs CAP_SETUID and CAP_SETGID (systemd/nccltune.service)") from exc
     except OSError as exc:
         why = exc.strerror or str(exc)
         if exc.errno == errno.EACCES:

@@ -234,8 +234,7 @@ class Runner:
         self.nccl_tests = nccl_tests
         self.rank_record = rank_record
         self.launch = launch or LocalLaunch(nranks)
-        # srun must run as the allocation's owner (Slurm refuses a step to anyone else).
-        self.rank_user = None if self.launch.runs_as_caller else rank_user(user)
+        self.rank_user = rank_user(user)
         if nccl_tests is None:
             check_reachable(python, [WORKER, Path(rankexec.__file__)], self.rank_user)
         self._names: list[str] = []
@@ -288,8 +287,9 @@ class Runner:
         if self.nccl_tests:
             return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started, collectives)
         try:
+            user = self.rank_user.name if self.rank_user and self.launch.runs_as_caller else None
             specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s,
-                                                nccl_log=self.nccl_debug))
+                                                nccl_log=self.nccl_debug, user=user))
             self._names = [s.who for s in specs]
             for spec in specs:
                 self._spawn(trial_dir, spec.name, spec.argv, spec.env)
@@ -321,10 +321,11 @@ class Runner:
         try:
             err = os.open(trial_dir / f"{name}.err", flags, 0o644)
             try:
-                switch = self.rank_user.popen_args() if self.rank_user else {}
+                # srun runs as the caller; its tasks switch in rankexec (SrunLaunch, TrialSpec.user).
+                switch = None if self.launch.runs_as_caller else self.rank_user
                 proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                         start_new_session=True, cwd=trial_dir / RANK_DIR,
-                                        preexec_fn=rank_preexec(os.getpid(), self.rank_user), **switch)
+                                        preexec_fn=rank_preexec(os.getpid(), switch))
             except OSError as exc:
                 # Not an interpreter after all (exec format error, no permission): the setting is wrong.
                 raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc

@@ -138,7 +138,8 @@ class RankFailure:
 class TrialSpec:
     """What the runner knows of a trial: `worker` is [python, worker.py, args...]; `env` the full
     environment with the candidate applied; `candidate` the candidate alone; `nccl_log`: the
-    runner reads NCCL's log of rank 0 (`env` holds nccllog.debug_env for this node)."""
+    runner reads NCCL's log of rank 0 (`env` holds nccllog.debug_env for this node); `user`: the
+    rank user a launch whose processes run as the caller has its ranks switch to (rankexec --user)."""
 
     seq: int
     trial_dir: Path
@@ -147,13 +148,15 @@ class TrialSpec:
     candidate: dict[str, str]
     timeout_s: float
     nccl_log: bool = False
+    user: str | None = None
 
 
 class Launch:
     """Base: what to start on this node, and the hooks around the runner's wait and kill."""
 
     launcher = "local"
-    # What it starts runs as the caller, never as bench.user (trials.credentials).
+    # What it starts runs as the caller, not as bench.user (trials.credentials): its ranks switch
+    # themselves (TrialSpec.user).
     runs_as_caller = False
 
     def __init__(self, shape: LaunchShape, node_class: str | None = None) -> None:

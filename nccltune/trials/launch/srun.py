@@ -185,7 +185,8 @@ class SrunLaunch(Launch):
     allocation has none)."""
 
     launcher = "srun"
-    # Slurm creates a step only for the allocation's owner (or root): srun cannot run as bench.user.
+    # Slurm creates a step only for the allocation's owner (or root): srun cannot run as bench.user;
+    # its tasks switch in rankexec.
     runs_as_caller = True
 
     def __init__(self, nnodes: int, ntasks_per_node: int, *, master_addr: str, master_port: int | None = None,
@@ -228,7 +229,9 @@ class SrunLaunch(Launch):
         # on the command line, it wins over the export setting steps would otherwise inherit from
         # sbatch (--export=NONE, say): srun's command line options override its environment variables.
         argv.append(f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}")
-        return [*argv, f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", str(WORKER),
+        # --user: each task, started as the allocation's owner, becomes bench.user (rankexec).
+        user = ["--user", trial.user] if trial.user else []
+        return [*argv, f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", *user, str(WORKER),
                 *worker_args(trial.worker)]
 
     def start(self, trial: TrialSpec) -> list[ProcSpec]:

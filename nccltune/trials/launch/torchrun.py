@@ -260,10 +260,9 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
         # The agent dies with this process (as the runner's ranks do with theirs), its workers with it;
         # it runs as the rank user, as the runner's do.
-        switch = rank.popen_args() if rank else {}
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=rank_dir,
-                                preexec_fn=credentials.rank_preexec(os.getpid(), rank), **switch)
+                                preexec_fn=credentials.rank_preexec(os.getpid(), rank))
     log.info("trial %d: agent %d started", seq, proc.pid)
     try:
         deadline = started + timeout_s + KILL_GRACE_S
