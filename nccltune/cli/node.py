@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 from . import common
 from .common import DEMO_STATE_DIR, load_cfg, out, setup_logging
-from .sweep import _write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +79,7 @@ def dumps_doc(doc: dict[str, object]) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from ..afterrun import write_metrics
     from ..node import load_node
     from ..render import verify_doc, verify_text
     from ..verify import NOTHING_TO_VERIFY, run_verify
@@ -93,7 +93,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_OK
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
                         threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline)
-    _write_metrics(cfg, node, result.nccl_version)
+    write_metrics(cfg, node, nccl_version=result.nccl_version)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1
 

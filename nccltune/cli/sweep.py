@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import EXIT_OK, NccltuneError, UsageError
+from ..errors import EXIT_OK, UsageError
 from ..trust import ensure_dir
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..node import Node
     from ..records import TrialResult
     from ..store import TrialRecord
     from ..trials.launch import LaunchRequest
@@ -112,6 +111,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..afterrun import upgrade_check, write_metrics
     from ..pipeline import SweepPipeline
     from ..render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
 
@@ -153,21 +153,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         progress.done()
         # A failed or interrupted sweep is history too.
-        _write_metrics(cfg, node, report.nccl_version if report is not None else None)
+        write_metrics(cfg, node, nccl_version=report.nccl_version if report is not None else None)
     stored = _run_trials(cfg, report.run_id)
-    _upgrade_gate(cfg, report.run_id)
+    upgrade_check(cfg, report.run_id)
     out(dumps(sweep_doc(report, stored)) if args.json else sweep_text(report, stored))
     return EXIT_OK
-
-
-def _upgrade_gate(cfg: Config, run_id: int | None) -> None:
-    """After a sweep: warn (stderr, the journal) where it is slower than the last sweep of the
-    previous NCCL/driver/torch versions beyond noise (the daemon calls the same compare.upgrade_gate)."""
-    from ..compare import upgrade_gate
-    from ..store import Store
-
-    with Store(cfg.state_path("history.db")) as store:
-        upgrade_gate(store, run_id)
 
 
 def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
@@ -178,33 +168,6 @@ def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
         return []
     with Store(cfg.state_path("history.db")) as store:
         return list(store.trials(run_id))
-
-
-def _write_metrics(cfg: Config, node: Node, nccl_version: str | None) -> None:
-    """Rewrite the node_exporter textfile from the history (publish.metrics_dir), as the daemon does,
-    with the node's class (as `nccltune topo` shows it) on every series. `nccl_version` is what
-    this command's worker reported; without one, the newest run of this topology that recorded one.
-
-    A file that cannot be written is a warning: what the run published stays good.
-    """
-    directory = cfg.metrics_dir
-    if directory is None:
-        return
-    from ..fleet.node import fleet_node_of
-    from ..metrics import write_metrics_from_store
-    from ..store import Store
-
-    try:
-        with Store(cfg.state_path("history.db")) as store:
-            if nccl_version is None and not node.demo:
-                recorded = [r.nccl_version for r in store.runs(limit=None) if r.fingerprint == node.fingerprint
-                            and r.nccl_version]
-                nccl_version = recorded[0] if recorded else None
-            write_metrics_from_store(directory, store, fingerprint=node.fingerprint,
-                                     node_class=fleet_node_of(cfg, node).node_class(nccl_version).id,
-                                     publish_dir=cfg.publish_dir)
-    except (OSError, NccltuneError) as exc:
-        log.warning("cannot write metrics to %s: %s", directory, exc)
 
 
 def _check_unpin(names: list[str]) -> None:

@@ -9,25 +9,22 @@ them is the scheduler's and the service's business.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..compare import upgrade_gate
+from ..afterrun import upgrade_check, write_metrics
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
-from ..doctor import default_conf_files, diagnose, history_findings
 from ..errors import BusyError, NccltuneError, UnavailableError
 from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
 from ..fleet.node import fleet_node_of
 from ..lock import SweepLock
-from ..metrics import LiveState, write_metrics_from_store
+from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from ..publish import Provenance, Setting, atomic_write, publish_setting, read_published
 from ..store import Store
@@ -40,11 +37,11 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "HEARTBEAT_FILE", "Config", "LiveState", "LoadedProfile", "NcclInfo", "Node", "ProfileRefused",
-    "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock", "export_metrics",
+    "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock",
     "load_class_profile", "node_class_id", "open_history", "prepare_state_dir", "probe_worker_nccl",
     "profile_file_for", "profile_still_valid", "publish_class_profile", "read_config", "read_node",
     "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
-    "tuning_fingerprint_of", "write_heartbeat",
+    "tuning_fingerprint_of", "write_heartbeat", "write_metrics",
 ]
 
 # In the state directory: the liveness file (time, pid, state), replaced atomically at every poll
@@ -276,12 +273,7 @@ def run_sweep(cfg: Config, demo: str | bool | None, python: str | None, progress
         NccltuneError: the sweep failed; the published files are unchanged.
     """
     report = SweepPipeline(_with_python(cfg, python), demo=demo, progress=progress, abort_check=abort_check).run()
-    try:
-        # The upgrade gate, as after `nccltune sweep`: a warning in the journal per regression.
-        with Store(Path(cfg.state_dir) / "history.db") as store:
-            upgrade_gate(store, report.run_id)
-    except (OSError, NccltuneError) as exc:
-        log.warning("cannot run the upgrade check: %s", exc)
+    upgrade_check(cfg, report.run_id)
     return SweepOutcome(run_id=report.run_id,
                         published_generation=report.published.generation if report.published else None,
                         nccl_version=report.nccl_version, wall_s=report.wall_s, summary=report.summary)
@@ -299,27 +291,7 @@ def run_verification(cfg: Config, demo: str | bool | None, python: str | None, n
                          code=result.code)
 
 
-# -- metrics and liveness ---------------------------------------------------------------------------
-
-
-def export_metrics(cfg: Config, node: Node, live: LiveState, *, node_class: str) -> None:
-    """Write the textfile into cfg.metrics_dir (if set) from the stored history, plus what only the
-    running daemon knows (`live`: its state, the heartbeat, the class profile it watches) and
-    doctor's findings: after a restart the file has every series it had before.
-
-    Raises:
-        OSError, NccltuneError: the file cannot be written.
-    """
-    directory = cfg.metrics_dir
-    if directory is None:
-        return
-    findings = diagnose(node.topo, node.paths, env=dict(os.environ), publish_dir=cfg.publish_dir,
-                        conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)
-    with Store(Path(cfg.state_dir) / "history.db") as store:
-        findings += history_findings(store, node.fingerprint)
-        doctor = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning", "info")}
-        write_metrics_from_store(directory, store, fingerprint=node.fingerprint, node_class=node_class,
-                                 live=dataclasses.replace(live, doctor=doctor), publish_dir=cfg.publish_dir)
+# -- liveness ---------------------------------------------------------------------------
 
 
 def write_heartbeat(state_dir: Path, *, state: str, pid: int, now: float) -> Path:

@@ -609,8 +609,4 @@ class Daemon:
                          topology_changes_total=self.metrics.topology_changes_total,
                          profile_state=self.profile.state if configured else None,
                          profile_refused=self.profile.code if configured and self.profile.state == "refused" else None)
-        try:
-            actions.export_metrics(self.cfg, node, live,
-                                   node_class=actions.node_class_id(self.cfg, node, self.watcher.nccl))
-        except (OSError, NccltuneError) as exc:
-            log.warning("cannot write metrics to %s: %s", self.cfg.metrics_dir, exc)
+        actions.write_metrics(self.cfg, node, nccl_version=self.watcher.nccl.version, live=live)
