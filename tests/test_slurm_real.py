@@ -275,6 +275,19 @@ def test_a_crashing_rank_is_reported_with_its_own_task_line(slurm: Slurm, tmp_pa
     assert f"rank 3 on {slurm.nodes[1]} was killed by signal SIGABRT" in result.reason
 
 
+def test_a_step_srun_cannot_start_is_reported_with_sruns_own_error(slurm: Slurm, tmp_path: Path) -> None:
+    with allocation(slurm, "-N2", "--ntasks-per-node=2") as alloc:
+        # Three tasks per node in an allocation of two: what the allocation check refuses up front.
+        launch = SrunLaunch(2, 3, master_addr=slurm.nodes[0], nodelist=slurm.nodes)
+        (tmp_path / "work").mkdir()
+        runner = Runner(python=sys.executable, backend="gloo", nranks=6, base_env=alloc.env, work_dir=tmp_path / "work",
+                        timeout_s=60, nccl_debug=False, launch=launch)
+        result = runner.run({}, [4096], warmup=1, iters=1)
+    assert result.status == "crashed"
+    assert result.reason is not None and result.reason.startswith("srun: "), result.reason
+    assert "More processors requested than permitted" in result.reason
+
+
 def test_a_hanging_rank_is_ended_on_every_node_at_the_timeout(slurm: Slurm, tmp_path: Path) -> None:
     with allocation(slurm, "-N2", "--ntasks-per-node=2") as alloc:
         runner = runner_in(alloc, tmp_path / "work", 10, **{FAULT_VAR: "hang@1"})

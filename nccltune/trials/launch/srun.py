@@ -163,10 +163,13 @@ def task_lines(text: str, task: int) -> list[str]:
 def first_failure(srun_err: str) -> RankFailure | None:
     """The task that ended a step, from srun's stderr: the first task srun reports as ended badly
     (the ones --kill-on-bad-exit then terminated come after it), with its exit status or signal and
-    its own last line."""
+    its own last line; where no task ended, srun's own first error (a step it could not start)."""
+    own_error = None
     for line in srun_err.splitlines():
         m = TASK_ENDED.fullmatch(line.strip())
         if m is None:
+            if own_error is None and line.startswith("srun: error: "):
+                own_error = line.removeprefix("srun: error: ").strip()[:200]
             continue
         node, task, what = m[1], int(m[2]), m[3].strip()
         exited = EXITED.fullmatch(what)
@@ -174,7 +177,7 @@ def first_failure(srun_err: str) -> RankFailure | None:
         code = int(exited[1]) if exited else -signum if signum else None
         own = task_lines(srun_err, task)
         return RankFailure(f"rank {task} on {node}", code, what, own[-1][:200] if own else "")
-    return None
+    return RankFailure("srun", None, own_error) if own_error else None
 
 
 class SrunLaunch(Launch):
