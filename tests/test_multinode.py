@@ -258,8 +258,8 @@ def test_workers_die_with_a_torchrun_agent_killed_by_sigkill(tmp_path: Path) -> 
             time.sleep(0.5)
             procs = {pid: _cmdline(pid) for pid in processes_in(tmp_path)}
             agents = [pid for pid, argv in procs.items() if "torch.distributed.run" in argv]
-            # After rankexec's exec: [python, worker.py, ...], the death signal armed.
-            workers = [pid for pid, argv in procs.items() if argv[1:2] == [str(WORKER)]]
+            # After rankexec's exec: [python, -I, worker.py, ...], the death signal armed.
+            workers = [pid for pid, argv in procs.items() if argv[1:3] == ["-I", str(WORKER)]]
         assert len(agents) == 1 and len(workers) == 2, (agents, workers)
         os.kill(agents[0], signal.SIGKILL)
         left = wait_gone(tmp_path, wait_s=60)
@@ -276,7 +276,7 @@ def test_the_torchrun_command_line() -> None:
     argv = torchrun_argv("/opt/py/bin/python", nnodes=4, nproc_per_node=8, endpoint=("node-a", 29400),
                          rdzv_id="nccltune-ab12cd34-7", is_host=False, timeout_s=180,
                          args=["--backend", "nccl", "--sizes", "1024"])
-    assert argv == ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "8",
+    assert argv == ["/opt/py/bin/python", "-I", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "8",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29400", "--rdzv-id", "nccltune-ab12cd34-7",
                     "--rdzv-conf", "is_host=0,join_timeout=180,read_timeout=10", "--max-restarts", "0",
                     "--monitor-interval", "0.5", str(RANKEXEC), str(WORKER), "--backend", "nccl", "--sizes", "1024"]
@@ -320,7 +320,7 @@ def test_srun_binds_one_gpu_per_task_and_gives_every_task_the_log_settings(slurm
         "--distribution=block", "--gpus-per-task=1", "--kill-on-bad-exit=1", "--wait=60", "--label",
         "--export=ALL,MASTER_ADDR,MASTER_PORT,NCCLTUNE_DISABLE,NCCL_ALGO,NCCL_DEBUG,NCCL_DEBUG_FILE,NCCL_DEBUG_SUBSYS",
         "--time=7",
-        "/opt/py/bin/python", str(RANKEXEC), "--slurm", str(WORKER), "--backend", "nccl", "--sizes", "1024"]
+        "/opt/py/bin/python", "-I", str(RANKEXEC), "--slurm", str(WORKER), "--backend", "nccl", "--sizes", "1024"]
     # Slurm sets CUDA_VISIBLE_DEVICES for each task from its binding; an enclosing rank never leaks.
     assert "CUDA_VISIBLE_DEVICES" not in spec.env and "RANK" not in spec.env
     assert spec.env["NCCL_ALGO"] == "Ring" and spec.env["NCCL_DEBUG"] == "INFO"

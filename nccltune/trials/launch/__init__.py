@@ -69,6 +69,7 @@ from typing import Any
 
 from ...errors import UsageError
 from ...sweep.plan import JobShape
+from ...trust import without_python_paths
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +222,14 @@ def is_loopback(host: str) -> bool:
 
 
 def worker_args(worker: Sequence[str]) -> list[str]:
-    """The arguments after worker.py in [python, worker.py, args...]."""
-    return list(worker[2:])
+    """The arguments after worker.py in [python, -I, worker.py, args...]."""
+    return list(worker[list(worker).index(str(WORKER)) + 1:])
 
 
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in RANK_VARS}
+    """A launcher's environment: no rank variables of the caller, nothing that points a Python
+    started without -I (torchrun's workers) at other modules (trust.without_python_paths)."""
+    return without_python_paths({k: v for k, v in env.items() if k not in RANK_VARS})
 
 
 def read_text(path: Path) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...errors import UnavailableError, UsageError
 from ...publish import validate_env
+from ...trust import python_argv
 from .. import nccllog
 from . import (
     KILL_GRACE_S,
@@ -234,7 +235,7 @@ class SrunLaunch(Launch):
         argv.append(f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}")
         # --user: each task, started as the allocation's owner, becomes bench.user (rankexec).
         user = ["--user", trial.user] if trial.user else []
-        return [*argv, f"--time={minutes}", trial.worker[0], str(RANKEXEC), "--slurm", *user, str(WORKER),
+        return [*argv, f"--time={minutes}", *python_argv(trial.worker[0], str(RANKEXEC)), "--slurm", *user, str(WORKER),
                 *worker_args(trial.worker)]
 
     def start(self, trial: TrialSpec) -> list[ProcSpec]:

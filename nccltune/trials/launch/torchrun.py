@@ -18,6 +18,7 @@ from typing import Any
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
 from ...hw.procfs import descendants
 from ...publish import validate_env
+from ...trust import ensure_dir, python_argv
 from .. import credentials, nccllog, rankexec
 from . import (
     KILL_GRACE_S,
@@ -49,7 +50,10 @@ def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, endpoint: tu
     # join_timeout: a node that never comes must not keep the others waiting past the trial;
     # read_timeout: how long an agent waits on a store that stopped answering.
     conf = f"is_host={1 if is_host else 0},join_timeout={max(30, int(timeout_s))},read_timeout=10"
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+    # Isolated (-I), as every Python nccltune starts; the agent's workers run rankexec.py, which
+    # starts the worker isolated too.
+    argv = [*python_argv(python, "-m", "torch.distributed.run"), "--nnodes", str(nnodes),
+            "--nproc-per-node", str(nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", host_port(*endpoint), "--rdzv-id", rdzv_id,
             "--rdzv-conf", conf, "--max-restarts", "0", "--monitor-interval", f"{monitor_interval_s:g}"]
     if local_addr:
@@ -230,7 +234,7 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
                 nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
     seq = int(msg["trial"])
     trial_dir = work_dir / f"trial-{seq:03d}"
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(trial_dir, "trial directory")
     try:
         candidate = validate_env(msg.get("env") or {}, source=f"trial {seq} from the coordinator")
         files = dict(msg.get("files") or {})
