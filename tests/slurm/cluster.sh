@@ -116,6 +116,15 @@ start() {
     die "the nodes did not become idle within 60 s"
 }
 
+# stepds DIR: the pids of the slurmstepd processes of this cluster's slurmd (they inherit its
+# SLURM_CONF); one outlives a slurmd that was stopped in the middle of a step.
+stepds() {
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ] || continue
+        tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" && echo "${p#/proc/}"
+    done
+}
+
 stop_daemons() {
     [ -d "$DIR/run" ] || return 0
     for f in "$DIR"/run/slurmd-*.bg "$DIR"/run/slurmctld.bg "$DIR"/run/munged.pid; do
@@ -129,11 +138,14 @@ stop_daemons() {
         alive "$f" && kill -KILL "$(cat "$f")" 2>/dev/null || true
         rm -f "$f"
     done
+    for pid in $(stepds); do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
 }
 
 case ${1:-} in
     install) install_slurm ;;
     start) [ $# = 2 ] || die "usage: cluster.sh start DIR"; DIR=$2; start ;;
-    stop) [ $# = 2 ] || die "usage: cluster.sh stop DIR"; DIR=$2; stop_daemons ;;
+    stop) [ $# = 2 ] || die "usage: cluster.sh stop DIR"; DIR=$(cd "$2" && pwd) || exit 1; stop_daemons ;;
     *) die "usage: cluster.sh install | start DIR | stop DIR" ;;
 esac
