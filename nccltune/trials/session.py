@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, trust
 from ..config import Config, config_to_dict
 from ..errors import InputError, UnavailableError
 from ..names import short_hostname
@@ -65,6 +65,9 @@ def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_r
     if missing:
         raise UnavailableError(f"{', '.join(missing)} (nccl-tests) not found beside {binary}",
                                hint="build every nccl-tests binary the profile measures, or set bench.engine: torch")
+    for path in sorted({binary, *(binary_for(binary, name) for name in collectives)}):
+        # Root runs them: the trust rule of bench.python, over the whole chain to each binary.
+        trust.trusted_file(path, "nccl-tests binary (bench.nccl_tests_dir)")
     return Engine(cfg.bench.python or sys.executable, binary)
 
 
