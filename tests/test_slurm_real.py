@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -70,6 +71,21 @@ class Slurm:
                               env=self.env(**extra), stdin=subprocess.DEVNULL)
 
 
+def free_ports() -> int:
+    """A port P below the ephemeral range with P+1 and P+2 free as well (slurmctld, the two slurmd):
+    another cluster on this machine keeps its own."""
+    for base in range(6917, 7917, 3):
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + 3):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no three free ports in 6917-7919")
+
+
 def _unavailable(why: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"the Slurm tests must run in CI: {why}")
@@ -85,7 +101,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         _unavailable("the Slurm tests run slurmd, which needs root")
     root = tmp_path_factory.mktemp("slurm")
     started = subprocess.run(["bash", str(CLUSTER), "start", str(root)], capture_output=True, text=True,
-                             timeout=300)
+                             timeout=300, env={**os.environ, "NCCLTUNE_TEST_SLURMCTLD_PORT": str(free_ports())})
     try:
         assert started.returncode == 0, started.stderr
         cluster = Slurm(root, ())
