@@ -103,6 +103,20 @@ def check_spec(spec: Mapping[str, Any]) -> None:
                 raise InputError("CDI spec", f"device {name}: mount paths must be absolute")
 
 
+def prepare_dir(cdi_dir: Path) -> None:
+    """Create the spec directory where missing and check it may be trusted, before anything is
+    published, so that a directory that is refused stops the publish instead of following it.
+
+    Raises:
+        InputError: it cannot be created or may not be trusted (exit 78).
+    """
+    try:
+        # The runtimes run what a spec says (its hooks) as root: the directory must be root's.
+        ensure_dir(cdi_dir, "CDI spec directory")
+    except OSError as exc:
+        raise InputError(str(cdi_dir), f"cannot create the CDI spec directory: {exc.strerror}") from exc
+
+
 def write_spec(cdi_dir: Path, generation_dir: Path, every_job: Mapping[str, str],
                single_node: Mapping[str, str], *, generation: int) -> Path:
     """Write (atomically replace) ``<cdi_dir>/nccltune.io-tuning.json`` for a generation.
@@ -114,10 +128,6 @@ def write_spec(cdi_dir: Path, generation_dir: Path, every_job: Mapping[str, str]
     spec = render_spec(generation_dir, every_job, single_node, generation=generation)
     check_spec(spec)
     target = Path(cdi_dir) / SPEC_NAME
-    try:
-        # The runtimes run what a spec says (its hooks) as root: the directory must be root's.
-        ensure_dir(cdi_dir, "CDI spec directory")
-    except OSError as exc:
-        raise InputError(str(cdi_dir), f"cannot create the CDI spec directory: {exc.strerror}") from exc
+    prepare_dir(cdi_dir)
     atomic_write(target, json.dumps(spec, indent=2, sort_keys=True) + "\n")
     return target

@@ -104,6 +104,18 @@ def test_a_refused_publish_leaves_the_spec_as_it_was(cfg: Config) -> None:
     assert (cfg.cdi_dir / SPEC_NAME).read_bytes() == before
 
 
+def test_an_untrusted_cdi_dir_stops_the_publish_before_anything_is_written(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    cdi.chmod(0o777)  # anyone could plant a spec whose hooks the runtime runs as root
+    cfg = Config(state_dir=str(tmp_path / "state"), publish=PublishConfig(cdi_dir=str(cdi)))
+    with pytest.raises(InputError, match="refusing the CDI spec directory: it is world-writable"):
+        publish_once(cfg)
+    assert read_set(cfg.publish_dir) is None
+    assert list(cdi.iterdir()) == []
+
+
 def test_no_cdi_dir_no_spec(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     publish_once(Config(state_dir=str(tmp_path / "state")))

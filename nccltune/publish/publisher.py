@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..atomicfile import atomic_write
-from ..cdi import write_spec
+from ..cdi import prepare_dir, write_spec
 from ..config import Config
 from ..errors import InputError
 from ..trust import ensure_dir
@@ -49,6 +49,8 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
     render_set(setting, Path(cfg.publish_dir) / GENERATIONS_DIR / "0", 0)
     if cfg.nccl_conf is not None:
         check_nccl_conf(cfg.nccl_conf)
+    if cfg.cdi_dir is not None:
+        prepare_dir(cfg.cdi_dir)
     state = Path(cfg.state_dir)
     try:
         ensure_dir(state, "state directory")
