@@ -15,7 +15,7 @@ from demo_state import EVERY_COLLECTIVE, DemoSweep, clean_env
 
 from nccltune.cli import main
 from nccltune.node import DEMO_SIZES
-from nccltune.plot import series_by_collective
+from nccltune.report.plot import series_by_collective
 from nccltune.store import Store
 from nccltune.trials.runner import Runner
 from nccltune.trials.worker import FAULT_VAR

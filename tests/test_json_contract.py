@@ -24,7 +24,8 @@ from demo_state import SNAPSHOT, DemoSweep, clean_env
 
 from nccltune.cli import main
 from nccltune.fleet.schema import SchemaViolation, validate
-from nccltune.render import ROUNDING, dumps, topocheck_doc
+from nccltune.report.common import ROUNDING, dumps
+from nccltune.report.node import topocheck_doc
 from nccltune.topocheck import TopoCheck
 
 SCHEMAS = REPO / "schemas"

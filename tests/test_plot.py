@@ -12,8 +12,8 @@ from demo_state import DemoSweep
 
 from nccltune.cli import main
 from nccltune.names import DEMO_LABEL
-from nccltune.plot import Spread, lines_by_collective, series_by_label, title_facts
 from nccltune.records import Measurement
+from nccltune.report.plot import Spread, lines_by_collective, series_by_label, title_facts
 from nccltune.store import RunRecord, Store, TrialRecord
 
 KiB = 1 << 10
@@ -96,7 +96,7 @@ def test_title_lists_what_was_measured_and_leaves_out_what_was_not() -> None:
 
 def test_demo_figure_marks_every_panel_and_names_the_node() -> None:
     pytest.importorskip("matplotlib")
-    from nccltune.plot import build_figure
+    from nccltune.report.plot import build_figure
 
     fig = build_figure(DEMO_RUN, WIDE_TRIALS)
     fig.canvas.draw()  # tick labels are formatted at draw time
@@ -127,7 +127,7 @@ def test_demo_figure_marks_every_panel_and_names_the_node() -> None:
 
 def test_the_defaults_kept_are_the_published_line() -> None:
     pytest.importorskip("matplotlib")
-    from nccltune.plot import build_figure
+    from nccltune.report.plot import build_figure
 
     fig = build_figure(_run(summary={"chosen": "NCCL defaults"}), TRIALS)
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
@@ -138,7 +138,7 @@ def test_demo_png_says_so_in_its_metadata(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    from nccltune.plot import plot_run
+    from nccltune.report.plot import plot_run
 
     out = tmp_path / "busbw.png"
     plot_run(DEMO_RUN, TRIALS, out)
@@ -155,7 +155,7 @@ def test_a_run_on_gpus_has_no_demo_label(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    from nccltune.plot import build_figure, plot_run
+    from nccltune.report.plot import build_figure, plot_run
 
     fig = build_figure(_run(), WIDE_TRIALS)
     every_text = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]  # type: ignore[attr-defined]
@@ -171,7 +171,7 @@ def test_a_run_on_gpus_has_no_demo_label(tmp_path: Path) -> None:
 def test_an_unwritable_plot_path_is_named(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from nccltune.atomicfile import FileError
-    from nccltune.plot import plot_run
+    from nccltune.report.plot import plot_run
 
     out = tmp_path / "no-such-dir" / "busbw.png"
     with pytest.raises(FileError, match="no-such-dir"):

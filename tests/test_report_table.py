@@ -4,7 +4,7 @@ busbw and #wrong for NCCL's defaults and the published setting, ratio and noise;
 from __future__ import annotations
 
 from nccltune.records import Measurement, ReportRow
-from nccltune.render import TABLE_UNITS, rows_text, size_facts
+from nccltune.report.sweep import TABLE_UNITS, rows_text, size_facts
 from nccltune.store import TrialRecord
 
 MiB = 1 << 20

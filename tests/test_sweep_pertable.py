@@ -228,7 +228,7 @@ def test_the_table_carries_the_node_shape(nranks: int) -> None:
 
 def test_the_report_shows_the_entries_and_the_sizes_they_cover() -> None:
     from nccltune.pipeline.tablestage import TableOutcome
-    from nccltune.render import table_lines
+    from nccltune.report.sweep import table_lines
 
     c = _mixed_choice()
     table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
@@ -392,7 +392,7 @@ def test_table_inputs_split_whole_trials_per_collective() -> None:
 
 def test_the_report_names_the_collective_of_every_entry() -> None:
     from nccltune.pipeline.tablestage import TableOutcome
-    from nccltune.render import table_lines
+    from nccltune.report.sweep import table_lines
 
     ag = {RING_LL: {s: 120.0 if s in SMALL else 95.0 for s in SIZES}}
     ar = {TREE_LL128: {s: 125.0 if s in LARGE else 90.0 for s in SIZES}}

@@ -184,7 +184,7 @@ def test_the_plan_shows_the_profiles_collectives_and_a_longer_estimate(
 def test_collectives_without_numbers_are_listed_with_why_in_the_plan_and_the_report() -> None:
     from nccltune.pipeline.planning import Workload
     from nccltune.records import ReportRow
-    from nccltune.render import rows_text, workload_doc, workload_lines
+    from nccltune.report.sweep import rows_text, workload_doc, workload_lines
 
     w = Workload("pipeline+", ("all_reduce",), {("all_reduce", 4096): 1.0, ("all_reduce", MiB): 0.0},
                  {"sendrecv": "torch's gloo backend cannot send to its own rank"})

@@ -73,7 +73,7 @@ def test_the_gpu_plan_on_the_2x_h200_recording_stays_within_25_trials_and_3_minu
 
 
 def test_the_plan_text_and_json_list_the_per_size_candidates() -> None:
-    from nccltune.render import plan_doc, plan_text
+    from nccltune.report.sweep import plan_doc, plan_text
 
     pipe, trials = _plan(Config(), ENV)
     plan = pipe.plan()[0]
@@ -308,7 +308,7 @@ def test_a_table_that_slows_all_gather_is_not_published_under_fsdp(tmp_path: Pat
     ("fsdp", ["allgather", "reducescatter"], 3)])
 def test_the_plan_measures_per_size_what_the_tuner_steers(profile: str, collectives: list[str],
                                                           candidates: int) -> None:
-    from nccltune.render import plan_doc, plan_text
+    from nccltune.report.sweep import plan_doc, plan_text
 
     pipe, trials = _plan(parse_config(f"sweep:\n  profile: {profile}\n"), ENV, gpu=True)
     plan = pipe.plan()[0]
@@ -340,7 +340,7 @@ def test_a_profile_of_send_recv_alone_has_no_per_size_table() -> None:
 
 
 def test_a_profile_of_all_reduce_and_all_gather_sets_tree_for_all_reduce_alone() -> None:
-    from nccltune.render import plan_text
+    from nccltune.report.sweep import plan_text
 
     cfg = parse_config("sweep:\n  profile: both\n  profiles:\n    both:\n      all_reduce: {1MiB: 1}\n"
                        "      all_gather: {1MiB: 1}\n")

@@ -38,7 +38,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..doctor import default_conf_files, diagnose
-    from ..render import doctor_doc, doctor_text
+    from ..report.node import doctor_doc, doctor_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot
 
@@ -73,7 +73,7 @@ def _history_findings(cfg: Config, topo: object) -> list[Finding]:
 
 
 def dumps_doc(doc: dict[str, object]) -> str:
-    from ..render import dumps
+    from ..report.common import dumps
 
     return dumps(doc)
 
@@ -81,7 +81,7 @@ def dumps_doc(doc: dict[str, object]) -> str:
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..afterrun import write_metrics
     from ..node import load_node
-    from ..render import verify_doc, verify_text
+    from ..report.runs import verify_doc, verify_text
     from ..verify import NOTHING_TO_VERIFY, run_verify
 
     cfg = load_cfg(args, demo=bool(args.demo))

@@ -31,7 +31,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from ..jobenv import decide, filter_text, site_comment
     from ..nccl.site import conf_settings
     from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
-    from ..render import single_node_comment
+    from ..report.sweep import single_node_comment
 
     cfg = reading_cfg(args)
     nnodes = _job_nnodes(args)

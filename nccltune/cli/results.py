@@ -18,7 +18,8 @@ from .common import load_cfg, note, open_history, out, reading_cfg
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from ..render import dumps, history_doc, history_text, trials_text
+    from ..report.common import dumps
+    from ..report.runs import history_doc, history_text, trials_text
 
     with open_history(args) as store:
         if args.run is not None:
@@ -34,7 +35,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..render import dumps, report_doc, report_text
+    from ..report.common import dumps
+    from ..report.runs import report_doc, report_text
 
     fmt = _report_format(args)
     with open_history(args) as store:
@@ -62,7 +64,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         out(dumps(report_doc(run, trials, plot=None)) if fmt == "json" else _verify_report_text(run))
         return EXIT_OK
     if args.plot:
-        from ..plot import plot_run
+        from ..report.plot import plot_run
 
         plot_run(run, trials, Path(args.plot))
     if fmt == "json":
@@ -103,8 +105,9 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
     """An nccl-tests document of the run (--format nccl-tests-json), or the report of an import."""
     import json
 
-    from ..nccltests_json import run_document
-    from ..render import dumps, import_text, report_doc
+    from ..report.common import dumps
+    from ..report.nccltests_json import run_document
+    from ..report.runs import import_text, report_doc
 
     if run.kind == "import" and args.plot:
         raise UsageError(f"run {run.id} is an import: --plot needs a sweep run")
@@ -123,7 +126,7 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
 
 def _verify_report_text(run: object) -> str:
     """A verification's table: measured against expected bus bandwidth per size."""
-    from ..render import fmt_bw
+    from ..report.common import fmt_bw
 
     summary = getattr(run, "summary", None) or {}
     lines = [f"Verification {getattr(run, 'id', '?')} of {getattr(run, 'started_at', '?')} "
@@ -137,7 +140,8 @@ def _verify_report_text(run: object) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..compare import compare_runs
-    from ..render import compare_doc, compare_text, dumps
+    from ..report.common import dumps
+    from ..report.runs import compare_doc, compare_text
 
     with open_history(args) as store:
         try:
@@ -150,8 +154,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ..atomicfile import FileError
-    from ..nccltests_json import import_document, read_document, run_document
-    from ..render import dumps, import_doc, import_text
+    from ..report.common import dumps
+    from ..report.nccltests_json import import_document, read_document, run_document
+    from ..report.runs import import_doc, import_text
     from ..store import Store
     from ..trust import ensure_dir
 

@@ -113,7 +113,8 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..afterrun import upgrade_check, write_metrics
     from ..pipeline import SweepPipeline
-    from ..render import dumps, plan_doc, plan_text, sweep_doc, sweep_text
+    from ..report.common import dumps
+    from ..report.sweep import plan_doc, plan_text, sweep_doc, sweep_text
 
     if args.join:
         return cmd_sweep_join(args)
@@ -172,7 +173,7 @@ def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
 
 def _check_unpin(names: list[str]) -> None:
     """--unpin takes the name of a variable the sweep knows; anything else is a usage error (2)."""
-    from ..render import shown
+    from ..report.common import shown
     from ..sweep.space import CATALOGUE, unknown_variable_hint
 
     for name in names:

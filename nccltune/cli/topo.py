@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from ..render import dumps, topology_doc, topology_text
+    from ..report.common import dumps
+    from ..report.node import topology_doc, topology_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot
 
@@ -106,7 +107,7 @@ def cmd_topo_record(args: argparse.Namespace) -> int:
 
 
 def cmd_topo_diff(args: argparse.Namespace) -> int:
-    from ..render import dumps
+    from ..report.common import dumps
     from ..topology.diff import diff_trees, summary_line
     from ..topology.source import load_topology
 
@@ -133,7 +134,8 @@ def cmd_topo_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_topo_check(args: argparse.Namespace) -> int:
-    from ..render import dumps, topocheck_doc, topocheck_text
+    from ..report.common import dumps
+    from ..report.node import topocheck_doc, topocheck_text
     from ..topocheck import check_topology_file
 
     bench = load_cfg(args).bench

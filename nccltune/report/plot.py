@@ -23,14 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__
-from .atomicfile import atomic_write
-from .collectives import COLLECTIVES
-from .errors import UnavailableError
-from .names import DEMO_LABEL, format_size
-from .pipeline.choice import DEFAULTS_LABEL
-from .records import ALL_REDUCE
-from .store import RunRecord, TrialRecord
+from .. import __version__
+from ..atomicfile import atomic_write
+from ..collectives import COLLECTIVES
+from ..errors import UnavailableError
+from ..names import DEMO_LABEL, format_size
+from ..pipeline.choice import DEFAULTS_LABEL
+from ..records import ALL_REDUCE
+from ..store import RunRecord, TrialRecord
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

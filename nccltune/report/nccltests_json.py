@@ -37,15 +37,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from . import __version__
-from .collectives import COLLECTIVES, NAMES, Collective, by_perf_binary
-from .collectives import get as get_collective
-from .compare import Side, side_trials
-from .errors import CheckFailed, InputError, UsageError
-from .inputfile import read_input_file
-from .names import DEMO_LABEL, VARIABLE_NAME_RE
-from .records import Measurement
-from .store import RunBackend, RunRecord, Store, TrialRecord
+from .. import __version__
+from ..collectives import COLLECTIVES, NAMES, Collective, by_perf_binary
+from ..collectives import get as get_collective
+from ..compare import Side, side_trials
+from ..errors import CheckFailed, InputError, UsageError
+from ..inputfile import read_input_file
+from ..names import DEMO_LABEL, VARIABLE_NAME_RE
+from ..records import Measurement
+from ..store import RunBackend, RunRecord, Store, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def run_nranks(run: RunRecord) -> int | None:
     recorded = topo.get("nranks")
     if isinstance(recorded, int) and recorded > 0:
         return recorded
-    from .fleet.export import run_nranks as configured_nranks
+    from ..fleet.export import run_nranks as configured_nranks
 
     return configured_nranks(run)
 
@@ -191,7 +191,7 @@ def _iterations(run: RunRecord) -> tuple[int | None, int | None]:
         cfg = (run.config or {}).get("nccl_tests") or {}
         warm, iters = cfg.get("warmup_iters"), cfg.get("iterations")
         return (warm if isinstance(warm, int) else None, iters if isinstance(iters, int) else None)
-    from .node import DEMO_ITERS, DEMO_WARMUP
+    from ..node import DEMO_ITERS, DEMO_WARMUP
 
     if run.demo:
         return DEMO_WARMUP, DEMO_ITERS
