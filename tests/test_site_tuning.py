@@ -78,6 +78,14 @@ def dlsym_finds(path: Path, symbol: str) -> bool:
     return True
 
 
+# A tuner without a network plugin: NCCL closes a net library without ncclNetPlugin_v*, so never
+# asks it for a tuner.
+TUNER_ONLY = """
+struct fake { int version; };
+const struct fake ncclTunerPlugin_v4 = {4};
+"""
+
+
 @pytest.fixture
 def net_plugins(tmp_path: Path) -> dict[str, Path]:
     if CC is None:
@@ -86,6 +94,7 @@ def net_plugins(tmp_path: Path) -> dict[str, Path]:
         "default": build_library(tmp_path / "aws", "libnccl-net.so", NET_PLUGIN_WITH_TUNER),
         "named": build_library(tmp_path / "named", "libnccl-net-ofi.so", NET_PLUGIN_WITH_TUNER),
         "plain": build_library(tmp_path / "plain", "libnccl-net.so", NET_PLUGIN_WITHOUT_TUNER),
+        "tuner-only": build_library(tmp_path / "tuner-only", "libnccl-net.so", TUNER_ONLY),
     }
 
 
@@ -139,6 +148,11 @@ def test_a_network_plugins_tuner_is_the_sites_tuner(net_plugins: dict[str, Path]
     assert site_tuner({**env, "NCCL_TUNER_PLUGIN": "none"}, {}, cache={}) == SiteTuner("none", "the environment")
     # A network plugin without a tuner symbol offers none.
     assert site_tuner({**BARE, "LD_LIBRARY_PATH": str(net_plugins["plain"].parent)}, {}, cache={}) is None
+    # Nor does a library NCCL would not keep as a network plugin; a later one in the list is taken.
+    only = net_plugins["tuner-only"]
+    assert site_tuner({**BARE, "NCCL_NET_PLUGIN": str(only)}, {}, cache={}) is None
+    listed = site_tuner({**BARE, "NCCL_NET_PLUGIN": f"{only},{net_plugins['named']}"}, {}, cache={})
+    assert listed is not None and listed.value == str(net_plugins["named"])
 
 
 @needs_cc

@@ -37,6 +37,9 @@ DEFAULT_NET_PLUGIN = "libnccl-net.so"
 DEFAULT_TUNER_LIBRARY = "libnccl-tuner.so"
 # The tuner versions NCCL looks for, newest first (plugin/tuner.cc).
 TUNER_SYMBOL_RE = re.compile(rb"^ncclTunerPlugin_v([0-9]+)$")
+# NCCL keeps a network plugin library open only when it defines one of these (plugin/net.cc
+# ncclNetPluginLoad closes it otherwise), and only an open one is asked for a tuner.
+NET_SYMBOL_RE = re.compile(rb"^ncclNetPlugin_v([0-9]+)$")
 DEFAULT_LIBRARY_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib")
 # A conf file is a few lines; anything much larger is not one.
 MAX_CONF_BYTES = 1 << 20
@@ -118,6 +121,12 @@ def tuner_symbols(path: Path) -> tuple[str, ...]:
     """The ncclTunerPlugin_v* symbols a 64-bit ELF shared library defines, newest version first;
     () for anything else or what cannot be read. Reads the section headers and the dynamic symbol
     table only."""
+    return defined_symbols(path, TUNER_SYMBOL_RE)
+
+
+def defined_symbols(path: Path, pattern: re.Pattern[bytes]) -> tuple[str, ...]:
+    """The symbols matching `pattern` (one group: the version) that a 64-bit ELF shared library
+    defines, newest version first (see tuner_symbols)."""
     try:
         with open(path, "rb") as fh:
             ident = fh.read(64)
@@ -149,7 +158,7 @@ def tuner_symbols(path: Path) -> tuple[str, ...]:
                     if st_shndx == 0 or st_name >= len(strings):  # undefined: a reference, not a definition
                         continue
                     name = strings[st_name:strings.find(b"\0", st_name)]
-                    if TUNER_SYMBOL_RE.match(name):
+                    if pattern.match(name):
                         names.add(name.decode())
     except (OSError, struct.error, ValueError):
         return ()
@@ -205,7 +214,8 @@ def _plugin_candidates(value: str | None, prefix: str) -> list[str]:
 
 def net_plugin_library(env: Mapping[str, str], conf: Mapping[str, ConfSetting],
                        cache: Mapping[str, Path] | None = None) -> Path | None:
-    """The network plugin library NCCL would open first, or None (NCCL_NET_PLUGIN=none, or none found)."""
+    """The network plugin library NCCL would keep open first, or None (NCCL_NET_PLUGIN=none, or none
+    found): the first name that resolves to a library defining an ncclNetPlugin_v* symbol."""
     setting = env.get("NCCL_NET_PLUGIN")
     if setting is None and "NCCL_NET_PLUGIN" in conf:
         setting = conf["NCCL_NET_PLUGIN"].value
@@ -214,7 +224,7 @@ def net_plugin_library(env: Mapping[str, str], conf: Mapping[str, ConfSetting],
     for entry in (setting.split(",") if setting else [None]):
         for name in _plugin_candidates(entry, DEFAULT_NET_PLUGIN.removesuffix(".so")):
             path = find_library(name, env, cache)
-            if path is not None:
+            if path is not None and defined_symbols(path, NET_SYMBOL_RE):
                 return path
     return None
 
