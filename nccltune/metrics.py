@@ -1,15 +1,19 @@
-"""node_exporter textfile metrics (`<metrics_dir>/nccltune.prom`), built from the stored history.
+"""node_exporter textfile metrics, built from the stored history, in two files of disjoint series.
 
-Every series that describes a sweep, a verify or what is published is read back from the history
-database (and the published nccl.json), never from what one process happens to remember: the
-file has the same series after a daemon restart as before it, and a one-shot `nccltune sweep` or
-`nccltune verify` writes the same file the daemon does. Only what a running daemon alone knows
-(its state, compute processes of others on the GPUs, heartbeat, doctor counts, the class profile
-it watches) comes in as `LiveState`.
+`<metrics_dir>/nccltune.prom` holds every series that describes a sweep, a verify or what is
+published, read back from the history database (and the published nccl.json), never from what one
+process happens to remember: `nccltune sweep`, `nccltune verify` and the daemon all rebuild it whole
+from the same history, so whichever wrote last wrote the same file, and the daemon's rewrite at
+every poll replaces an older view within a minute. `<metrics_dir>/nccltune-daemon.prom` holds what
+only a running daemon knows (`LiveState`: its state, heartbeat, compute processes of others on the
+GPUs, doctor's counts, the class profile it watches, degraded) and only the daemon writes it, so a
+one-shot command never hides the daemon's series. The textfile collector reads every `*.prom` of
+the directory and refuses a series that two files both carry; keeping the two sets of names
+disjoint, each file renamed into place whole, needs no lock and no parsing of the other's file.
 
 Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
 series carries a `class` label (the node class fingerprint) once one is known, so that fleet
-rules can compare a node with the other nodes of its kind. The exposition is written by
+rules can compare a node with the other nodes of its kind. Each exposition is written by
 prometheus_client into its own registry and renamed into place (`write_to_textfile`).
 """
 
@@ -19,7 +23,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +42,8 @@ from .store import RunKind, RunRecord, RunStatus, Store
 log = logging.getLogger(__name__)
 
 FILENAME = "nccltune.prom"
+# What only a running daemon knows; written by the daemon alone.
+DAEMON_FILENAME = "nccltune-daemon.prom"
 # What the store's rows measured when they do not say: the sweep and verify run all_reduce.
 DEFAULT_COLLECTIVE = "all_reduce"
 # What a running daemon is doing; `nccltune_daemon_state` has one series per state (1 for the current one).
@@ -254,10 +260,12 @@ def upgrade_regressions(store: Store, run: RunRecord) -> dict[tuple[str, int, st
 
 
 class _SnapshotCollector(Collector):
-    """Yields the families of one snapshot; registered in a registry of its own for one write."""
+    """Yields the families of one file of a snapshot (`daemon`: the daemon's own file, else the
+    history's); registered in a registry of its own for one write."""
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, *, daemon: bool = False) -> None:
         self.snap = snap
+        self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
         s = self.snap
@@ -281,13 +289,14 @@ class _SnapshotCollector(Collector):
         def per_size(values: Mapping[tuple[str, int], float]) -> list[tuple[dict[str, str], float]]:
             return [({"collective": c, "size_bytes": str(size)}, v) for (c, size), v in sorted(values.items())]
 
+        if self.daemon:
+            yield from self._daemon_series(gauge, one)
+            return
         yield from gauge("nccltune_build_info", "nccltune version (always 1)", [({"version": __version__}, 1.0)])
         yield from gauge("nccltune_topology_info", "topology of this node (always 1)", [({
             "fingerprint": s.fingerprint, "gpus": "" if s.gpus is None else str(s.gpus),
             "driver_version": s.driver_version or "", "nccl_version": s.nccl_version or "",
             "demo": "1" if s.published is not None and s.published.demo else "0"}, 1.0)])
-        yield from one("nccltune_degraded", "1 when NVML failed or a GPU is lost; the last safe files are kept",
-                       s.degraded)
         yield from one("nccltune_last_sweep_timestamp_seconds", "end of the latest finished sweep (unix time)",
                        s.last_sweep_ts)
         yield from one("nccltune_last_sweep_duration_seconds", "wall time of the latest finished sweep",
@@ -334,6 +343,14 @@ class _SnapshotCollector(Collector):
         sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=list(cls))
         sweeps.add_metric(list(cls.values()), float(s.sweeps_total))
         yield sweeps
+
+    def _daemon_series(self, gauge: Callable[[str, str, list[tuple[dict[str, str], float]]], Iterator[Metric]],
+                       one: Callable[[str, str, float | bool | None], Iterator[Metric]]) -> Iterator[Metric]:
+        """The daemon's file: what only a running daemon knows (`Snapshot.live`, doctor's counts)."""
+        s, live = self.snap, self.snap.live
+        if live is None:
+            return
+        cls = {"class": s.node_class} if s.node_class else {}
         if s.doctor is not None:
             yield from gauge("nccltune_doctor_findings", "doctor findings by severity",
                              [({"severity": sev}, float(s.doctor.get(sev, 0))) for sev in SEVERITIES])
@@ -342,9 +359,8 @@ class _SnapshotCollector(Collector):
                                           "fingerprint changes seen by this daemon process", labels=list(cls))
             changes.add_metric(list(cls.values()), float(s.topology_changes_total))
             yield changes
-        live = s.live
-        if live is None:
-            return
+        yield from one("nccltune_degraded", "1 when NVML failed or a GPU is lost; the last safe files are kept",
+                       s.degraded)
         yield from gauge("nccltune_daemon_state", "1 for what the daemon is doing now, 0 for the other states",
                          [({"state": st}, 1.0 if st == live.state else 0.0) for st in DAEMON_STATES])
         yield from one("nccltune_busy_compute_processes", "compute processes of others on this node's GPUs",
@@ -367,33 +383,39 @@ def _scaled(value: float, scale: float) -> float:
     return float(f"{value * scale:.12g}")
 
 
-def registry_for(snap: Snapshot) -> CollectorRegistry:
-    """A registry of its own (not the process-global one), holding exactly this snapshot."""
+def registry_for(snap: Snapshot, *, daemon: bool = False) -> CollectorRegistry:
+    """A registry of its own (not the process-global one), holding exactly one file of this snapshot."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(snap))
+    registry.register(_SnapshotCollector(snap, daemon=daemon))
     return registry
 
 
-def render(snap: Snapshot) -> str:
-    """The text exposition of one snapshot."""
-    return generate_latest(registry_for(snap)).decode("utf-8")
+def render(snap: Snapshot, *, daemon: bool = False) -> str:
+    """The text exposition of one file of a snapshot: the history's (nccltune.prom), or with
+    `daemon` the daemon's (nccltune-daemon.prom; empty without `snap.live`)."""
+    return generate_latest(registry_for(snap, daemon=daemon)).decode("utf-8")
 
 
 def write_snapshot(directory: Path, snap: Snapshot) -> Path:
-    """Write `<directory>/nccltune.prom` atomically (written beside it, renamed over it); return its path.
+    """Write `<directory>/nccltune.prom`, and with `snap.live` (the daemon) `nccltune-daemon.prom`,
+    each atomically (written beside it, renamed over it); return the path of the first.
 
     node_exporter often runs as another user, hence mode 0644 whatever the umask.
 
     Raises:
         InputError: running as root, and the directory is one another user could plant a link in.
-        OSError: the file cannot be written.
+        OSError: a file cannot be written.
     """
     directory.mkdir(parents=True, exist_ok=True)
     _check_directory(directory)
     path = directory / FILENAME
-    write_to_textfile(str(path), registry_for(snap))
-    if (path.stat().st_mode & 0o777) != 0o644:
-        os.chmod(path, 0o644)
+    for name, daemon in ((FILENAME, False), (DAEMON_FILENAME, True)):
+        if daemon and snap.live is None:
+            continue
+        target = directory / name
+        write_to_textfile(str(target), registry_for(snap, daemon=daemon))
+        if (target.stat().st_mode & 0o777) != 0o644:
+            os.chmod(target, 0o644)
     return path
 
 
@@ -412,8 +434,9 @@ def write_metrics_from_store(directory: Path, store: Store, *, fingerprint: str,
                              live: LiveState | None = None, publish_dir: Path | None = None) -> Path:
     """Build the textfile from the history (and `live`, from a running daemon) and write it.
 
-    Called by `nccltune sweep` and `nccltune verify` after their run, and by the daemon at
-    start and after every sweep, verify or publish. Raises OSError when the file cannot be written.
+    Called by `nccltune sweep` and `nccltune verify` after their run (the history's file only), and
+    by the daemon, with `live`, at start, every poll and after every sweep, verify or publish (both
+    files). Raises OSError when a file cannot be written.
     """
     snap = snapshot_from_store(store, fingerprint=fingerprint, node_class=node_class, live=live,
                                publish_dir=publish_dir)

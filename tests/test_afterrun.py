@@ -37,8 +37,13 @@ def test_the_textfile_of_a_run_and_of_the_daemon(seeded: Path, tmp_path: Path) -
 
     live = LiveState(state="idle", busy_processes=0, heartbeat_ts=time.time())
     write_metrics(cfg, node, nccl_version=None, live=live)
-    daemon = prom.read_text()
+    daemon_file = state / "metrics" / "nccltune-daemon.prom"
+    daemon = daemon_file.read_text()
     assert 'nccltune_doctor_findings{' in daemon and 'severity="error"' in daemon
+    assert prom.read_text() == after_run  # the history's file is the same whoever writes it
+    # A command's run after the daemon's write leaves the daemon's file as it was.
+    write_metrics(cfg, node, nccl_version=None)
+    assert daemon_file.read_text() == daemon
 
 
 def test_a_history_that_cannot_be_read_is_a_warning_not_a_failed_run(tmp_path: Path,

@@ -186,8 +186,10 @@ class DaemonRun:
 
     def metrics(self) -> dict[str, list[Any]]:
         """Samples by metric name from the textfile, parsed as Prometheus would."""
-        path = self.state / "metrics" / "nccltune.prom"
-        families = text_string_to_metric_families(path.read_text())
+        # The history's file and the daemon's own (nccltune-daemon.prom): disjoint series.
+        text = "".join((self.state / "metrics" / name).read_text()
+                       for name in ("nccltune.prom", "nccltune-daemon.prom"))
+        families = text_string_to_metric_families(text)
         out: dict[str, list[Any]] = {}
         for fam in families:
             for sample in fam.samples:

@@ -89,7 +89,9 @@ def provenance(state: Path) -> dict[str, Any]:
 
 def metric_samples(state: Path) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for fam in text_string_to_metric_families((state / "metrics" / "nccltune.prom").read_text()):
+    # The history's file and the daemon's own: disjoint series.
+    text = "".join((state / "metrics" / name).read_text() for name in ("nccltune.prom", "nccltune-daemon.prom"))
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out.setdefault(s.name, []).append(s)
     return out

@@ -139,7 +139,7 @@ def test_an_nvml_error_during_a_poll_degrades_and_keeps_the_published_files(harn
     d.write_metrics()
     # The daemon's series carry the node's class.
     assert re.search(r'^nccltune_degraded\{class="[0-9a-f]{16}"\} 1\.0$',
-                     (state / "metrics" / "nccltune.prom").read_text(), re.M)
+                     (state / "metrics" / "nccltune-daemon.prom").read_text(), re.M)
     assert published_bytes(state) == before
     lost = False
     d.poll()

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nccltune import __version__
 from nccltune.errors import InputError
 from nccltune.metrics import (
+    DAEMON_FILENAME,
     DAEMON_STATES,
     FILENAME,
     PROFILE_STATES,
@@ -50,6 +51,11 @@ def samples(text: str) -> dict[str, list[Any]]:
     return out
 
 
+def exposition(snap: Snapshot) -> str:
+    """Both files of a snapshot, the history's and the daemon's, as one text."""
+    return render(snap) + render(snap, daemon=True)
+
+
 def full_state() -> Snapshot:
     c = "all_reduce"
     return Snapshot(
@@ -62,22 +68,34 @@ def full_state() -> Snapshot:
                     (c, 1 << 30, "default"): 340.0, (c, 1 << 30, "published"): 351.5},
         tuned_ratio={(c, 4096): 1.5, (c, 1 << 30): 351.5 / 340.0},
         last_verify_ts=1_790_000_900.0, last_verify_success=False, verify_drift_ratio={(c, 1 << 30): -0.125},
-        doctor={"error": 1, "warning": 2}, topology_changes_total=1)
+        doctor={"error": 1, "warning": 2}, topology_changes_total=1,
+        live=LiveState(state="idle", busy_processes=0, heartbeat_ts=1_790_000_950.0))
 
 
 def test_an_empty_state_renders_what_is_always_known() -> None:
-    empty = Snapshot(doctor={}, topology_changes_total=0)  # a daemon that has not swept yet
-    fams = parse(render(empty))
-    assert set(fams) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_degraded",
-                         "nccltune_doctor_findings", "nccltune_sweeps", "nccltune_topology_changes"}
-    s = samples(render(empty))
+    # A daemon that has not swept yet.
+    empty = Snapshot(doctor={}, topology_changes_total=0, live=LiveState(state="idle", busy_processes=0,
+                                                                         heartbeat_ts=1.0))
+    assert set(parse(render(empty))) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_sweeps"}
+    assert set(parse(render(empty, daemon=True))) == {
+        "nccltune_degraded", "nccltune_doctor_findings", "nccltune_topology_changes", "nccltune_daemon_state",
+        "nccltune_busy_compute_processes", "nccltune_heartbeat_timestamp_seconds"}
+    s = samples(exposition(empty))
     assert [(x.labels, x.value) for x in s["nccltune_build_info"]] == [({"version": __version__}, 1.0)]
     assert [x.value for x in s["nccltune_degraded"]] == [0.0]
     assert [x.value for x in s["nccltune_sweeps_total"]] == [0.0]
 
 
+def test_the_two_files_share_no_series_name() -> None:
+    """node_exporter's textfile collector refuses a series that two files of its directory carry."""
+    history, daemon = parse(render(full_state())), parse(render(full_state(), daemon=True))
+    assert history and daemon and set(history).isdisjoint(daemon)
+    # Without a daemon's live state there is no daemon file to write.
+    assert render(Snapshot(doctor={}, topology_changes_total=0), daemon=True) == ""
+
+
 def test_every_name_has_the_prefix_help_and_type() -> None:
-    text = render(full_state())
+    text = exposition(full_state())
     fams = parse(text)
     for name, fam in fams.items():
         assert name.startswith("nccltune_"), name
@@ -92,7 +110,7 @@ def test_every_name_has_the_prefix_help_and_type() -> None:
 
 
 def test_values_are_in_base_units() -> None:
-    s = samples(render(full_state()))
+    s = samples(exposition(full_state()))
     busbw = {(x.labels["size_bytes"], x.labels["setting"]): x.value for x in s["nccltune_busbw_bytes_per_second"]}
     # GB/s from the sweep become bytes per second; sizes are labelled in bytes.
     assert busbw == {("4096", "default"): 0.5e9, ("4096", "published"): 0.75e9,
@@ -240,7 +258,9 @@ def write(tmp_path: Path, store: Store, **kwargs: Any) -> str:
     kwargs.setdefault("fingerprint", FP)
     path = write_metrics_from_store(tmp_path / "textfile", store, **kwargs)
     assert path == tmp_path / "textfile" / FILENAME
-    return path.read_text()
+    if kwargs.get("live") is None:
+        return path.read_text()
+    return path.read_text() + (tmp_path / "textfile" / DAEMON_FILENAME).read_text()
 
 
 def values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -301,7 +321,7 @@ def test_a_restart_writes_the_same_series_as_before_it(tmp_path: Path, store: St
     with Store(store.path) as again:
         after = samples(write(tmp_path, again))
     live_only = {"nccltune_daemon_state", "nccltune_busy_compute_processes", "nccltune_heartbeat_timestamp_seconds",
-                 "nccltune_doctor_findings", "nccltune_topology_changes_total"}
+                 "nccltune_doctor_findings", "nccltune_topology_changes_total", "nccltune_degraded"}
     assert live_only <= set(before)
     assert set(after) == set(before) - live_only
     for name in after:
@@ -333,9 +353,7 @@ def test_runs_of_another_topology_are_not_this_nodes_last_sweep(tmp_path: Path, 
 
 def test_an_empty_history_writes_what_is_always_known(tmp_path: Path, store: Store) -> None:
     text = write(tmp_path, store)
-    assert set(parse(text)) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_degraded",
-                                "nccltune_sweeps"}
-    assert values(text, "nccltune_degraded") == {(): 0.0}
+    assert set(parse(text)) == {"nccltune_build_info", "nccltune_topology_info", "nccltune_sweeps"}
     # No class known: no class label (Prometheus would drop an empty one anyway).
     assert not any("class" in x.labels for xs in samples(text).values() for x in xs)
 
@@ -464,6 +482,25 @@ def test_the_class_profile_a_daemon_watches(tmp_path: Path, store: Store) -> Non
     assert "nccltune_profile_state" not in samples(text)
     with pytest.raises(ValueError, match="in_force"):
         LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="applied")
+
+
+def test_a_one_shot_command_never_hides_the_daemons_series(tmp_path: Path, store: Store, clock: Clock) -> None:
+    """The daemon writes both files; a `nccltune verify` after it (a Slurm prolog) rewrites the
+    history's file only: the daemon's refused profile, heartbeat and doctor counts stay as they were."""
+    live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1_790_000_000.0, doctor={"error": 1},
+                     degraded=True, profile_state="refused", profile_refused="other_class")
+    write(tmp_path, store, live=live)
+    daemon_file = tmp_path / "textfile" / DAEMON_FILENAME
+    before = daemon_file.read_text()
+    assert stat.S_IMODE(daemon_file.stat().st_mode) == 0o644
+    add_verify(store, clock, passed=True)
+    text = write(tmp_path, store)  # the one-shot command: no live state
+    assert values(text, "nccltune_last_verify_success") == {(): 1.0}
+    assert daemon_file.read_text() == before
+    kept = samples(before)
+    assert [x.labels["reason"] for x in kept["nccltune_profile_refused_info"]] == ["other_class"]
+    assert [x.value for x in kept["nccltune_degraded"]] == [1.0]
+    assert sorted(os.listdir(tmp_path / "textfile")) == [DAEMON_FILENAME, FILENAME]
 
 
 def test_an_unknown_daemon_state_is_refused() -> None:

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccltune import __version__
-from nccltune.metrics import LiveState, write_metrics_from_store
+from nccltune.metrics import DAEMON_FILENAME, LiveState, write_metrics_from_store
 from nccltune.publish import Provenance, publish
 from nccltune.store import Measurement, Store
 
@@ -74,7 +74,7 @@ def rule_tests() -> Iterator[dict[str, Any]]:
 
 def test_every_alert_is_tested_firing_and_not_firing() -> None:
     alerts = {r["alert"] for r in rules() if "alert" in r}
-    assert len(alerts) >= 9
+    assert len(alerts) >= 14
     firing: set[str] = set()
     silent: set[str] = set()
     for test in rule_tests():
@@ -103,7 +103,12 @@ def written_names(tmp_path: Path) -> set[str]:
         meta: dict[str, Any] = dict(fingerprint="fp", backend="gloo", demo=True, profile=None, nccl_version=None,
                                     driver_version=None, torch_version=None, nccltune_version=__version__,
                                     hostname="demo", config={})
-        run_id = store.start_run(kind="sweep", topology={"gpus": 2}, **meta)
+        # A sweep under an older NCCL measured the defaults faster: the next one is an upgrade regression.
+        run_id = store.start_run(kind="sweep", topology={"gpus": 2}, **{**meta, "nccl_version": "2.20.5"})
+        store.add_trial(run_id, seq=1, phase="baseline", label="defaults", env={}, status="ok",
+                        measurements=[Measurement(4096, 5.0, 0.8, 0.8)])
+        store.finish_run(run_id, status="ok", chosen_env={}, published_generation=None, summary={"rows": []})
+        run_id = store.start_run(kind="sweep", topology={"gpus": 2}, **{**meta, "nccl_version": "2.21.5"})
         store.add_trial(run_id, seq=1, phase="baseline", label="defaults", env={}, status="ok",
                         measurements=[Measurement(4096, 10.0, 0.4, 0.4)])
         row = {"size_bytes": 4096, "default_busbw_gbps": 0.4, "default_noise_pct": 3.0, "tuned_busbw_gbps": 0.4,
@@ -121,7 +126,8 @@ def written_names(tmp_path: Path) -> set[str]:
                          profile_state="refused", profile_refused="stale")
         path = write_metrics_from_store(tmp_path / "metrics", store, fingerprint="fp", node_class="cls", live=live,
                                         publish_dir=tmp_path / "published")
-    return {s.name for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples}
+    text = path.read_text() + (path.parent / DAEMON_FILENAME).read_text()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def dashboard_queries() -> list[str]:
@@ -154,6 +160,7 @@ def test_the_dashboard_shows_what_an_sre_looks_at() -> None:
         assert {"x", "y", "w", "h"} <= set(panel["gridPos"]), panel["title"]
     text = " ".join(dashboard_queries())
     for needed in ("nccltune_busbw_bytes_per_second", "nccltune_last_successful_sweep_timestamp_seconds",
+                   "nccltune_upgrade_regression", "nccltune_doctor_findings",
                    "nccltune_verify_drift_ratio", "nccltune_degraded", "nccltune_published_generation",
                    "nccltune:busbw_default_over_class_median:ratio"):
         assert needed in text, needed
