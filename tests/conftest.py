@@ -22,6 +22,15 @@ NCCL_LOGS = FIXTURES / "nccllog"  # NCCL_DEBUG=INFO logs
 NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
 
 
+@pytest.fixture(autouse=True)
+def work_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test runs in an empty directory of its own: the CLI reads ./nccltune-demo, and what
+    the checkout's working directory holds (a demo left by bringup.sh) must not change a result."""
+    path = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def demo_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSweep:
     """One finished demo sweep (`sweep --demo --json`), shared read-only: copy its state to change it."""

@@ -1,11 +1,13 @@
 """A finished CPU-demo sweep shared by the daemon, verify and env/exec tests.
 
-One small demo sweep (7 short trials) is made once per test session and copied by the tests that
-need something published, so that each of them does not pay for its own sweep.
+One small demo sweep (7 short trials) is made once per test run and copied by the tests that
+need something published, so that each of them does not pay for its own sweep. Under pytest-xdist
+the workers share it: the first to ask sweeps under a file lock, the others wait and read it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -86,21 +88,30 @@ def demo_sweep_in(factory: pytest.TempPathFactory, name: str = "seeded-demo-swee
     """One finished demo sweep with BASE_CONFIG (or `config`) over the bundled 2-GPU snapshot,
     made once per test session (the conftest's `demo_sweep` fixture; test modules that cannot
     take the fixture call `seeded_state`)."""
-    root = factory.getbasetemp() / name
-    if not (root / "done").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir()
-        (root / "config.yaml").write_text(yaml.safe_dump(config or BASE_CONFIG, sort_keys=False))
-        got = subprocess.run(
-            [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--json",
-             "--config", str(root / "config.yaml"), "--state-dir", str(root / "state")],
-            capture_output=True, text=True, env=clean_env(), timeout=timeout_s, cwd=root)
-        assert got.returncode == 0, got.stderr
-        (root / "sweep.json").write_text(got.stdout)
-        (root / "sweep.err").write_text(got.stderr)
-        (root / "done").touch()
+    root = shared_dir(factory) / name
+    with open(root.with_name(f"{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first pytest worker sweeps, the others wait for it
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            (root / "config.yaml").write_text(yaml.safe_dump(config or BASE_CONFIG, sort_keys=False))
+            got = subprocess.run(
+                [sys.executable, "-m", "nccltune", "sweep", "--demo", str(SNAPSHOT), "--json",
+                 "--config", str(root / "config.yaml"), "--state-dir", str(root / "state")],
+                capture_output=True, text=True, env=clean_env(), timeout=timeout_s, cwd=root)
+            assert got.returncode == 0, got.stderr
+            (root / "sweep.json").write_text(got.stdout)
+            (root / "sweep.err").write_text(got.stderr)
+            (root / "done").touch()
     return DemoSweep(root, root / "config.yaml", root / "state", json.loads((root / "sweep.json").read_text()),
                      (root / "sweep.err").read_text())
+
+
+def shared_dir(factory: pytest.TempPathFactory) -> Path:
+    """The directory all workers of one test run share: the base temporary directory, or under
+    pytest-xdist the one above the workers' own (each worker has its own base)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def seeded_state(factory: pytest.TempPathFactory) -> Path:
