@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..store import Store
 
-
 log = logging.getLogger(__name__)
 
 
@@ -25,8 +24,6 @@ DEMO_STATE_DIR = "nccltune-demo"
 
 # A command ended by a signal exits 128 + its number, as shells report it.
 EXIT_SIGINT = 128 + signal.SIGINT
-
-
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
 

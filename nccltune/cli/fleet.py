@@ -10,9 +10,9 @@ from .common import load_cfg, out
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    from ..atomicfile import atomic_write
     from ..config import profile_collectives
     from ..fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
-    from ..publish import atomic_write
 
     cfg = load_cfg(args)
     exports = load_exports([Path(p) for p in args.exports])

@@ -201,9 +201,9 @@ def _node_fingerprint(cfg: Config, hostname: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ..atomicfile import atomic_write
     from ..fleet.export import build_export, dumps_export, node_identity
     from ..fleet.node import load_fleet_node
-    from ..publish import atomic_write
 
     cfg = load_cfg(args, demo=bool(args.demo))
     node = load_fleet_node(cfg, args.demo)

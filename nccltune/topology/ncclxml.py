@@ -61,7 +61,7 @@ def render_xml(system: XNode) -> str:
 
 def write_xml(topo: Topology, path: Path) -> str:
     """Write the topology file atomically; returns the text written."""
-    from ..publish import atomic_write
+    from ..atomicfile import atomic_write
 
     text = render_xml(topo.system)
     atomic_write(path, text)

@@ -117,6 +117,6 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
 
 
 def save_snapshot(snap: Snapshot, path: str | os.PathLike[str]) -> None:
-    from ..publish import atomic_write
+    from ..atomicfile import atomic_write
 
     atomic_write(Path(path), snapshot_to_json(snap))
