@@ -69,21 +69,36 @@ def coordinator_opts() -> dict[str, Any]:
     return {}
 
 
+@pytest.fixture(scope="module")
+def standin_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An interpreter that loads tests/ncclstandin at every start, isolated (-I) or not: a .pth line
+    puts it on sys.path, and site imports its sitecustomize; torch comes from this interpreter's
+    site-packages. Ranks run isolated, so PYTHONPATH no longer reaches them."""
+    venv = tmp_path_factory.mktemp("standin") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    mine = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "nccltune-standin.pth").write_text("\n".join([str(STANDIN), *mine]) + "\n")
+    return str(venv / "bin" / "python")
+
+
 @pytest.fixture
 def two_nodes(tmp_path: Path, joiner_env: dict[str, str], coordinator_env: dict[str, str],
-              coordinator_opts: dict[str, Any]) -> Iterator[tuple[Runner, subprocess.Popen[bytes], Path]]:
-    """A coordinator (this process's Runner) and a joining node (`nccltune sweep --join`)."""
+              coordinator_opts: dict[str, Any],
+              standin_python: str) -> Iterator[tuple[Runner, subprocess.Popen[bytes], Path]]:
+    """A coordinator (this process's Runner) and a joining node (`nccltune sweep --join`), their
+    ranks run by standin_python."""
     extra = joiner_env
     port = _port_pair()
     join_state = tmp_path / "joiner"
     with open(tmp_path / "joiner.err", "wb") as err:
         joiner = subprocess.Popen(
             [sys.executable, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--state-dir", str(join_state),
-             "--python", sys.executable, "-v"],
+             "--python", standin_python, "-v"],
             env=_base_env(**extra), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
     launch = TorchrunLaunch(2, 1, ("127.0.0.1", port), node_class="cpu-test", join_wait_s=120,
                             local_addr=coordinator_opts.get("local_addr"))
-    runner = Runner(python=sys.executable, backend="gloo", nranks=1, base_env=_base_env(**coordinator_env),
+    runner = Runner(python=standin_python, backend="gloo", nranks=1, base_env=_base_env(**coordinator_env),
                     work_dir=tmp_path / "work", timeout_s=120, launch=launch,
                     nccl_debug=coordinator_opts.get("nccl_debug"))
     try:

@@ -1,6 +1,7 @@
 """Plays NCCL's INFO log for the multi-node tests (NCCL cannot run on this machine; gloo logs nothing).
 
-On PYTHONPATH, Python imports this at every start. A rank worker (worker.py) run with
+On sys.path (a .pth line of the tests' interpreter, test_multinode.standin_python), Python
+imports this at every start, isolated or not. A rank worker (worker.py) run with
 NCCL_DEBUG=INFO then writes, as it exits, lines in NCCL's format to NCCL_DEBUG_FILE (%p: its
 pid), as NCCL would: the version this node's STANDIN_NCCL_VERSION names, the NCCL_DEBUG_SUBSYS
 it was given, and, on rank 0 only (NCCL prints TUNING lines there alone), one all-reduce choice
