@@ -50,3 +50,20 @@ def test_facts_count_wrong_results_for_the_defaults_when_they_are_published() ->
     facts = size_facts(TRIALS, "NCCL defaults")[("all_reduce", MiB)]
     assert (facts.wrong_defaults, facts.wrong_tuned) == (1, 1)
     assert facts.bus_factor is not None and abs(facts.bus_factor - 1.5) < 1e-9
+
+
+def test_a_verification_from_the_history_shows_measured_against_expected_per_size() -> None:
+    from nccltune.report.runs import verify_run_text
+    from nccltune.store import RunRecord
+
+    run = RunRecord(id=7, kind="verify", status="failed", started_at="2026-01-02T03:04:05+00:00", finished_at=None,
+                    fingerprint="0123456789abcdef", backend="nccl", demo=False, profile="balanced",
+                    nccl_version="2.21.5", driver_version=None, torch_version=None, nccltune_version="0",
+                    hostname="node1", topology={}, config={}, chosen_env=None, published_generation=None,
+                    summary={"reason": "bus bandwidth drifted", "rows": [
+                        {"size_bytes": MiB, "measured_gbps": 12.5, "expected_gbps": 25.0, "drift_pct": -50.0},
+                        {"size_bytes": 2 * MiB, "measured_gbps": 30.0, "expected_gbps": None}]})
+    lines = verify_run_text(run).splitlines()
+    assert lines[0] == "Verification 7 of 2026-01-02T03:04:05+00:00 (failed): bus bandwidth drifted"
+    assert lines[1].startswith(f"  {MiB} B: measured 12.5") and lines[1].endswith(", drift -50.0%")
+    assert lines[2] == f"  {2 * MiB} B: measured 30.00, expected -"  # no expectation at this size: no traceback

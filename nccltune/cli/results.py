@@ -36,7 +36,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report.common import dumps
-    from ..report.runs import report_doc, report_text
+    from ..report.runs import report_doc, report_text, verify_run_text
 
     fmt = _report_format(args)
     with open_history(args) as store:
@@ -61,7 +61,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if run.kind == "verify":
         if args.plot:
             raise UsageError(f"run {run.id} is a verification: --plot needs a sweep run")
-        out(dumps(report_doc(run, trials, plot=None)) if fmt == "json" else _verify_report_text(run))
+        out(dumps(report_doc(run, trials, plot=None)) if fmt == "json" else verify_run_text(run))
         return EXIT_OK
     if args.plot:
         from ..report.plot import plot_run
@@ -122,20 +122,6 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
     else:
         out(import_text(run, doc))
     return EXIT_OK
-
-
-def _verify_report_text(run: object) -> str:
-    """A verification's table: measured against expected bus bandwidth per size."""
-    from ..report.common import fmt_bw
-
-    summary = getattr(run, "summary", None) or {}
-    lines = [f"Verification {getattr(run, 'id', '?')} of {getattr(run, 'started_at', '?')} "
-             f"({getattr(run, 'status', '?')}): {summary.get('reason', '')}"]
-    for row in summary.get("rows", []):
-        drift = row.get("drift_pct")
-        lines.append(f"  {row.get('size_bytes')} B: measured {fmt_bw(row.get('measured_gbps'))}, expected "
-                     f"{fmt_bw(row.get('expected_gbps'))}" + (f", drift {drift:+.1f}%" if drift is not None else ""))
-    return "\n".join(lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -193,6 +193,19 @@ def verify_text(r: VerifyResult) -> str:
     return "\n".join(lines)
 
 
+def verify_run_text(run: RunRecord) -> str:
+    """A verification from the history (`nccltune report --run ID`): measured against expected bus
+    bandwidth per size, from the rows its summary keeps ("-" where a size has no number)."""
+    summary = run.summary or {}
+    lines = [f"Verification {run.id} of {run.started_at} ({run.status}): {summary.get('reason', '')}"]
+    for row in summary.get("rows", []):
+        measured, expected, drift = row.get("measured_gbps"), row.get("expected_gbps"), row.get("drift_pct")
+        lines.append(f"  {row.get('size_bytes')} B: measured {'-' if measured is None else fmt_bw(measured)}, "
+                     f"expected {'-' if expected is None else fmt_bw(expected)}"
+                     + (f", drift {drift:+.1f}%" if drift is not None else ""))
+    return "\n".join(lines)
+
+
 def compare_doc(c: RunComparison) -> dict[str, Any]:
     return {"kind": "compare", "a_run": c.a_run, "b_run": c.b_run, "side": c.side,
             "slower": len(c.slower),
