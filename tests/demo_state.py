@@ -109,9 +109,11 @@ def demo_sweep_in(factory: pytest.TempPathFactory, name: str = "seeded-demo-swee
 
 def shared_dir(factory: pytest.TempPathFactory) -> Path:
     """The directory all workers of one test run share: the base temporary directory, or under
-    pytest-xdist the one above the workers' own (each worker has its own base)."""
+    pytest-xdist the one above the workers' own (`popen-gw0`, ...). A pytest that a test starts
+    inherits PYTEST_XDIST_WORKER but has a base of its own, which it keeps."""
     base = factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return base.parent if worker and base.name == f"popen-{worker}" else base
 
 
 def seeded_state(factory: pytest.TempPathFactory) -> Path:
