@@ -42,8 +42,9 @@ from ..collectives import COLLECTIVES, NAMES, Collective, by_perf_binary
 from ..collectives import get as get_collective
 from ..compare import Side, side_trials
 from ..errors import CheckFailed, InputError, UsageError
-from ..inputfile import read_input_file
+from ..inputfile import loads_strict, read_input_file
 from ..names import DEMO_LABEL, VARIABLE_NAME_RE
+from ..publish import validate_env
 from ..records import Measurement
 from ..store import RunBackend, RunRecord, Store, TrialRecord
 
@@ -448,10 +449,6 @@ def _kind(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_document(data: bytes, path: str, *, collective: str | None = None) -> PerfDocument:
     """Check an nccl-tests document (format version 3) and return what the history keeps.
 
@@ -465,14 +462,14 @@ def parse_document(data: bytes, path: str, *, collective: str | None = None) -> 
     r = _Reader(path)
     text = data.decode("utf-8", errors="replace")
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = loads_strict(text)
     except json.JSONDecodeError as exc:
         looks_like_table = "# nccl-tests version" in text or "# Collective test starting" in text
         raise InputError(path, f"not JSON ({exc.msg}, column {exc.colno})", line=exc.lineno,
                          hint="this is the binary's text output: run it with -J FILE.json and import that"
                          if looks_like_table else "import the document a *_perf binary wrote with -J FILE.json"
                          ) from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise InputError(path, f"not an nccl-tests document: {exc}") from None
     doc = r.obj(raw, "$")
     version = r.key(doc, "version", "$")
@@ -498,7 +495,9 @@ def parse_document(data: bytes, path: str, *, collective: str | None = None) -> 
     for i, entry in enumerate(_list(r, doc, "env", "$")):
         name, sep, value = (r.str_(entry, f"$.env[{i}]") or "").partition("=")
         if sep and VARIABLE_NAME_RE.match(name):
-            env[name] = value
+            # Kept with the run's trials, so exported and offered to `fleet decide` as a setting:
+            # held to the rule every published value meets.
+            env.update(validate_env({name: value}, source=f"{path}: $.env[{i}]"))
     notes: list[str] = []
     group: tuple[str, str, int] | None = None
     cycles: list[dict[Placement, list[PerfResult]]] = []
