@@ -400,7 +400,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             code = "below_class"
             passed, reason = False, (f"{key_label(key)}: {worst.measured_gbps:.2f} GB/s is "
                                      f"{-worst.drift_pct:.1f}% below the median {worst.class_median_gbps:.2f} GB/s "
-                                     f"of the {len(reference.sizes[key].node_medians_gbps)} node(s) of its class "
+                                     f"of the {reference.sizes[key].nodes} node(s) of its class "
                                      f"{reference.class_id} (allowed {worst.allowed_pct:.1f}%)")
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
             worst_row = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)

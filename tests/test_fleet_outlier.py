@@ -28,7 +28,7 @@ def test_a_node_far_below_the_class_median_is_an_outlier() -> None:
     # Class medians 100, 104, 96: median 100, the lowest node 4% below it. Their noise 1, 2, 3%:
     # typical 2%. The node's runs 80 and 84: best 84, its own noise (84-80)/(2*82) = 2.439%.
     # Allowed: max(threshold 5, 2 * max(2.439, 2) = 4.878, spread 4) = 5%. 84 is 16% below: an outlier.
-    ref = ClassSize("all_reduce", MIB, (100.0, 104.0, 96.0), (1.0, 2.0, 3.0))
+    ref = ClassSize.of_nodes("all_reduce", MIB, (100.0, 104.0, 96.0), (1.0, 2.0, 3.0))
     verdict = judge_node([80.0, 84.0], ref, threshold_pct=5.0)
     assert verdict.measured_gbps == 84.0 and verdict.class_median_gbps == 100.0
     assert verdict.allowed_pct == pytest.approx(5.0)
@@ -37,7 +37,7 @@ def test_a_node_far_below_the_class_median_is_an_outlier() -> None:
 
 
 def test_a_node_within_the_bar_is_not() -> None:
-    ref = ClassSize("all_reduce", MIB, (100.0, 104.0, 96.0), (1.0, 2.0, 3.0))
+    ref = ClassSize.of_nodes("all_reduce", MIB, (100.0, 104.0, 96.0), (1.0, 2.0, 3.0))
     # Best run 97: 3% below the median, inside the 5% bar.
     assert not judge_node([95.0, 97.0], ref, threshold_pct=5.0).below
     # Exactly at the bar is not beyond it.
@@ -46,11 +46,11 @@ def test_a_node_within_the_bar_is_not() -> None:
 
 def test_the_bar_is_the_largest_of_threshold_noise_and_spread() -> None:
     # Noisy node: runs 60 and 90, best 90 (10% below); its own noise 30/(2*75) = 20%: allowed 40%.
-    ref = ClassSize("all_reduce", MIB, (100.0, 100.0), (1.0, 1.0))
+    ref = ClassSize.of_nodes("all_reduce", MIB, (100.0, 100.0), (1.0, 1.0))
     noisy = judge_node([60.0, 90.0], ref, threshold_pct=5.0)
     assert noisy.allowed_pct == pytest.approx(40.0) and not noisy.below
     # A class whose lowest node was 12% below its median (88, 100, 112): a node at 90 is within.
-    spread = ClassSize("all_reduce", MIB, (88.0, 100.0, 112.0), (0.0, 0.0, 0.0))
+    spread = ClassSize.of_nodes("all_reduce", MIB, (88.0, 100.0, 112.0), (0.0, 0.0, 0.0))
     assert judge_node([90.0], spread, threshold_pct=5.0).allowed_pct == pytest.approx(12.0)
     assert not judge_node([90.0], spread, threshold_pct=5.0).below
     assert judge_node([87.0], spread, threshold_pct=5.0).below
@@ -109,15 +109,16 @@ def test_a_decided_profile_carries_the_class_distribution(tmp_path: Path) -> Non
     assert ref is not None and ref.nodes == 2 and ref.setting == "NCCL_ALGO=Ring"
     at = ref.sizes[("all_reduce", MIB)]
     # The two nodes' candidate medians: 111 and 105; noise 2/(2*111) and 2/(2*105).
-    assert at.node_medians_gbps == (111.0, 105.0) and at.median_gbps == 108.0
-    assert at.node_noise_pcts == (0.901, 0.952)
+    assert (at.nodes, at.median_gbps, at.lowest_gbps) == (2, 108.0, 105.0)
+    assert at.noise_pct == pytest.approx((0.901 + 0.952) / 2)
     assert at.spread_pct == pytest.approx(100 * 3 / 108)
     assert ref.describe() == f"class profile p.json (class {prof['node_class']['id']}, NCCL_ALGO=Ring, 2 node(s))"
     # A class keeping the defaults is compared on the defaults' numbers.
     keeps = copy.deepcopy(prof)
     keeps["chosen"] = DEFAULTS
     kept = class_reference(keeps, "p.json")
-    assert kept is not None and kept.sizes[("all_reduce", MIB)].node_medians_gbps == (100.0, 100.0)
+    defaults = kept.sizes[("all_reduce", MIB)] if kept is not None else None
+    assert defaults is not None and (defaults.nodes, defaults.median_gbps, defaults.lowest_gbps) == (2, 100.0, 100.0)
 
 
 def test_no_distribution_from_one_node_or_an_older_profile(tmp_path: Path) -> None:
@@ -129,5 +130,7 @@ def test_no_distribution_from_one_node_or_an_older_profile(tmp_path: Path) -> No
                  Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
     for node in two["evidence"]["nodes"]:
         del node["per_size"]  # decided before per-node numbers were kept: still a valid profile
+    for key in ("class_per_size", "node_count", "trials", "exports_sha256"):
+        del two["evidence"][key]
     validate(two, load_schema("profile"))
     assert class_reference(two, "p.json") is None

@@ -92,7 +92,7 @@ class LoadedProfile:
         publish the same profile carry the same digest."""
         return {"file": self.path.name, "path": str(self.path), "sha256": self.sha256, "class_id": self.class_id,
                 "chosen": str(self.doc["chosen"]), "decided_at": str(self.doc["provenance"]["created_at"]),
-                "nodes": len(self.doc["evidence"]["nodes"])}
+                "nodes": int(self.doc["evidence"].get("node_count", len(self.doc["evidence"]["nodes"])))}
 
 
 @dataclass(frozen=True)
@@ -180,13 +180,17 @@ def _check_bounds(doc: Mapping[str, Any], where: str) -> None:
 
 
 def _note(path: Path, doc: Mapping[str, Any]) -> str:
-    nodes = doc["evidence"]["nodes"]
-    samples = sum(int(n["baseline_trials"]) + int(n["candidate_trials"]) for n in nodes)
+    evidence = doc["evidence"]
+    nodes = evidence["nodes"]
+    # The totals of every node; a profile older than them lists every node.
+    trials = evidence.get("trials") or {"baseline": sum(int(n["baseline_trials"]) for n in nodes),
+                                        "candidate": sum(int(n["candidate_trials"]) for n in nodes)}
+    samples = int(trials["baseline"]) + int(trials["candidate"])
     shape = doc["job_shape"]
     measured = (f", measured as {shape['label']} (nodes x ranks per node)"
                 if shape.get("label") and int(shape.get("measured_nnodes") or 1) > 1 else "")
     return (f"class profile {path.name} (class {doc['node_class']['id']}, {doc['chosen']}, "
-            f"{len(nodes)} node(s), {samples} trial(s){measured})")
+            f"{int(evidence.get('node_count', len(nodes)))} node(s), {samples} trial(s){measured})")
 
 
 def file_for(path: Path, class_id: str) -> Path:

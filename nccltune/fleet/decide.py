@@ -28,6 +28,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -314,6 +315,46 @@ def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         for (collective, size), st in sorted(size_stats(samples).items()):
             out.append({"setting": label, "topology_file": topo_file, "collective": collective, "size_bytes": size,
                         "samples": st.n, "median_busbw_gbps": round(st.median, 4), "noise_pct": round(st.noise_pct, 3)})
+# A profile stays the same size whatever the class's size: the class's distribution per setting,
+# collective and size is kept as a summary (class_per_size: what the outlier rule reads), and
+# per-node detail for at most this many nodes: all of a small class, the lowest ones of a large one.
+MAX_NODE_ENTRIES = 16
+
+
+def class_per_size(per_node: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The class's distribution across its nodes, per setting, collective and size, from each node's
+    own numbers (node_per_size): how many nodes measured it, the median of their medians, the lowest
+    median and its node, and the median of their noise. Exactly what fleet.outlier judges a node with."""
+    groups: dict[tuple[str, bool, str, int], list[tuple[float, float, str]]] = {}
+    for node in per_node:
+        for r in node.get("per_size", []):
+            key = (str(r["setting"]), bool(r["topology_file"]), str(r["collective"]), int(r["size_bytes"]))
+            groups.setdefault(key, []).append((float(r["median_busbw_gbps"]), float(r["noise_pct"]),
+                                               str(node["hostname"])))
+    rows = []
+    for (setting, topology_file, collective, size), values in sorted(groups.items()):
+        lowest = min(values, key=lambda v: (v[0], v[2]))
+        rows.append({"setting": setting, "topology_file": topology_file, "collective": collective,
+                     "size_bytes": size, "nodes": len(values),
+                     "median_busbw_gbps": round(statistics.median(v[0] for v in values), 4),
+                     "lowest_busbw_gbps": lowest[0], "lowest_node": lowest[2],
+                     "noise_pct": round(statistics.median(v[1] for v in values), 4)})
+    return rows
+
+
+def bounded_nodes(per_node: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The per-node entries a profile keeps: every node, with its own numbers, of a class of up to
+    MAX_NODE_ENTRIES nodes; of a larger one the MAX_NODE_ENTRIES nodes lowest at the most sizes
+    (ties by name), without their numbers (class_per_size holds the distribution)."""
+    if len(per_node) <= MAX_NODE_ENTRIES:
+        return [dict(n) for n in per_node]
+    lowest_at: dict[str, int] = {}
+    for row in summary:
+        lowest_at[row["lowest_node"]] = lowest_at.get(row["lowest_node"], 0) + 1
+    ranked = sorted(per_node, key=lambda n: (-lowest_at.get(str(n["hostname"]), 0), str(n["hostname"])))
+    return [{k: v for k, v in n.items() if k != "per_size"} for n in ranked[:MAX_NODE_ENTRIES]]
+
+
     return out
 
 
@@ -447,6 +488,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         verdict_text = f"{chosen[0].label}: {chosen[1].reason}"
     tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes)
     if first["demo"]:
+    summary = class_per_size(pooled.per_node)
         table_evidence["notes"].append("CPU demo: computed from gloo trials, which NCCL's tuner never steers; "
                                        "`nccltune apply` does not publish it")
     created = (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds")
@@ -464,7 +506,14 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         "versions": {"nccltune": __version__, "nccl": facts.get("nccl_version"), "driver": facts.get("driver_version"),
                      "exporters": sorted({e.doc["versions"]["nccltune"] for e in exports})},
         "evidence": {
-            "nodes": pooled.per_node,
+            "node_count": len(pooled.per_node),
+            "trials": {"baseline": sum(int(n["baseline_trials"]) for n in pooled.per_node),
+                       "candidate": sum(int(n["candidate_trials"]) for n in pooled.per_node)},
+            # Names the set of exports decided from, whatever part of it `nodes` lists.
+            "exports_sha256": hashlib.sha256("\n".join(sorted(n["export_sha256"] for n in pooled.per_node))
+                                             .encode()).hexdigest(),
+            "class_per_size": summary,
+            "nodes": bounded_nodes(pooled.per_node, summary),
             "rules": {"profile": rules.profile, "min_gain_pct": rules.min_gain_pct,
                       "max_regression_pct": rules.max_regression_pct,
                       "weights": {f"{c}:{s}": w for (c, s), w in sorted(weights.items())}},

@@ -1,9 +1,11 @@
 """A node against its class: the one rule for "this node is below its class beyond noise".
 
 With a class profile in force, every node of the class publishes the same setting, and the
-profile's evidence holds what each node that took part in the decision measured with it
-(`evidence.nodes[].per_size`: one median and noise per node, collective and size). Those
-per-node medians are the class's distribution. `nccltune verify` (and the daemon's verify)
+profile's evidence holds the class's distribution of what its nodes measured with it: per
+collective and size, the median of the per-node medians, the lowest one and the median of the
+per-node noise (`evidence.class_per_size`, a summary of any number of nodes), and, for a class
+of up to 16 nodes, each node's own numbers besides (`evidence.nodes[].per_size`; profiles decided
+before the summary carry only these). Both give the same three numbers. `nccltune verify` (and the daemon's verify)
 measures the node with the published setting and asks `judge_node` whether it is below that
 distribution by more than what the class itself shows:
 
@@ -36,27 +38,29 @@ Key = tuple[str, int]  # (collective, size_bytes)
 
 @dataclass(frozen=True)
 class ClassSize:
-    """The class's distribution at one collective and size: one median (and noise) per node."""
+    """The class's distribution at one collective and size, as the rule uses it: how many nodes,
+    the median of their medians, the lowest median, and the class's typical run-to-run noise (the
+    median of its nodes' own)."""
 
     collective: str
     size_bytes: int
-    node_medians_gbps: tuple[float, ...]
-    node_noise_pcts: tuple[float, ...]
+    nodes: int
+    median_gbps: float
+    lowest_gbps: float
+    noise_pct: float
 
-    @property
-    def median_gbps(self) -> float:
-        return float(statistics.median(self.node_medians_gbps))
-
-    @property
-    def noise_pct(self) -> float:
-        """The class's typical run-to-run noise: the median of its nodes' own."""
-        return float(statistics.median(self.node_noise_pcts)) if self.node_noise_pcts else 0.0
+    @classmethod
+    def of_nodes(cls, collective: str, size_bytes: int, medians: Sequence[float],
+                 noises: Sequence[float]) -> ClassSize:
+        """From one median and one noise per node."""
+        return cls(collective, size_bytes, len(medians), float(statistics.median(medians)) if medians else 0.0,
+                   min(medians) if medians else 0.0, float(statistics.median(noises)) if noises else 0.0)
 
     @property
     def spread_pct(self) -> float:
         """How far below the class median its lowest node was, in percent."""
         median = self.median_gbps
-        return 100.0 * (median - min(self.node_medians_gbps)) / median if median > 0 else 0.0
+        return 100.0 * (median - self.lowest_gbps) / median if median > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def judge_node(samples_gbps: Sequence[float], ref: ClassSize, threshold_pct: flo
     Raises:
         ValueError: no sample, or no node in the class distribution.
     """
-    if not samples_gbps or not ref.node_medians_gbps:
+    if not samples_gbps or ref.nodes < 1:
         raise ValueError("judge_node needs the node's samples and the class's per-node medians")
     measured = max(samples_gbps)
     median = ref.median_gbps
@@ -134,18 +138,40 @@ def class_reference(doc: Mapping[str, Any], name: str) -> ClassReference | None:
     setting = chosen_setting(doc)
     if setting is None:
         return None
+    evidence = doc["evidence"]
+    listed = evidence["nodes"]
+    every_node_listed = len(listed) == int(evidence.get("node_count", len(listed)))
+    if every_node_listed and all("per_size" in node for node in listed):
+        nodes, all_sizes = _from_nodes(listed, setting)
+    elif "class_per_size" in evidence:
+        nodes, all_sizes = _from_summary(evidence["class_per_size"], setting)
+    else:
+        return None
+    sizes = {key: st for key, st in sorted(all_sizes.items()) if st.nodes >= MIN_NODES and st.lowest_gbps > 0}
+    if not sizes:
+        return None
+    return ClassReference(name, str(doc["node_class"]["id"]), setting[0], nodes, sizes)
+
+
+def _from_nodes(listed: Sequence[Mapping[str, Any]], setting: tuple[str, bool]) -> tuple[int, dict[Key, ClassSize]]:
+    """Every node's own numbers of `setting` (a small class, or a profile older than the summary)."""
     medians: dict[Key, list[float]] = {}
     noises: dict[Key, list[float]] = {}
     nodes = 0
-    for node in doc["evidence"]["nodes"]:
+    for node in listed:
         rows = [r for r in node.get("per_size", []) if (r["setting"], r["topology_file"]) == setting]
         nodes += bool(rows)
         for r in rows:
             key = (str(r["collective"]), int(r["size_bytes"]))
             medians.setdefault(key, []).append(float(r["median_busbw_gbps"]))
             noises.setdefault(key, []).append(float(r["noise_pct"]))
-    sizes = {key: ClassSize(key[0], key[1], tuple(values), tuple(noises[key]))
-             for key, values in sorted(medians.items()) if len(values) >= MIN_NODES and min(values) > 0}
-    if not sizes:
-        return None
-    return ClassReference(name, str(doc["node_class"]["id"]), setting[0], nodes, sizes)
+    return nodes, {key: ClassSize.of_nodes(key[0], key[1], values, noises[key]) for key, values in medians.items()}
+
+
+def _from_summary(rows: Sequence[Mapping[str, Any]], setting: tuple[str, bool]) -> tuple[int, dict[Key, ClassSize]]:
+    """The class's summary of `setting` (evidence.class_per_size)."""
+    sizes = {(str(r["collective"]), int(r["size_bytes"])):
+             ClassSize(str(r["collective"]), int(r["size_bytes"]), int(r["nodes"]), float(r["median_busbw_gbps"]),
+                       float(r["lowest_busbw_gbps"]), float(r["noise_pct"]))
+             for r in rows if (r["setting"], r["topology_file"]) == setting}
+    return max((st.nodes for st in sizes.values()), default=0), sizes
