@@ -315,6 +315,9 @@ def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         for (collective, size), st in sorted(size_stats(samples).items()):
             out.append({"setting": label, "topology_file": topo_file, "collective": collective, "size_bytes": size,
                         "samples": st.n, "median_busbw_gbps": round(st.median, 4), "noise_pct": round(st.noise_pct, 3)})
+    return out
+
+
 # A profile stays the same size whatever the class's size: the class's distribution per setting,
 # collective and size is kept as a summary (class_per_size: what the outlier rule reads), and
 # per-node detail for at most this many nodes: all of a small class, the lowest ones of a large one.
@@ -353,9 +356,6 @@ def bounded_nodes(per_node: Sequence[Mapping[str, Any]], summary: Sequence[Mappi
         lowest_at[row["lowest_node"]] = lowest_at.get(row["lowest_node"], 0) + 1
     ranked = sorted(per_node, key=lambda n: (-lowest_at.get(str(n["hostname"]), 0), str(n["hostname"])))
     return [{k: v for k, v in n.items() if k != "per_size"} for n in ranked[:MAX_NODE_ENTRIES]]
-
-
-    return out
 
 
 def _size_doc(st: SizeStats, base: SizeStats | None = None) -> dict[str, Any]:
@@ -488,10 +488,10 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         verdict_text = f"{chosen[0].label}: {chosen[1].reason}"
     tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes)
     if first["demo"]:
-    summary = class_per_size(pooled.per_node)
         table_evidence["notes"].append("CPU demo: computed from gloo trials, which NCCL's tuner never steers; "
                                        "`nccltune apply` does not publish it")
     created = (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds")
+    summary = class_per_size(pooled.per_node)
     return {
         "kind": PROFILE_KIND,
         "schema_version": PROFILE_SCHEMA_VERSION,
