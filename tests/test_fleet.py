@@ -83,7 +83,7 @@ def test_export_matches_its_schema_and_the_store(fleet: dict[str, Any]) -> None:
     node = fleet["nodes"][0]
     doc = _json(node["export"])
     validate(doc, load_schema("export"))
-    assert doc["kind"] == "nccltune-export" and doc["schema_version"] == 1 and doc["demo"] is True
+    assert doc["kind"] == "export" and doc["schema_version"] == 1 and doc["demo"] is True
     assert doc["hostname"] == "gpu-node-001"  # the demo node is named by its snapshot
     topo = from_snapshot(load_snapshot(node["snapshot"]))
     assert doc["node_class"]["id"] == node_class(topo).id
@@ -533,7 +533,8 @@ def test_export_of_a_gpu_node_swept_without_nics(tmp_path: Path) -> None:
     class still counts the NICs, and NCCL versions of older runs keep them out of the export."""
     from nccltune.fleet.export import build_export, node_identity
     from nccltune.fleet.node import FleetNode
-    from nccltune.store import Measurement, Store
+    from nccltune.records import Measurement
+    from nccltune.store import Store
     from nccltune.topology.fingerprint import topology_fingerprint
 
     snap = load_snapshot(ROOT / "topologies" / "hgx-h100-8gpu.json")

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from nccltune import store as store_mod
 from nccltune.errors import EXIT_BUSY, EXIT_CONFIG, BusyError, InputError
 from nccltune.records import Measurement, ReportRow
-from nccltune.store import Store
+from nccltune.store import Store, database, schema
 
 
 class FakeClock:
@@ -145,61 +144,6 @@ def test_runs_lists_newest_first_and_filters_kind(store: Store) -> None:
     assert [r.id for r in store.runs(limit=2)] == [d, c]  # no kind named: every kind
 
 
-@pytest.mark.parametrize(
-    ("per_trial", "expected"),
-    [
-        ([10.0, 30.0, 20.0], 20.0),  # odd count: the middle one
-        ([10.0, 40.0, 20.0, 30.0], 25.0),  # even count: mean of the two middle ones
-    ],
-)
-def test_baseline_median(store: Store, per_trial: list[float], expected: float) -> None:
-    run_id = _start(store)
-    for seq, bw in enumerate(per_trial):
-        _baseline_trial(store, run_id, seq, {1024: bw / 10, 1 << 20: bw})
-    # Neither a failed baseline trial, nor a non-baseline trial, nor a wrong result may count.
-    _baseline_trial(store, run_id, 90, {1024: 1000.0, 1 << 20: 1000.0}, status="failed")
-    _baseline_trial(store, run_id, 91, {1024: 1000.0, 1 << 20: 1000.0}, status="crashed")
-    store.add_trial(
-        run_id,
-        seq=92,
-        phase="screen",
-        label="NCCL_ALGO=Ring",
-        env={"NCCL_ALGO": "Ring"},
-        status="ok",
-        measurements=[Measurement(1 << 20, 1.0, 999.0, 999.0)],
-    )
-    store.add_trial(
-        run_id,
-        seq=93,
-        phase="baseline",
-        label="defaults",
-        env={},
-        status="ok",
-        measurements=[Measurement(1 << 20, 1.0, 999.0, 999.0, correct=False)],
-    )
-    store.finish_run(run_id, status="ok")
-
-    assert store.baseline("fp-a") == pytest.approx({1024: expected / 10, 1 << 20: expected})
-    assert store.baseline("fp-other") is None
-
-
-def test_baseline_uses_only_latest_ok_sweep(store: Store) -> None:
-    old = _start(store)
-    _baseline_trial(store, old, 0, {1024: 5.0})
-    store.finish_run(old, status="ok")
-    new = _start(store)
-    _baseline_trial(store, new, 0, {1024: 7.0})
-    store.finish_run(new, status="ok")
-    failed = _start(store)
-    _baseline_trial(store, failed, 0, {1024: 100.0})
-    store.finish_run(failed, status="failed")
-    assert store.baseline("fp-a") == {1024: 7.0}
-
-    empty = _start(store)  # an ok sweep that measured no baseline gives nothing to compare with
-    store.finish_run(empty, status="ok")
-    assert store.baseline("fp-a") is None
-
-
 def test_latest_run_by_fingerprint_and_status(store: Store) -> None:
     assert store.latest_run("fp-a") is None
     ok_a = _start(store, "fp-a")
@@ -312,7 +256,7 @@ def test_migrations_run_once_and_data_survives_reopen(db_path: Path) -> None:
     with Store(db_path) as s:
         run_id = _start(s)
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2 == store_mod.schema_version()
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2 == schema.schema_version()
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
 
@@ -331,7 +275,7 @@ def test_a_later_migration_is_applied_once(db_path: Path, monkeypatch: pytest.Mo
         calls.append(1)
         conn.execute("ALTER TABLE runs ADD COLUMN note TEXT")
 
-    monkeypatch.setattr(store_mod, "MIGRATIONS", (*store_mod.MIGRATIONS, migrate_next))
+    monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, migrate_next))
     with Store(db_path) as s:
         assert s.run(run_id) is not None
     with Store(db_path) as s:
@@ -352,7 +296,7 @@ OLD_ROWS = [
 def _version_1_file(path: Path, runs: list[tuple[str, dict[str, Any]]]) -> list[int]:
     """A history file as a version-1 nccltune wrote it: report rows inside summary_json."""
     raw = sqlite3.connect(path)
-    store_mod.MIGRATIONS[0](raw)
+    schema.MIGRATIONS[0](raw)
     raw.execute("PRAGMA user_version = 1")
     ids = []
     for kind, summary in runs:
@@ -392,9 +336,8 @@ def test_a_version_1_file_keeps_its_report_rows_as_a_table(db_path: Path) -> Non
         assert other is not None and other.rows == () and other.summary == {"rows": [{"size_bytes": 8, "ok": True}]}
         (m,) = s.trials(sweep)[0].measurements
         assert (m.busbw_gbps, m.collective, m.channels, m.gpu_time_us) == (1.5, "all_reduce", None, None)
-        assert s.baseline("fp-a") == {1024: 1.5}
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == store_mod.schema_version()
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == schema.schema_version()
     stored = raw.execute("SELECT summary_json FROM runs WHERE id = ?", (sweep,)).fetchone()[0]
     assert json.loads(stored) == {"chosen": "NCCL_ALGO=Tree"}
     assert raw.execute("SELECT COUNT(*) FROM report_rows WHERE run_id = ?", (sweep,)).fetchone()[0] == 2
@@ -444,7 +387,7 @@ def test_two_connections_write_the_same_file(db_path: Path) -> None:
         a.finish_run(ids[0], status="ok")
         assert sorted(r.id for r in a.runs(limit=None)) == sorted(ids)
         assert sorted(r.id for r in b.runs(limit=None)) == sorted(ids)
-        assert b.baseline("fp-a") == {1024: 1.0}
+        assert [m.busbw_gbps for t in a.trials(ids[0]) for m in t.measurements] == [1.0]  # b's trial, seen by a
 
         # While another connection holds the write lock, a write waits (busy timeout) instead of
         # failing at once, and goes through when the lock is released.
@@ -464,7 +407,7 @@ def test_two_connections_write_the_same_file(db_path: Path) -> None:
 def test_lock_held_past_the_busy_timeout_is_busy_error(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_mod, "BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 100)
     with Store(db_path) as s:
         holder = sqlite3.connect(db_path, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
@@ -500,7 +443,7 @@ def test_foreign_keys_and_argument_checks(store: Store) -> None:
         )
     assert store.trials(run_id) == []  # nothing half-written
     with pytest.raises(sqlite3.IntegrityError):  # the database itself enforces the link too
-        store._conn.execute(
+        store._db.conn.execute(
             "INSERT INTO trials (run_id, seq, phase, label, env_json, status, started_at) "
             "VALUES (999, 0, 'screen', 'x', '{}', 'ok', 'now')"
         )
@@ -511,12 +454,12 @@ def test_a_version_2_file_takes_an_import_without_a_migration(db_path: Path) -> 
     existed takes one as it is (an older nccltune reading it back sees a kind it does not ask
     for), and every reader of a sweep's result still finds the sweep."""
     raw = sqlite3.connect(db_path)
-    for migrate in store_mod.MIGRATIONS[:2]:
+    for migrate in schema.MIGRATIONS[:2]:
         migrate(raw)
     raw.execute("PRAGMA user_version = 2")
     raw.commit()
     raw.close()
-    assert store_mod.schema_version() == 2
+    assert schema.schema_version() == 2
     with Store(db_path) as s:
         sweep = _start(s)
         _baseline_trial(s, sweep, 1, {1024: 5.0})
@@ -537,7 +480,7 @@ def test_a_version_2_file_takes_an_import_without_a_migration(db_path: Path) -> 
         assert s.trials(imported)[0].phase == "import"
         latest = s.latest_run("fp-a")
         assert latest is not None and latest.id == sweep
-        assert s.baseline("fp-a") == {1024: 5.0}
+        assert [m.busbw_gbps for t in s.trials(latest.id) for m in t.measurements] == [5.0]
         published = s.latest_published("fp-a")
         assert published is not None and published.run_id == sweep
         with pytest.raises(ValueError, match="backend"):

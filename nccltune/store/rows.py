@@ -1,0 +1,210 @@
+"""What the store hands back, and how its columns are written and read.
+
+Times are stored as ISO-8601 UTC strings of fixed width, so that they sort as text; JSON
+columns are written with sorted keys, so that equal values are equal strings. Enumerated
+columns (status, kind, phase, backend) are text checked here, not by the database.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from ..records import Measurement, ReportRow, TrialStatus
+
+RunStatus = Literal["running", "ok", "failed", "interrupted"]
+# "import": a document of another tool (nccl-tests' -J output) read into the history, for
+# `report` and `compare`. It measured nothing nccltune chose, so no reader that wants a sweep's
+# result (verify's expectations, the upgrade gate, metrics, export, publish) may take one:
+# they ask for kind "sweep" by name.
+RunKind = Literal["sweep", "verify", "import"]
+# What produced a run's numbers: nccltune's worker on NCCL or on gloo (the CPU demo), or
+# nccl-tests' `*_perf` binaries (an imported document).
+RunBackend = Literal["nccl", "gloo", "nccl-tests"]
+Phase = Literal["baseline", "screen", "combine", "final", "verify", "exhaustive", "import"]
+
+RUN_STATUSES: frozenset[str] = frozenset(typing.get_args(RunStatus))
+RUN_KINDS: frozenset[str] = frozenset(typing.get_args(RunKind))
+RUN_BACKENDS: frozenset[str] = frozenset(typing.get_args(RunBackend))
+PHASES: frozenset[str] = frozenset(typing.get_args(Phase))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A sweep, verify or import run. JSON columns come back decoded; times are ISO-8601 UTC text.
+
+    `rows` is a sweep's report, size by size, from the report_rows table. `summary` shows the
+    same rows under "rows" too, as the JSON documents (history, report) have always carried them.
+    """
+
+    id: int
+    kind: RunKind
+    status: RunStatus
+    started_at: str
+    finished_at: str | None
+    fingerprint: str
+    backend: RunBackend
+    demo: bool
+    profile: str | None
+    nccl_version: str | None
+    driver_version: str | None
+    torch_version: str | None
+    nccltune_version: str
+    hostname: str
+    topology: dict[str, Any]
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+    chosen_env: dict[str, str] | None
+    published_generation: int | None
+    rows: tuple[ReportRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One candidate environment measured in one fresh set of rank processes."""
+
+    id: int
+    run_id: int
+    seq: int
+    phase: Phase
+    label: str
+    env: dict[str, str]
+    status: TrialStatus
+    reason: str | None
+    wall_s: float | None
+    nccl: dict[str, Any] | None
+    started_at: str
+    measurements: tuple[Measurement, ...]
+
+
+@dataclass(frozen=True)
+class PublishedEnv:
+    """What the latest ok sweep chose; `env` is empty when it kept NCCL's defaults."""
+
+    run_id: int
+    env: dict[str, str]
+    generation: int | None
+    finished_at: str | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing columns
+
+
+def iso(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("the store's clock must return timezone-aware datetimes")
+    # Fixed width (always microseconds, always +00:00) so that text order is time order.
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def dump_json(value: Any) -> str:
+    # allow_nan=False: NaN and Infinity are not JSON, and other readers (sqlite's json1, jq)
+    # would reject the column.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def load_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def check_choice(name: str, value: str, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(sorted(allowed))}; got {value!r}")
+
+
+REPORT_ROW_COLUMNS = ("size_bytes", "collective", "weight", "default_busbw_gbps", "default_noise_pct",
+                      "tuned_busbw_gbps", "ratio", "default_algo_proto", "tuned_algo_proto")
+
+
+def insert_report_rows(conn: sqlite3.Connection, run_id: int, rows: Sequence[ReportRow]) -> None:
+    conn.executemany(
+        f"INSERT INTO report_rows (run_id, position, {', '.join(REPORT_ROW_COLUMNS)}) "
+        f"VALUES (?, ?, {', '.join('?' for _ in REPORT_ROW_COLUMNS)})",
+        [(run_id, i, *(getattr(r, c) for c in REPORT_ROW_COLUMNS)) for i, r in enumerate(rows)],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading rows
+
+
+def run_record(row: sqlite3.Row, rows: tuple[ReportRow, ...]) -> RunRecord:
+    summary = load_json(row["summary_json"])
+    if rows and isinstance(summary, dict):
+        # Sorted like every JSON column, so that the document reads as it did when the rows were
+        # stored inside the summary.
+        summary = dict(sorted({**summary, "rows": [r.as_dict() for r in rows]}.items()))
+    return RunRecord(
+        id=int(row["id"]),
+        kind=typing.cast(RunKind, row["kind"]),
+        status=typing.cast(RunStatus, row["status"]),
+        started_at=str(row["started_at"]),
+        finished_at=row["finished_at"],
+        fingerprint=str(row["fingerprint"]),
+        backend=typing.cast(RunBackend, row["backend"]),
+        demo=bool(row["demo"]),
+        profile=row["profile"],
+        nccl_version=row["nccl_version"],
+        driver_version=row["driver_version"],
+        torch_version=row["torch_version"],
+        nccltune_version=str(row["nccltune_version"]),
+        hostname=str(row["hostname"]),
+        topology=load_json(row["topology_json"]),
+        config=load_json(row["config_json"]),
+        summary=summary,
+        chosen_env=load_json(row["chosen_env_json"]),
+        published_generation=row["published_generation"],
+        rows=rows,
+    )
+
+
+def trial_record(row: sqlite3.Row, measurements: tuple[Measurement, ...]) -> TrialRecord:
+    return TrialRecord(
+        id=int(row["id"]),
+        run_id=int(row["run_id"]),
+        seq=int(row["seq"]),
+        phase=typing.cast(Phase, row["phase"]),
+        label=str(row["label"]),
+        env=load_json(row["env_json"]),
+        status=typing.cast(TrialStatus, row["status"]),
+        reason=row["reason"],
+        wall_s=row["wall_s"],
+        nccl=load_json(row["nccl_json"]),
+        started_at=str(row["started_at"]),
+        measurements=measurements,
+    )
+
+
+def measurement(row: sqlite3.Row) -> Measurement:
+    return Measurement(
+        size_bytes=int(row["size_bytes"]),
+        time_us=float(row["time_us"]),
+        algbw_gbps=float(row["algbw_gbps"]),
+        busbw_gbps=float(row["busbw_gbps"]),
+        algo=row["algo"],
+        proto=row["proto"],
+        correct=bool(row["correct"]),
+        channels=row["channels"],
+        gpu_time_us=row["gpu_time_us"],
+        collective=str(row["collective"]),
+    )
+
+
+def report_row(row: sqlite3.Row) -> ReportRow:
+    return ReportRow(
+        size_bytes=int(row["size_bytes"]),
+        weight=float(row["weight"]),
+        default_busbw_gbps=float(row["default_busbw_gbps"]),
+        default_noise_pct=float(row["default_noise_pct"]),
+        tuned_busbw_gbps=float(row["tuned_busbw_gbps"]),
+        ratio=float(row["ratio"]),
+        default_algo_proto=row["default_algo_proto"],
+        tuned_algo_proto=row["tuned_algo_proto"],
+        collective=str(row["collective"]),
+    )
