@@ -247,7 +247,8 @@ class BenchConfig:
     iters: int = _setting(20, ge=1)
     trial_timeout_s: float = _setting(180.0, gt=0)
     # None: every GPU (or every selected one in gpus).
-    nranks: int | None = _setting(None, ge=2, why="an all-reduce needs at least two ranks")
+    # 1: one rank per node, for sweeps over several nodes only (the sweep refuses it on one node).
+    nranks: int | None = _setting(None, ge=1, why="a rank per node at least")
     gpus: list[int] | None = None
 
 

@@ -70,8 +70,9 @@ def iterations(cfg: Config, node: Node) -> tuple[int, int]:
 def load_node(cfg: Config, demo: str | bool | None) -> Node:
     """The node to sweep: this one (NVML), or a recorded snapshot for the CPU demo.
 
-    A node with one GPU loads with one rank (``measurable`` is false): the sweep publishes what
-    fits every job there, and verify and the daemon's scheduler measure nothing.
+    A node with one GPU loads with one rank (``measurable`` is false): a sweep of it alone publishes
+    what fits every job, verify and the daemon's scheduler measure nothing; a sweep over several
+    such nodes measures the job shape N x 1.
 
     Raises:
         UnavailableError: no NVIDIA GPU here and no --demo (exit 69).
@@ -80,7 +81,8 @@ def load_node(cfg: Config, demo: str | bool | None) -> Node:
         path = resolve_snapshot(demo if isinstance(demo, str) else cfg.topology.snapshot)
         snap = load_snapshot(path)
         topo = from_snapshot(snap, with_nics=cfg.topology.with_nics, source=f"snapshot:{path.name} (CPU demo)")
-        return Node(topo, compute_paths(topo), snap, True, "gloo", cfg.bench.nranks or 2)
+        # Two gloo ranks stand in for the GPUs; a recording of one GPU runs one, as that node would.
+        return Node(topo, compute_paths(topo), snap, True, "gloo", cfg.bench.nranks or min(2, len(snap.nvml.gpus)))
     if cfg.topology.snapshot:
         snap = load_snapshot(resolve_snapshot(cfg.topology.snapshot))
         source = f"snapshot:{cfg.topology.snapshot}"

@@ -335,7 +335,7 @@ def test_wrong_choice_suggests(tmp_path: Path) -> None:
         ("bench:\n  warmup_iters: -1\n", "bench.warmup_iters: must be at least 0"),
         ("bench:\n  trial_timeout_s: 0\n", "bench.trial_timeout_s: must be greater than 0"),
         ("bench:\n  trial_timeout_s: .inf\n", "bench.trial_timeout_s: must be a finite number"),
-        ("bench:\n  nranks: 1\n", "bench.nranks: must be at least 2"),
+        ("bench:\n  nranks: 0\n", "bench.nranks: must be at least 1"),
         ("bench:\n  max_bytes: 32GiB\n", "bench.max_bytes: must be at most 16GiB, got 32GiB"),
         ("bench:\n  min_bytes: 0\n", "bench.min_bytes: must be at least 1"),
         ("bench:\n  gpus: [0, -1]\n", "bench.gpus[1]: must be at least 0"),

@@ -127,7 +127,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = load_cfg(args, demo=bool(args.demo))
     progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request, over_profile=args.over_profile)
-    if args.plan and not pipe.node().measurable:
+    if args.plan and not pipe.measurable():
         from ..pipeline import UNMEASURED_SUMMARY
 
         plan, _search = pipe.plan()  # the same checks as for a plan that measures (config, publish dir)

@@ -79,9 +79,11 @@ def _trial_doc(t: TrialRecord) -> dict[str, Any]:
 
 def run_nranks(run: RunRecord) -> int | None:
     """Ranks of the run's trials, as the sweep chose them: bench.nranks, else one per GPU of
-    bench.gpus or of the node (two in the CPU demo)."""
+    bench.gpus or of the node (in the CPU demo two, one for a recording of one GPU: node.load_node)."""
     bench = run.config.get("bench", {}) if isinstance(run.config, dict) else {}
-    nranks = bench.get("nranks") or len(bench.get("gpus") or []) or (2 if run.demo else run.topology.get("gpus"))
+    gpus = run.topology.get("gpus")
+    nranks = bench.get("nranks") or len(bench.get("gpus") or []) or (
+        min(2, gpus if isinstance(gpus, int) and gpus > 0 else 2) if run.demo else gpus)
     return int(nranks) if isinstance(nranks, int) and nranks > 0 else None
 
 

@@ -110,6 +110,10 @@ class SweepPipeline:
         Raises: InputError for a sweep.profile that names no profile (exit 78)."""
         check_profile(cfg)
         self.launch = launch if launch is not None and not launch.single_node else None
+        if cfg.bench.nranks == 1 and not self.spans_nodes:
+            raise InputError(cfg.path or "config", "bench.nranks is 1: one rank on one node has no collective to "
+                             "measure", line=cfg.lines.get("bench.nranks"),
+                             hint="one rank per node is for sweeps over several nodes (--nodes N, --join)")
         self.over_profile = over_profile
         self.cfg = cfg
         self.demo = demo
@@ -122,6 +126,16 @@ class SweepPipeline:
     @property
     def profile(self) -> str:
         return self.cfg.sweep.profile
+
+    @property
+    def spans_nodes(self) -> bool:
+        """The trials run across several nodes (not NIC loopback on this one)."""
+        return self.launch is not None and not self.launch.loopback and self.launch.nodes > 1
+
+    def measurable(self) -> bool:
+        """A collective can be timed: two ranks here, or this node's ranks (one GPU included) in a
+        job over several nodes, whose shape is then nodes x 1."""
+        return self.node().measurable or (self.spans_nodes and self.node().nranks >= 1)
 
     def node(self) -> Node:
         """Stage 1: the node (loaded once)."""
@@ -147,7 +161,7 @@ class SweepPipeline:
 
     def _plan_nccl_version(self) -> str | None:
         """What the plan needs to know of NCCL: nothing on a node with nothing to measure."""
-        return self.nccl_version() if self.node().measurable else None
+        return self.nccl_version() if self.measurable() else None
 
     def job_shape(self) -> JobShape | None:
         """The shape the plan prunes for; None for a sweep of this node's own ranks."""
@@ -185,7 +199,7 @@ class SweepPipeline:
             ensure_dir(state, "state directory")
         except OSError as exc:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
-        if not node.measurable:
+        if not self.measurable():
             with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
                 store.mark_interrupted()
                 return self._publish_unmeasured(store, node, plan, started)

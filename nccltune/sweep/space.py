@@ -145,9 +145,12 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
 )}
 
 # Variables nccltune sets itself in trials, or that only steer diagnostics: never published
-# from a sweep and never swept.
+# from a sweep and never swept. NCCL_HOSTID names a node to NCCL (ranks with different values
+# are different hosts): each node keeps its own, so it is never pinned, swept or sent to others.
 MANAGED = {"NCCL_TOPO_FILE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
-           "NCCL_GRAPH_DUMP_FILE"}
+           "NCCL_GRAPH_DUMP_FILE", "NCCL_HOSTID"}
+# What a configuration may not pin or sweep: a node's own identity.
+NODE_OWN = frozenset({"NCCL_HOSTID"})
 
 
 def validate_value(name: str, value: str) -> str | None:
