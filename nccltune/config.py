@@ -334,6 +334,15 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True)
+class MultinodeConfig:
+    """Sweeps over several nodes (`sweep --nodes N`, `sweep --join` on the others)."""
+
+    # The secret every node of the job holds (trials.launch.channel): `nccltune keygen` writes it,
+    # the site copies it to the nodes; mode 0600, owned by root.
+    key_file: str = "/etc/nccltune/multinode.key"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with load_config or with_overrides, which validate it;
     constructing it directly (in tests) trusts the values given."""
@@ -346,6 +355,7 @@ class Config:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    multinode: MultinodeConfig = field(default_factory=MultinodeConfig)
     # The file it came from (None: built-in defaults), and the line of every key written there,
     # by dotted key ("bench.iters", "sweep.pin.NCCL_PROTO", "sweep.exclude[0]" and also
     # "sweep.exclude.NCCL_ALGO"), so that checks made elsewhere can still name file:line.

@@ -19,7 +19,7 @@ from nccltune.fleet.schema import load_schema, validate
 from nccltune.store import Store
 from nccltune.sweep.space import CATALOGUE
 from nccltune.trials.worker import FAULT_VAR
-from tests.twonodes import end, kill_under, node_env, port_pair, processes_in, wait_gone
+from tests.twonodes import end, kill_under, multinode_key, node_env, port_pair, processes_in, wait_gone
 
 
 def run_cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
@@ -100,17 +100,20 @@ def test_a_sweep_over_two_nodes_is_stored_on_the_coordinator_and_decided_for_its
     on the coordinator with its shape and class, nothing is published on either node, and
     export + fleet decide give a profile for two nodes."""
     exclude = [name for name, t in CATALOGUE.items() if t.kind == "perf" and name != "NCCL_ALGO"]
+    key_file, _ = multinode_key(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "sweep": {"baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
                   "variables": {"NCCL_ALGO": ["Ring"]}, "exclude": exclude},
-        "bench": {"trial_timeout_s": TRIAL_TIMEOUT_S}, "tuner": {"plugin": "keep"}}))
+        "bench": {"trial_timeout_s": TRIAL_TIMEOUT_S}, "tuner": {"plugin": "keep"},
+        "multinode": {"key_file": str(key_file)}}))
     port = port_pair()
     coordinator_state, joiner_state, logs = tmp_path / "coordinator", tmp_path / "joiner", tmp_path / "logs"
     logs.mkdir()
     python = sys.executable
-    joiner = _spawn([python, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--state-dir",
-                     str(joiner_state), "--python", python, "-v"],
+    # --demo: the joining node has no GPU here; it runs up to the demo's ranks.
+    joiner = _spawn([python, "-m", "nccltune", "sweep", "--join", f"127.0.0.1:{port}", "--demo", "--state-dir",
+                     str(joiner_state), "--config", str(config), "--python", python, "-v"],
                     node_env(**{FAULT_VAR: "hang:NCCL_ALGO=Ring"}), logs / "joiner")
     coordinator = _spawn([python, "-m", "nccltune", "sweep", "--demo", "--nodes", "2", "--launcher", "torchrun",
                           "--rdzv-endpoint", f"127.0.0.1:{port}", "--config", str(config), "--state-dir",

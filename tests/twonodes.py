@@ -26,6 +26,17 @@ def node_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def multinode_key(root: Path) -> tuple[Path, Path]:
+    """A multi-node key under `root` and a config naming it (multinode.key_file): what every node
+    of a job needs before its control channel admits it."""
+    from nccltune.trials.launch.channel import write_key
+
+    key_file = write_key(root / "keys" / "multinode.key")
+    config = root / "multinode.yaml"
+    config.write_text(f"multinode:\n  key_file: {key_file}\n")
+    return key_file, config
+
+
 def port_pair() -> int:
     """A port P with P+1 free too (rendezvous and control channel), both picked by the OS's rules."""
     for _ in range(50):

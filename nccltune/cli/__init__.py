@@ -18,6 +18,7 @@ __all__ = ["DEMO_STATE_DIR", "build_parser", "load_cfg", "main", "sweep_launch_r
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "topo": topo.cmd_topo,
     "sweep": sweep.cmd_sweep,
+    "keygen": sweep.cmd_keygen,
     "history": results.cmd_history,
     "report": results.cmd_report,
     "compare": results.cmd_compare,

@@ -194,7 +194,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="measure jobs of N nodes (this one coordinates; see --join)")
     sw.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                    help="torchrun's c10d rendezvous on this node (default: this host, port 29400; PORT+1 too)")
+                    help="this node's address for the other nodes: torchrun's c10d rendezvous on PORT, the "
+                         "authenticated control channel on PORT+1 (needed with --nodes N and torchrun)")
     sw.add_argument("--join", metavar="HOST:PORT",
                     help="run the trials of the sweep coordinated at HOST:PORT (its --rdzv-endpoint)")
     sw.add_argument("--loopback", action="store_true",
@@ -202,6 +203,11 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--launcher", choices=("auto", "local", "torchrun", "srun"), default="auto",
                     help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
                          "with --nodes > 1, else local)")
+
+    kg = sub.add_parser("keygen", help="write a new secret key for sweeps over several nodes (copy it to every node)")
+    _common(kg)
+    kg.add_argument("path", nargs="?", metavar="PATH", help="where (default: multinode.key_file, "
+                    "/etc/nccltune/multinode.key); an existing file is never replaced")
 
     env = sub.add_parser("env", help="print the published environment")
     _common(env)

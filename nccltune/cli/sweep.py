@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import EXIT_OK, UsageError
+from ..errors import EXIT_OK, InputError, UsageError
 from ..trust import ensure_dir
 
 if TYPE_CHECKING:
@@ -85,7 +85,36 @@ def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> La
         if endpoint is not None:
             raise UsageError("--rdzv-endpoint is for sweeps over several nodes (--nodes N)")
         return None
+    if request.authenticated and endpoint is None and not args.plan:
+        raise UsageError(f"--nodes {args.nodes} with torchrun needs --rdzv-endpoint HOST:PORT: the address of this "
+                         "node that the other nodes reach (the control channel listens there only)")
     return request
+
+
+def _joiner_ranks(cfg: Config, demo: bool) -> int:
+    """The most ranks a joining node runs: its GPUs (bench.gpus where set), or the demo's ranks.
+
+    Raises:
+        UnavailableError: no NVIDIA GPU here and no --demo (exit 69)."""
+    if demo:
+        return cfg.bench.nranks or 2
+    from ..hw.nvml import read_nvml
+
+    return len(cfg.bench.gpus or read_nvml().gpus)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """`nccltune keygen [PATH]`: a new multi-node key (default multinode.key_file), never over one."""
+    from ..trials.launch.channel import write_key
+
+    path = args.path or load_cfg(args).multinode.key_file
+    try:
+        write_key(path)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot write the key: {exc.strerror}") from exc
+    out(f"Wrote a new multi-node key to {path} (mode 0600): copy it to every node of the job, as the Slurm munge "
+        "key is")
+    return EXIT_OK
 
 
 def cmd_sweep_join(args: argparse.Namespace) -> int:
@@ -105,7 +134,8 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
     # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
     # there as root, so none of it may be another user's, nor reached through her link.
     work_dir = ensure_dir(ensure_dir(Path(cfg.state_dir), "state directory") / "join", "join directory")
-    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir, user=cfg.bench.user)
+    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir, user=cfg.bench.user,
+                  max_ranks=_joiner_ranks(cfg, bool(args.demo)), key_file=cfg.multinode.key_file)
     out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
     return EXIT_OK
 
@@ -125,6 +155,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         check_python(args.python)  # before the state directory is made or anything measured
     cfg = load_cfg(args, demo=bool(args.demo))
+    if request is not None and request.authenticated:
+        from dataclasses import replace
+
+        from ..trials.launch.channel import load_key
+
+        request = replace(request, key_file=cfg.multinode.key_file)
+        if not args.plan:
+            load_key(cfg.multinode.key_file)  # exit 78 now, not after the planning
     progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout
     pipe = SweepPipeline(cfg, demo=args.demo, progress=progress, launch=request, over_profile=args.over_profile)
     if args.plan and not pipe.measurable():

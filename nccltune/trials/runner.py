@@ -282,6 +282,7 @@ class Runner:
         if list(collectives) != ["all_reduce"]:
             cmd += ["--collectives", ",".join(collectives)]
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
+        self.launch.prepare()  # other nodes joining: not part of the trial's time
         started = time.monotonic()
         self._procs, self._names = [], []
         if self.nccl_tests:

@@ -169,6 +169,10 @@ class Launch:
         return {"label": self.shape.label, "nnodes": self.shape.nnodes, "ranks_per_node": self.shape.ranks_per_node,
                 "loopback": self.shape.loopback, "launcher": self.launcher, "node_class": self.node_class}
 
+    def prepare(self) -> None:
+        """Before a trial's clock starts: have every other node ready (a torchrun launch admits its
+        joiners here, so their coming never counts against a trial's time limit)."""
+
     def start(self, trial: TrialSpec) -> list[ProcSpec]:
         """Tell other nodes (where there are any) and return what to spawn here."""
         raise NotImplementedError
@@ -265,15 +269,18 @@ def resolve_launcher(launcher: str, nnodes: int, env: Mapping[str, str]) -> str:
 
 
 def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | None, *,
-                node_class: str | None = None, env: Mapping[str, str] | None = None, gpus: bool = False) -> Launch:
+                node_class: str | None = None, env: Mapping[str, str] | None = None, gpus: bool = False,
+                key_file: str | None = None) -> Launch:
     """The Launch for a sweep of `shape` (`launcher` one of LAUNCHERS, `endpoint` the rendezvous;
-    `gpus`: the ranks run on GPUs, one each, which srun then binds).
+    `gpus`: the ranks run on GPUs, one each, which srun then binds; `key_file`: the multi-node key
+    of a torchrun launch over several nodes, default channel.KEY_FILE).
 
     Raises:
         UsageError: an impossible combination, or an allocation too small for the trials (exit
         2); UnavailableError: Slurm asked for, and scontrol cannot name the nodes or the first
         does not resolve (exit 69).
     """
+    from .channel import KEY_FILE
     from .local import LocalLaunch
     from .srun import srun_launch
     from .torchrun import TorchrunLaunch
@@ -287,8 +294,14 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     if choice == "local":
         return LocalLaunch(shape.ranks_per_node, node_class=node_class)
     if choice == "torchrun":
-        ep = endpoint or (socket.getfqdn(), DEFAULT_RDZV_PORT)
-        return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, ep, node_class=node_class)
+        if endpoint is None and shape.nnodes > 1:
+            # The control channel listens on exactly the address given, never one of its own choosing.
+            raise UsageError(f"--nodes {shape.nnodes} with torchrun needs --rdzv-endpoint HOST:PORT: the address of "
+                             "this node that the other nodes reach (the rendezvous and the control channel listen "
+                             "there, on PORT and PORT+1)")
+        ep = endpoint or ("127.0.0.1", DEFAULT_RDZV_PORT)
+        return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, ep, node_class=node_class,
+                              key_file=key_file or KEY_FILE)
     return srun_launch(shape, endpoint[1] if endpoint else None, env, gpus=gpus, node_class=node_class)
 
 
@@ -301,6 +314,7 @@ class LaunchRequest:
     loopback: bool = False
     launcher: str = "auto"
     endpoint: tuple[str, int] | None = None
+    key_file: str | None = None  # multinode.key_file, for a torchrun launch over several nodes
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), compare=False, repr=False)
 
     @property
@@ -313,4 +327,10 @@ class LaunchRequest:
 
     def build(self, ranks_per_node: int, node_class: str | None = None, *, gpus: bool = False) -> Launch:
         return make_launch(self.shape(ranks_per_node), self.launcher, self.endpoint, node_class=node_class,
-                           env=self.env, gpus=gpus)
+                           env=self.env, gpus=gpus, key_file=self.key_file)
+
+    @property
+    def authenticated(self) -> bool:
+        """The sweep runs the control channel (torchrun over several nodes), which needs the key."""
+        launcher = resolve_launcher(self.launcher, self.nodes, self.env)
+        return not self.loopback and self.nodes > 1 and launcher == "torchrun"

@@ -8,7 +8,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,13 +33,28 @@ from . import (
     read_text,
     worker_args,
 )
-from .channel import CONTROL_PORT_OFFSET, MAX_MESSAGE_BYTES, ControlServer, Peer, connect, version
+from .channel import (
+    CONTROL_PORT_OFFSET,
+    DEBUG_VARIABLES,
+    KEY_FILE,
+    MAX_NCCL_LOG_CHARS,
+    MAX_RANK0_OUT_CHARS,
+    MAX_TAIL_CHARS,
+    SHIPPED_FILES,
+    ControlServer,
+    Peer,
+    check_trial,
+    check_welcome,
+    connect,
+    fit_report,
+    join_session,
+    load_key,
+    trial_seq,
+)
 
 log = logging.getLogger(__name__)
 
 MONITOR_INTERVAL_S = 0.5  # torchrun's worker polling (its default is 0.1 s on 2.x, 5 s before)
-# Variables naming a file whose text goes to the other nodes, and the name it gets there.
-SHIPPED_FILES = {"NCCL_TOPO_FILE": "ncclTopology.xml"}
 
 
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], rdzv_id: str,
@@ -94,9 +108,11 @@ class TorchrunLaunch(Launch):
     launcher = "torchrun"
 
     def __init__(self, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], *,
-                 node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0) -> None:
+                 node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0,
+                 key_file: str = KEY_FILE) -> None:
         super().__init__(LaunchShape(nnodes, nproc_per_node), node_class)
         self.endpoint = endpoint
+        self.key_file = key_file
         self.local_addr = local_addr if local_addr else ("127.0.0.1" if is_loopback(endpoint[0]) else None)
         self.join_wait_s = join_wait_s
         self._token = secrets.token_hex(4)
@@ -106,19 +122,30 @@ class TorchrunLaunch(Launch):
     def rdzv_id(self, seq: int) -> str:
         return f"nccltune-{self._token}-{seq}"
 
+    def _server(self) -> ControlServer:
+        """The control channel, listening from the first trial on (the key read then: exit 78 without it)."""
+        if self._control is None:
+            host, port = self.endpoint
+            self._control = ControlServer(host, port + CONTROL_PORT_OFFSET, key=load_key(self.key_file),
+                                          joiners=self.shape.nnodes - 1, nproc_per_node=self.shape.ranks_per_node,
+                                          join_wait_s=self.join_wait_s)
+        return self._control
+
+    def prepare(self) -> None:
+        """Every other node joined and authenticated before the trial's clock starts."""
+        if self.shape.nnodes > 1:
+            self._server().admit()
+
     def start(self, trial: TrialSpec) -> list[ProcSpec]:
         candidate = validate_env(trial.candidate, source="trial candidate")
         self._trial_dir = trial.trial_dir
         rdzv_id = self.rdzv_id(trial.seq)
         args = worker_args(trial.worker)
         if self.shape.nnodes > 1:
-            if self._control is None:
-                host, port = self.endpoint
-                self._control = ControlServer(host, port + CONTROL_PORT_OFFSET, joiners=self.shape.nnodes - 1,
-                                              nproc_per_node=self.shape.ranks_per_node, join_wait_s=self.join_wait_s)
-            self._control.publish({"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate,
-                                   "files": _file_payload(candidate), "worker_args": args,
-                                   "timeout_s": trial.timeout_s, "nccl_debug": trial.nccl_log})
+            msg = {"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate, "files": _file_payload(candidate),
+                   "worker_args": args, "timeout_s": trial.timeout_s, "nccl_debug": trial.nccl_log}
+            check_trial(msg)  # what the joiners would refuse is refused here, before anything starts
+            self._server().publish(msg)
         argv = torchrun_argv(trial.worker[0], nnodes=self.shape.nnodes, nproc_per_node=self.shape.ranks_per_node,
                              endpoint=self.endpoint, rdzv_id=rdzv_id, is_host=True, timeout_s=trial.timeout_s,
                              args=args, local_addr=self.local_addr)
@@ -185,44 +212,49 @@ def _file_payload(candidate: Mapping[str, str]) -> dict[str, str]:
 
 
 def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str], work_dir: Path,
-         connect_wait_s: float = 600.0, user: str | None = None) -> int:
+         max_ranks: int, connect_wait_s: float = 600.0, user: str | None = None, key_file: str = KEY_FILE) -> int:
     """Run trials for the coordinator at `endpoint` until it says stop, with as many ranks on this
-    node as the coordinator runs on its own, as `user` (bench.user: trials.credentials). Returns the
+    node as the coordinator runs on its own (at most `max_ranks`), as `user` (bench.user:
+    trials.credentials), after both ends proved they hold the key in `key_file`. Returns the
     trial count.
 
     Raises:
-        UnavailableError: the coordinator cannot be reached or refused this node (exit 69).
-        InputError: `user` does not exist or cannot run the worker (exit 78).
+        UnavailableError: the coordinator cannot be reached, did not authenticate, refused this
+            node, asked for more ranks than `max_ranks` or broke the channel's rules (exit 69).
+        InputError: the key file is missing or unsafe, or `user` does not exist or cannot run the
+            worker (exit 78).
     """
+    key = load_key(key_file)
     rank = credentials.rank_user(user)
     credentials.check_reachable(python, [Path(rankexec.__file__)], rank)
     host, port = endpoint
     local_addr = "127.0.0.1" if is_loopback(host) else None
-    peer = Peer(connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), f"coordinator {host_port(host, port)}")
-    peer.sock.settimeout(None)
-    peer.send({"hello": socket.gethostname(), "version": version()})
-    reply = peer.read(60.0)
-    if not reply or "welcome" not in reply[0]:
-        why = reply[0].get("refuse") if reply else "no answer"
-        peer.close()
-        raise UnavailableError(f"the coordinator at {host_port(host, port)} refused this node: {why}")
-    nnodes, nproc_per_node = int(reply[0]["welcome"]), int(reply[0]["nproc_per_node"])
-    pending = reply[1:]  # the first trial may come in the same read as the welcome
+    name = f"the coordinator at {host_port(host, port)}"
+    peer, nnodes, nproc_per_node = join_session(connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), name,
+                                                key, str(key_file))
+    pending = peer.pending
     trials = 0
     try:
+        check_welcome(nnodes, nproc_per_node, max_ranks, name)
         while not peer.closed:
             if not pending:
                 pending.extend(peer.read(3600.0))
             while pending:
                 msg = pending.pop(0)
-                if msg.get("stop"):
+                if msg.get("stop") is True:
                     return trials
                 if "trial" in msg:
+                    if trial_seq(msg) is None:
+                        raise UnavailableError(f"{name} sent a trial without a trial number "
+                                               f"({str(msg.get('trial'))[:40]!r}); stopping")
                     trials += 1
                     # Messages that arrive during the trial, other than its kill, wait in `pending`.
-                    peer.send(_join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
-                                          rank=rank, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
-                                          local_addr=local_addr))
+                    report = _join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
+                                         rank=rank, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
+                                         local_addr=local_addr)
+                    peer.send(fit_report(report))
+        if peer.failure:
+            raise UnavailableError(f"{name}: {peer.failure}; stopping")
         log.warning("the coordinator closed the connection")
         return trials
     finally:
@@ -233,27 +265,28 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
                 base_env: Mapping[str, str], work_dir: Path, rank: credentials.RankUser | None, nnodes: int,
                 nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
     seq = int(msg["trial"])
+    try:
+        order = check_trial(msg)
+    except NccltuneError as exc:
+        log.error("%s", exc)
+        return {"result": seq, "exit": EXIT_CONFIG,
+                "err_tail": f"the joining node refused the trial: {exc}"[:MAX_TAIL_CHARS]}
     trial_dir = work_dir / f"trial-{seq:03d}"
     ensure_dir(trial_dir, "trial directory")
-    try:
-        candidate = validate_env(msg.get("env") or {}, source=f"trial {seq} from the coordinator")
-        files = dict(msg.get("files") or {})
-        args = [str(a) for a in msg.get("worker_args") or []]
-        timeout_s = min(float(msg.get("timeout_s", 180.0)), 24 * 3600.0)
-        rdzv_id = str(msg["rdzv_id"])
-        nccl_debug = msg.get("nccl_debug") is True
-    except (NccltuneError, KeyError, TypeError, ValueError) as exc:
-        log.error("trial %d: %s", seq, exc)
-        return {"result": seq, "exit": EXIT_CONFIG, "err_tail": f"the joining node refused the trial: {exc}"[:300]}
+    candidate, nccl_debug, timeout_s, rdzv_id, args = (dict(order.env), order.nccl_debug, order.timeout_s,
+                                                       order.rdzv_id, order.worker_args)
     for name, local_name in SHIPPED_FILES.items():
-        if name in candidate and name in files:
+        if name in candidate:
+            # The file this node writes itself, from the text that came: never a path from elsewhere.
             local = trial_dir / local_name
-            local.write_text(str(files[name]))
+            local.write_text(order.files[name])
             candidate[name] = str(local)
     rank_dir = credentials.fresh_rank_dir(trial_dir, rank)
     env = credentials.rank_env(clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"}), rank, rank_dir,
                                credentials.cache_dir(work_dir, rank))
     env.setdefault("OMP_NUM_THREADS", "1")
+    for name in DEBUG_VARIABLES:
+        env.pop(name, None)  # NCCL's log is written when the coordinator reads it, and only then
     if nccl_debug:
         # As the coordinator runs its own ranks, with the log in this node's trial directory.
         env.update(nccllog.debug_env(trial_dir))
@@ -285,10 +318,10 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
         raise
     code = proc.wait()
     _kill_all(descendants(proc.pid))
-    err_lines = read_text(trial_dir / "agent.err").strip().splitlines()
-    rank0_out = read_text(trial_dir / "agent.out")[:MAX_MESSAGE_BYTES // 4]
+    err_lines = _tail(trial_dir / "agent.err", 64 << 10).strip().splitlines()
+    rank0_out = _head(trial_dir / "agent.out", MAX_RANK0_OUT_CHARS)
     report: dict[str, Any] = {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
-                              "rank0_out": rank0_out, "err_tail": err_lines[-1][:300] if err_lines else ""}
+                              "rank0_out": rank0_out, "err_tail": err_lines[-1][:MAX_TAIL_CHARS] if err_lines else ""}
     if nccl_debug and rank0_out.strip():
         report.update(_rank0_log_payload(trial_dir, rank0_out))
     return report
@@ -311,7 +344,26 @@ def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
         packed = nccllog.pack(nccllog.read_log(path))
     except OSError as exc:
         return {"nccl_log_missing": f"{path}: {exc.strerror}"}
-    if len(packed) > MAX_MESSAGE_BYTES // 4:
+    if len(packed) > MAX_NCCL_LOG_CHARS:
         log.warning("%s: too large to send even compressed (%d bytes)", path, len(packed))
-        return {"nccl_log_missing": f"{path} is over {MAX_MESSAGE_BYTES // 4} bytes compressed; it stays there"}
+        return {"nccl_log_missing": f"{path} is over {MAX_NCCL_LOG_CHARS} bytes compressed; it stays there"}
     return {"nccl_log": packed}
+
+
+def _head(path: Path, limit: int) -> str:
+    """The first `limit` characters of a file (what a report carries), "" when there is none."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return ""
+
+
+def _tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a file, as text."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+            return fh.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
