@@ -130,6 +130,9 @@ class Snapshot:
     # (collective, size_bytes) -> the node's best run over the class median, and whether it was below.
     class_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
     class_outlier: bool | None = None
+    # The latest verify's reading of NCCL's own log (nccl.ran): whether it passed, and each finding's code.
+    verify_nccl_ran_passed: bool | None = None
+    verify_nccl_ran_codes: tuple[str, ...] = ()
     doctor: Mapping[str, int] | None = None  # severity -> count; None: not known to the writer
     topology_changes_total: int | None = None  # a daemon process's own count
     live: LiveState | None = None
@@ -236,6 +239,10 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
                     key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
                     snap.class_ratio[key] = round(float(row["measured_gbps"]) / float(row["expected_gbps"]), 6)
             snap.class_outlier = (verify.summary or {}).get("code") == "below_class"
+        ran = (verify.summary or {}).get("nccl_ran")
+        if isinstance(ran, dict):
+            snap.verify_nccl_ran_passed = bool(ran.get("passed"))
+            snap.verify_nccl_ran_codes = tuple(sorted({str(f.get("code")) for f in ran.get("findings", [])}))
     snap.published = _published(publish_dir, store, fingerprint)
     if live is not None:
         snap.doctor = live.doctor
@@ -340,6 +347,14 @@ class _SnapshotCollector(Collector):
                          "bandwidth over its class median", per_size(s.class_ratio))
         yield from one("nccltune_class_outlier", "1 when the latest verify found this node below its class beyond "
                        "noise (class profile in force)", s.class_outlier)
+        yield from one("nccltune_verify_nccl_ran_passed", "1 when NCCL's own log of the latest verify showed the "
+                       "published variables, tuner plugin and table in effect", s.verify_nccl_ran_passed)
+        if s.verify_nccl_ran_passed is not None:
+            from .nccl.ran import CODES
+
+            yield from gauge("nccltune_verify_nccl_ran_finding", "latest verify: 1 for each finding code NCCL's "
+                             "log gave (nccl.ran.CODES), else 0",
+                             [({"code": code}, float(code in s.verify_nccl_ran_codes)) for code in CODES])
         sweeps = CounterMetricFamily("nccltune_sweeps", "sweeps recorded in the history", labels=list(cls))
         sweeps.add_metric(list(cls.values()), float(s.sweeps_total))
         yield sweeps

@@ -171,6 +171,7 @@ def report_text(run: RunRecord, trials: Sequence[TrialRecord] = ()) -> str:
 def verify_doc(r: VerifyResult) -> dict[str, Any]:
     return {"kind": "verify", "passed": r.passed, "code": r.code, "reason": r.reason, "demo": r.demo,
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
+            "nccl_ran": r.nccl_ran,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
             "sizes": [size_row(row.size_bytes, row.collective,
                                **{k: v for k, v in vars(row).items() if k not in ("size_bytes", "collective")})
@@ -183,6 +184,7 @@ def verify_text(r: VerifyResult) -> str:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"{'PASS' if r.passed else 'FAIL'}: {r.reason}")
     lines.append(f"Environment: {r.env_source}; expected: {r.expectation}")
+    lines += nccl_ran_lines(r.nccl_ran)
     for row in r.rows:
         meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
         exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
@@ -191,6 +193,22 @@ def verify_text(r: VerifyResult) -> str:
         lines.append(f"  {where:>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
                      f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
     return "\n".join(lines)
+
+
+def nccl_ran_lines(ran: Mapping[str, Any] | None) -> list[str]:
+    """What NCCL's own log of the check showed (nccl.ran.WhatRan.doc), each finding with its code."""
+    if ran is None:
+        return []
+    shape = ran.get("shape")
+    table = ran.get("table")
+    lines = [f"NCCL ran: {'as published' if ran.get('passed') else 'NOT as published'}; tuner "
+             f"{ran.get('tuner') or 'none'}; table {table or 'none'}"
+             + (f" for {shape[0]} node(s) x {shape[2]} rank(s)" if shape else "")
+             + f"; {ran.get('cells_checked', 0)} choice(s) compared with the table"]
+    if ran.get("unconfirmed"):
+        lines.append(f"  NCCL never logged reading: {', '.join(ran['unconfirmed'])}")
+    lines += [f"  [{f['code']}] {f['message']}" for f in ran.get("findings", [])]
+    return lines
 
 
 def verify_run_text(run: RunRecord) -> str:
