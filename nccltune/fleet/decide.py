@@ -397,9 +397,10 @@ def _weights(rules: Rules, baseline: Mapping[Key, SizeStats]) -> dict[Key, float
 
 
 def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
-           all_nodes: set[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The class's tuner table entries (for one node of the class) and their evidence, from the
-    pooled per-size trials through the node's own per-size choice."""
+           all_nodes: set[str], nnodes: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The class's tuner table entries and their evidence, from the pooled per-size trials through
+    the node's own per-size choice: for one node of the class, or for the `nnodes` nodes of the job
+    shape the exports measured (the plugin applies an entry only to a communicator of its shape)."""
     order = profiles.collectives_of(rules.profile, rules.custom_profiles)
     measured = {c for c, _s in baseline}
     collectives = [TUNER_NAMES[c] for c in order if c in measured and c in TUNER_NAMES]
@@ -433,7 +434,7 @@ def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
                           final=True)
     evidence["wins"] = _wins_doc(choice)
     evidence["notes"].extend(choice.notes)
-    entries = table_entries(choice, nranks=pooled.ranks_per_node)
+    entries = table_entries(choice, nranks=pooled.ranks_per_node * nnodes, nnodes=nnodes)
     evidence["status"] = (f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} from {len(counted)} per-size "
                           f"candidate(s) measured on every node")
     return [{"collective": e.collective, "min_bytes": e.min_bytes, "max_bytes": e.max_bytes, "nnodes": e.nnodes,
@@ -486,7 +487,8 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         verdict_text = "no candidate beat NCCL's defaults on the pooled samples; the class keeps the defaults"
     else:
         verdict_text = f"{chosen[0].label}: {chosen[1].reason}"
-    tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes)
+    shape = job_shape(exports, pooled.ranks_per_node)
+    tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes, int(shape["measured_nnodes"]))
     if first["demo"]:
         table_evidence["notes"].append("CPU demo: computed from gloo trials, which NCCL's tuner never steers; "
                                        "`nccltune apply` does not publish it")
@@ -502,7 +504,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         "chosen": chosen[0].label if chosen else "NCCL defaults",
         "demo": bool(first["demo"]),
         "backend": next(iter(pooled.backends)) if pooled.backends else "nccl",
-        "job_shape": job_shape(exports, pooled.ranks_per_node),
+        "job_shape": shape,
         "versions": {"nccltune": __version__, "nccl": facts.get("nccl_version"), "driver": facts.get("driver_version"),
                      "exporters": sorted({e.doc["versions"]["nccltune"] for e in exports})},
         "evidence": {

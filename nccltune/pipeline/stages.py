@@ -389,8 +389,10 @@ class _Sweep:
         (tablestage). Without the table planned, the search's own result stands."""
         if self.plan.per_size is None or not self.plan.per_size.active:
             return result
+        shape = self.launch.shape if self.launch is not None else None
         stage = TableStage(self.cfg, self.plan, session, work_dir=self.trial_xml.parent, common=self._common(),
-                           nranks=self.node.nranks, fingerprint=self.tuning_fp(), demo=self.node.demo)
+                           nranks=shape.nranks if shape else self.node.nranks, nnodes=shape.nnodes if shape else 1,
+                           fingerprint=self.tuning_fp(), demo=self.node.demo)
         self.table = stage.run(result)
         finalists = [f for f in (self.table.whole, self.table.env_only) if f is not None]
         return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)

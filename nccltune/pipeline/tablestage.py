@@ -129,9 +129,10 @@ class TableStage:
     """One sweep's per-size stage (see the module docstring)."""
 
     def __init__(self, cfg: Config, plan: Plan, session: TrialSession, *, work_dir: Path, common: Mapping[str, str],
-                 nranks: int, fingerprint: str, demo: bool) -> None:
+                 nranks: int, fingerprint: str, demo: bool, nnodes: int = 1) -> None:
+        """`nranks`, `nnodes`: the communicator the trials form (the job shape's, over several nodes)."""
         self.cfg, self.plan, self.session = cfg, plan, session
-        self.work_dir, self.common, self.nranks = work_dir, dict(common), nranks
+        self.work_dir, self.common, self.nranks, self.nnodes = work_dir, dict(common), nranks, nnodes
         self.fingerprint, self.demo = fingerprint, demo
 
     def _trial(self, env: Mapping[str, str], phase: Phase, label: str) -> TrialResult | None:
@@ -158,7 +159,7 @@ class TableStage:
         inputs = table_inputs(ps.collectives, result.baseline, measured, defaults)
         choice = choose_table(inputs, default_channels=default_channels, min_gain_pct=self.cfg.sweep.min_gain_pct,
                               max_regression_pct=self.cfg.sweep.max_regression_pct)
-        table = to_table(choice, fingerprint=self.fingerprint, nranks=self.nranks)
+        table = to_table(choice, fingerprint=self.fingerprint, nranks=self.nranks, nnodes=self.nnodes)
         text = render_table(table)
         table_path = self.work_dir / TABLE_NAME
         atomic_write(table_path, text)
