@@ -212,15 +212,12 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         snap.last_successful_sweep_ts = _unix(ok.finished_at)
         summary = ok.summary or {}
         snap.nccl_version = summary.get("nccl_version") or ok.nccl_version
-        for row in summary.get("rows", []):
-            collective, size = str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"])
-            key = (collective, size)
-            snap.busbw_gbps[(collective, size, "default")] = float(row["default_busbw_gbps"])
-            snap.busbw_gbps[(collective, size, "published")] = float(row["tuned_busbw_gbps"])
-            if row.get("default_noise_pct") is not None:
-                snap.noise_ratio[key] = round(float(row["default_noise_pct"]) / 100.0, 6)
-            if row.get("ratio") is not None:
-                snap.tuned_ratio[key] = float(row["ratio"])
+        for row in ok.rows:
+            key = (row.collective, row.size_bytes)
+            snap.busbw_gbps[(row.collective, row.size_bytes, "default")] = row.default_busbw_gbps
+            snap.busbw_gbps[(row.collective, row.size_bytes, "published")] = row.tuned_busbw_gbps
+            snap.noise_ratio[key] = round(row.default_noise_pct / 100.0, 6)
+            snap.tuned_ratio[key] = row.ratio
         snap.upgrade_regression = upgrade_regressions(store, ok)
     verify = _latest_finished(store, fingerprint, "verify", ("ok", "failed"))
     if verify is not None:

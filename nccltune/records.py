@@ -34,6 +34,11 @@ def backend_of(name: str) -> Backend:
     raise ValueError(f"backend must be nccl or gloo; got {name!r}")
 
 
+# A measurement's document keys, in the order every document and the store's columns list them.
+MEASUREMENT_KEYS = ("size_bytes", "collective", "time_us", "gpu_time_us", "algbw_gbps", "busbw_gbps",
+                    "correct", "algo", "proto", "channels")
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One message size of one trial, as the worker (or all_reduce_perf) reported it, with the
@@ -49,6 +54,54 @@ class Measurement:
     channels: int | None = None
     gpu_time_us: float | None = None  # CUDA-event time beside the host-clock time, where both exist
     collective: str = ALL_REDUCE
+
+    def to_doc(self) -> dict[str, Any]:
+        """The measurement as every document and row carries it (the store's row, an export's
+        measurement, history's row): `size_bytes` and `collective` first, every field present."""
+        return {key: getattr(self, key) for key in MEASUREMENT_KEYS}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Measurement:
+        """A measurement from its document: `to_doc`'s, a store row, or the worker's `size` line
+        (which names no algorithm, protocol or channels). Other keys are ignored; a missing
+        collective is all_reduce (what older exports and histories measured), missing optional
+        fields are None, a missing `correct` is not accepted.
+
+        Raises:
+            KeyError: a required field is missing.
+            TypeError, ValueError: a field is not of its type (a number, a boolean, a name).
+        """
+        def number(key: str) -> float:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{key} must be a number; got {value!r}")
+            return float(value)
+
+        def optional(key: str, kind: type) -> Any:
+            value = doc.get(key)
+            if value is None:
+                return None
+            if kind is float:
+                return number(key)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{key} must be {kind.__name__} or null; got {value!r}")
+            return value
+
+        size = doc["size_bytes"]
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"size_bytes must be an integer; got {size!r}")
+        correct = doc["correct"]
+        if correct not in (True, False):  # SQLite keeps it as 0/1
+            raise TypeError(f"correct must be a boolean; got {correct!r}")
+        collective = doc.get("collective") or ALL_REDUCE
+        if not isinstance(collective, str):
+            raise TypeError(f"collective must be a name; got {collective!r}")
+        return cls(
+            size_bytes=size, time_us=number("time_us"), algbw_gbps=number("algbw_gbps"),
+            busbw_gbps=number("busbw_gbps"), algo=optional("algo", str), proto=optional("proto", str),
+            correct=bool(correct), channels=optional("channels", int), gpu_time_us=optional("gpu_time_us", float),
+            collective=collective,
+        )
 
 
 @dataclass

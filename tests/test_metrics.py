@@ -35,7 +35,7 @@ from nccltune.metrics import (
     write_snapshot,
 )
 from nccltune.publish import Provenance, publish
-from nccltune.records import Measurement
+from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 
 
@@ -228,7 +228,8 @@ def add_sweep(store: Store, clock: Clock, *, status: str = "ok", wall_s: float =
     clock.advance(wall_s)
     if status == "ok":
         store.finish_run(run_id, status="ok", chosen_env={"NCCL_ALGO": "Ring"}, published_generation=generation,
-                         summary={"chosen": "NCCL_ALGO=Ring", "rows": ROWS, "nccl_version": "2.21.5"})
+                         summary={"chosen": "NCCL_ALGO=Ring", "nccl_version": "2.21.5"},
+                         rows=[ReportRow.from_dict(r) for r in ROWS])
     else:
         store.finish_run(run_id, status="failed", summary={"error": "a trial crashed", "trials": 1})
     return run_id

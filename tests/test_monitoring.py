@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nccltune import __version__
 from nccltune.metrics import DAEMON_FILENAME, LiveState, write_metrics_from_store
 from nccltune.publish import Provenance, publish
-from nccltune.records import Measurement
+from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,13 +108,14 @@ def written_names(tmp_path: Path) -> set[str]:
         run_id = store.start_run(kind="sweep", topology={"gpus": 2}, **{**meta, "nccl_version": "2.20.5"})
         store.add_trial(run_id, seq=1, phase="baseline", label="defaults", env={}, status="ok",
                         measurements=[Measurement(4096, 5.0, 0.8, 0.8)])
-        store.finish_run(run_id, status="ok", chosen_env={}, published_generation=None, summary={"rows": []})
+        store.finish_run(run_id, status="ok", chosen_env={}, published_generation=None, summary={})
         run_id = store.start_run(kind="sweep", topology={"gpus": 2}, **{**meta, "nccl_version": "2.21.5"})
         store.add_trial(run_id, seq=1, phase="baseline", label="defaults", env={}, status="ok",
                         measurements=[Measurement(4096, 10.0, 0.4, 0.4)])
         row = {"size_bytes": 4096, "default_busbw_gbps": 0.4, "default_noise_pct": 3.0, "tuned_busbw_gbps": 0.4,
                "ratio": 1.0}
-        store.finish_run(run_id, status="ok", chosen_env={}, published_generation=1, summary={"rows": [row]})
+        store.finish_run(run_id, status="ok", chosen_env={}, published_generation=1, summary={},
+                         rows=[ReportRow.from_dict(row)])
         # A verify against the class profile in force: the class series come with it.
         run_id = store.start_run(kind="verify", topology={}, **meta)
         store.finish_run(run_id, status="ok", summary={"reference": "class", "code": "passed", "rows": [

@@ -15,9 +15,9 @@ import pytest
 
 from nccltune.collectives import COLLECTIVES
 from nccltune.nccl.debuglog import choices_by_size, parse_nccl_log
-from nccltune.records import TrialResult
+from nccltune.records import Measurement, TrialResult
 from nccltune.trials.nccllog import debug_env
-from nccltune.trials.runner import Runner, measurement_of
+from nccltune.trials.runner import Runner
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccllog" / "h200x1-nccl-hosts"
 KIB, MIB = 1024, 1024 * 1024
@@ -37,7 +37,7 @@ def _trial(tmp_path: Path, label: str) -> TrialResult:
     directory, named by rank 0's pid."""
     docs = [json.loads(line) for line in (FIXTURES / f"{label}.rank0.jsonl").read_text().splitlines() if line]
     start = next(d for d in docs if d["event"] == "start")
-    sizes = [measurement_of(d) for d in docs if d["event"] == "size"]
+    sizes = [Measurement.from_doc(d) for d in docs if d["event"] == "size"]
     rank_dir = Path(debug_env(tmp_path)["NCCL_DEBUG_FILE"]).parent  # where every rank's NCCL writes its log
     rank_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(FIXTURES / f"{label}.rank0.nccl.log", rank_dir / f"nccl.{start['pid']}.log")

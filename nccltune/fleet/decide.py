@@ -156,9 +156,7 @@ def load_exports(paths: Sequence[Path]) -> list[Export]:
 
 def _measurements(trial: Mapping[str, Any]) -> list[Measurement]:
     """A trial's correct measurements as records (an older export's, without a collective, are all_reduce's)."""
-    return [Measurement(int(m["size_bytes"]), float(m["time_us"]), float(m["algbw_gbps"]), float(m["busbw_gbps"]),
-                        m["algo"], m["proto"], True, m.get("channels"), collective=str(m.get("collective", ALL_REDUCE)))
-            for m in trial["measurements"] if m["correct"]]
+    return [m for m in map(Measurement.from_doc, trial["measurements"]) if m.correct]
 
 
 def _busbw(measurements: Sequence[Measurement]) -> dict[Key, float]:
@@ -304,8 +302,7 @@ def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         for t in run["trials"]:
             if t["status"] != "ok" or (t["phase"] != "baseline" and t["phase"] not in CANDIDATE_PHASES):
                 continue
-            values = {(str(m.get("collective", "all_reduce")), int(m["size_bytes"])): float(m["busbw_gbps"])
-                      for m in t["measurements"] if m["correct"]}
+            values = _busbw(_measurements(t))
             if not values:
                 continue
             setting = (DEFAULTS, False) if t["phase"] == "baseline" else (label_of(t["env"]), TOPO_FILE in t["env"])

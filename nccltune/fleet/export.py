@@ -68,12 +68,7 @@ def _trial_doc(t: TrialRecord) -> dict[str, Any]:
         # The communicator's channel count as NCCL's log showed it: the per-size choice places a
         # channel candidate above or below it.
         "coll_channels": channels if isinstance(channels, int) and channels > 0 else None,
-        "measurements": [
-            {"collective": m.collective, "size_bytes": m.size_bytes, "time_us": m.time_us,
-             "algbw_gbps": m.algbw_gbps, "busbw_gbps": m.busbw_gbps, "algo": m.algo, "proto": m.proto,
-             "channels": m.channels, "correct": m.correct}
-            for m in t.measurements
-        ],
+        "measurements": [m.to_doc() for m in t.measurements],
     }
 
 

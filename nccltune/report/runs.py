@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..names import DEMO_LABEL
-from ..records import Measurement
 from ..store import RunRecord, TrialRecord
 from ..sweep.select import key_label
 from .common import fmt_bw, report_row, size_row
@@ -34,18 +33,12 @@ def _run_dict(run: RunRecord) -> dict[str, Any]:
             "published_generation": run.published_generation}
 
 
-def measurement_row(m: Measurement) -> dict[str, Any]:
-    """One size of one trial, as history and the import show it."""
-    return size_row(m.size_bytes, m.collective, time_us=m.time_us, algbw_gbps=m.algbw_gbps,
-                    busbw_gbps=m.busbw_gbps, algo=m.algo, proto=m.proto, channels=m.channels, correct=m.correct)
-
-
 def history_doc(runs: Sequence[RunRecord], trials: Sequence[TrialRecord] | None) -> dict[str, Any]:
     doc: dict[str, Any] = {"kind": "history", "runs": [_run_dict(r) for r in runs]}
     if trials is not None:
         doc["trials"] = [{"seq": t.seq, "phase": t.phase, "label": t.label, "env": t.env, "status": t.status,
                           "reason": t.reason, "wall_s": t.wall_s,
-                          "measurements": [measurement_row(m) for m in t.measurements]}
+                          "measurements": [m.to_doc() for m in t.measurements]}
                          for t in trials]
     return doc
 

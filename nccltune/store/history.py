@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..records import TRIAL_STATUSES, Measurement, ReportRow, TrialStatus
+from ..records import MEASUREMENT_KEYS, TRIAL_STATUSES, Measurement, ReportRow, TrialStatus
 from .database import Clock, Database, utc_now
 from .rows import (
     PHASES,
@@ -169,27 +169,9 @@ class Store:
             trial_id = cur.lastrowid
             assert trial_id is not None
             conn.executemany(
-                """
-                INSERT INTO measurements (trial_id, size_bytes, time_us, algbw_gbps, busbw_gbps,
-                    algo, proto, correct, collective, channels, gpu_time_us)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                """,
-                [
-                    (
-                        trial_id,
-                        m.size_bytes,
-                        m.time_us,
-                        m.algbw_gbps,
-                        m.busbw_gbps,
-                        m.algo,
-                        m.proto,
-                        int(m.correct),
-                        m.collective,
-                        m.channels,
-                        m.gpu_time_us,
-                    )
-                    for m in measurements
-                ],
+                f"INSERT INTO measurements (trial_id, {', '.join(MEASUREMENT_KEYS)}) "
+                f"VALUES (?{', ?' * len(MEASUREMENT_KEYS)})",
+                [(trial_id, *m.to_doc().values()) for m in measurements],
             )
         return trial_id
 

@@ -182,18 +182,7 @@ def trial_record(row: sqlite3.Row, measurements: tuple[Measurement, ...]) -> Tri
 
 
 def measurement(row: sqlite3.Row) -> Measurement:
-    return Measurement(
-        size_bytes=int(row["size_bytes"]),
-        time_us=float(row["time_us"]),
-        algbw_gbps=float(row["algbw_gbps"]),
-        busbw_gbps=float(row["busbw_gbps"]),
-        algo=row["algo"],
-        proto=row["proto"],
-        correct=bool(row["correct"]),
-        channels=row["channels"],
-        gpu_time_us=row["gpu_time_us"],
-        collective=str(row["collective"]),
-    )
+    return Measurement.from_doc(dict(zip(row.keys(), row, strict=True)))
 
 
 def report_row(row: sqlite3.Row) -> ReportRow:

@@ -87,20 +87,6 @@ class TrialAborted(NccltuneError):
     """The caller asked to stop (a job started on the GPUs, or the service is stopping)."""
 
 
-def measurement_of(doc: Mapping[str, Any]) -> Measurement:
-    """A worker's `size` JSON line as a record.
-
-    Raises:
-        KeyError, TypeError, ValueError: a field is missing or not a number.
-    """
-    gpu_time = doc.get("gpu_time_us")
-    return Measurement(
-        size_bytes=int(doc["size_bytes"]), time_us=float(doc["time_us"]), algbw_gbps=float(doc["algbw_gbps"]),
-        busbw_gbps=float(doc["busbw_gbps"]), correct=bool(doc["correct"]),
-        gpu_time_us=float(gpu_time) if gpu_time is not None else None,
-        collective=str(doc.get("collective") or "all_reduce"))
-
-
 def with_nccl_choice(m: Measurement, choice: SizeChoice | None) -> Measurement:
     """The measurement with the algorithm, protocol and channels NCCL logged for its size."""
     if choice is None:
@@ -461,7 +447,7 @@ class Runner:
                 start = doc
             elif event == "size":
                 try:
-                    sizes.append(measurement_of(doc))
+                    sizes.append(Measurement.from_doc(doc))
                 except (KeyError, TypeError, ValueError):
                     status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
             elif event == "not_measured":
