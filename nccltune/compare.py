@@ -11,10 +11,12 @@ difference counts only beyond the run-to-run noise `select` measures for each si
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import EXIT_CONFIG, NccltuneError
 from .store import RunRecord, Store, TrialRecord
 from .sweep.select import SizeStats, size_stats
 
@@ -60,10 +62,19 @@ def side_trials(run: RunRecord, trials: Sequence[TrialRecord], side: Side) -> li
         return [t for t in ok if (t.nccl or {}).get("placement", primary) == primary]
     if run.kind != "sweep":
         return ok  # a verification measures one setting only
-    chosen = str((run.summary or {}).get("chosen") or DEFAULTS_LABEL)
-    if side == "defaults" or chosen == DEFAULTS_LABEL:
+    return setting_trials(ok, "defaults" if side == "defaults" else str((run.summary or {}).get("chosen") or ""))
+
+
+def setting_trials(trials: Sequence[TrialRecord], chosen: str) -> list[TrialRecord]:
+    """THE trials behind a sweep's number for one setting, wherever it is shown (report, its JSON,
+    the plot, compare, the nccl-tests document, the metrics, verify's expectation): "defaults"
+    (or the chosen label DEFAULTS_LABEL) is every ok run of NCCL's defaults, from the first
+    baseline to the final check; any other label is that candidate's final-round runs, the ones
+    the choice judged; the screening run that picked it is left out, being the lucky one."""
+    ok = [t for t in trials if t.status == "ok" and t.measurements]
+    if chosen in ("defaults", DEFAULTS_LABEL, ""):
         return [t for t in ok if not t.env]
-    return [t for t in ok if t.env and chosen in t.label]
+    return [t for t in ok if t.env and t.phase == "final" and t.label.rsplit(" #", 1)[0] == chosen]
 
 
 def side_stats(trials: Sequence[TrialRecord]) -> dict[tuple[str, int], SizeStats]:
@@ -74,6 +85,16 @@ def side_stats(trials: Sequence[TrialRecord]) -> dict[tuple[str, int], SizeStats
             by_collective.setdefault(coll, []).append(
                 {m.size_bytes: m.busbw_gbps for m in t.measurements if m.collective == coll and m.correct})
     return {(coll, size): st for coll, runs in by_collective.items() for size, st in size_stats(runs).items()}
+
+
+def side_times(trials: Sequence[TrialRecord]) -> dict[tuple[str, int], float]:
+    """(collective, size) -> median of the measured times (us) of these trials' correct measurements."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for t in trials:
+        for m in t.measurements:
+            if m.correct and m.time_us > 0:
+                times.setdefault((m.collective, m.size_bytes), []).append(m.time_us)
+    return {key: statistics.median(v) for key, v in times.items()}
 
 
 def compare_stats(a: Mapping[tuple[str, int], SizeStats],
@@ -107,6 +128,34 @@ def compare_runs(store: Store, a_id: int, b_id: int, side: Side = "published") -
             raise KeyError(run_id)
         stats.append(side_stats(side_trials(run, store.trials(run_id), side)))
     return RunComparison(a_id, b_id, side, compare_stats(stats[0], stats[1]))
+
+
+class NothingComparable(NccltuneError):
+    """Two runs that share no (collective, size) with a bus bandwidth on both sides: no verdict is
+    possible, and a gate must not read "no size slower" as a pass (exit 78: the runs given cannot
+    answer the question)."""
+
+    exit_code = EXIT_CONFIG
+
+
+def nothing_comparable(store: Store, c: RunComparison) -> str | None:
+    """Why no size of comparison `c` could be compared (every row "missing"), or None when one could."""
+    if any(s.verdict != "missing" for s in c.sizes):
+        return None
+    from .report.nccltests_json import run_nranks
+
+    why = []
+    for run_id, got in ((c.a_run, [s.a_busbw_gbps for s in c.sizes]), (c.b_run, [s.b_busbw_gbps for s in c.sizes])):
+        run = store.run(run_id)
+        if run is not None and run_nranks(run) == 1:
+            why.append(f"run {run_id} ran at one rank: busbw is 0 by definition at one rank")
+        elif not any(v is not None for v in got):
+            why.append(f"run {run_id} has no measurement of the {c.side} side")
+        elif not any(v for v in got if v is not None):
+            why.append(f"every busbw of run {run_id} is 0")
+    if not why:
+        why.append("the two runs measured no (collective, size) in common")
+    return f"nothing to compare between run {c.a_run} and run {c.b_run}: {'; '.join(why)}"
 
 
 def versions(run: RunRecord) -> tuple[str | None, str | None, str | None]:
@@ -171,8 +220,13 @@ def _names(v: tuple[str | None, str | None, str | None]) -> str:
 
 
 def baseline_slower(store: Store, baseline_id: int, run_id: int, side: Side) -> str | None:
-    """Why run `run_id` (a verification) is slower than run `baseline_id` beyond the noise, or None."""
-    slower = compare_runs(store, baseline_id, run_id, side).slower
+    """Why run `run_id` (a verification) is slower than run `baseline_id` beyond the noise, or why
+    nothing of the two could be compared; None when it is not slower."""
+    comparison = compare_runs(store, baseline_id, run_id, side)
+    empty = nothing_comparable(store, comparison)
+    if empty is not None:
+        return empty  # a gate that compared nothing has not passed
+    slower = comparison.slower
     if not slower:
         return None
     worst = min(slower, key=lambda s: s.change_pct or 0.0)

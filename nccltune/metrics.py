@@ -225,6 +225,8 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         snap.last_verify_success = verify.status == "ok"
         for row in (verify.summary or {}).get("rows", []):
             key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
+            if row.get("verifiable") is False:
+                continue  # verify left it out: its noise allows a drop no measurement can show
             if row.get("drift_pct") is not None:
                 snap.verify_drift_ratio[key] = round(float(row["drift_pct"]) / 100.0, 6)
             if row.get("allowed_pct") is not None:

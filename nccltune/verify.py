@@ -61,6 +61,9 @@ GPU_VERIFY_SIZES = (16 << 20, 256 << 20, 1 << 30)
 DEMO_VERIFY_SIZES = (262144, 1 << 20, 4 << 20)
 # How often an unchanged node may fail verify by chance: a false alarm drains it from the scheduler.
 FALSE_ALARM = 0.01
+# A size whose allowed drop is this (percent) or more cannot fail: no measurement is 100% below
+# its expectation. It is left out of the verdict and named, not passed.
+UNVERIFIABLE_PCT = 100.0
 
 
 @dataclass(frozen=True)
@@ -142,10 +145,13 @@ class VerifyRow:
     drift_pct: float | None
     ok: bool
     collective: str = "all_reduce"
+    # False: the noise there allows a drop no measurement can show (UNVERIFIABLE_PCT); not judged.
+    verifiable: bool = True
 
 
 # The verdict as a stable word beside the prose `reason` (the verify schema lists them).
-VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "below_expectation", "below_class",
+VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "not_verifiable", "below_expectation",
+                     "below_class",
                      "slower_than_baseline", "variable_differs", "plugin_not_loaded", "table_unreadable",
                      "table_malformed", "table_stale", "table_missing", "table_other", "table_not_applied"]
 # What the expectations came from (kept in the run's summary, for the metrics and doctor).
@@ -171,6 +177,7 @@ class VerifyResult:
     class_profile: dict[str, object] | None = None
     # What NCCL ran, from its log (WhatRan.doc()); None where there is no NCCL log (the CPU demo).
     nccl_ran: dict[str, object] | None = None
+    checked: str = ""  # what was measured: collectives, sizes, runs
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -295,7 +302,7 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
 
 def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float | None = None,
                use_current: bool = False, threshold_pct: float | None = None, force: bool = False,
-               node: Node | None = None, repeats: int = 2,
+               node: Node | None = None, repeats: int = 2, quick: bool = False,
                abort_check: Callable[[], str | None] | None = None, baseline_run: int | None = None) -> VerifyResult:
     """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
 
@@ -312,6 +319,12 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
     sizes = verify_sizes(cfg, node)
     collectives = workload(cfg, node, sizes).collectives
+    if quick:
+        # For a per-job prolog: the profile's first collective at the smallest and largest verify
+        # size, one run (the allowed drift widens for it); NCCL's log is read all the same.
+        sizes, collectives, repeats = sorted({sizes[0], sizes[-1]}), collectives[:1], 1
+    checked = (f"{'quick: ' if quick else ''}{', '.join(collectives)} at "
+               f"{', '.join(format_size(s) for s in sizes)}, {repeats} run(s)")
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
     env: dict[str, str] = {}
@@ -382,9 +395,15 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(key, []), expected_gbps=exp[0],
                                         defaults_gbps=exp[2]) if exp else threshold
             drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
-            ok = got_bw is not None and (drift is None or drift >= -allowed)
-            rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0]))
+            verifiable = exp is None or allowed < UNVERIFIABLE_PCT
+            ok = got_bw is not None and (drift is None or drift >= -allowed or not verifiable)
+            rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0], verifiable))
         unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
+        unverifiable = [r for r in rows if not r.verifiable]
+        judged = [r for r in rows if r.verifiable and r.expected_gbps is not None]
+        excluded = ("; not verifiable (the noise there allows a drop no measurement can show): "
+                    + ", ".join(f"{key_label((r.collective, r.size_bytes))} (allowed -{r.allowed_pct:.0f}%)"
+                                for r in unverifiable)) if unverifiable else ""
         code: VerifyCode = "passed"
         if not best:
             code = "all_trials_failed"
@@ -402,15 +421,20 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                                      f"{-worst.drift_pct:.1f}% below the median {worst.class_median_gbps:.2f} GB/s "
                                      f"of the {reference.sizes[key].nodes} node(s) of its class "
                                      f"{reference.class_id} (allowed {worst.allowed_pct:.1f}%)")
+        elif unverifiable and not judged:
+            code = "not_verifiable"
+            passed, reason = False, ("no size can be verified" + excluded
+                                     + "; sweep again on a quiet node, or verify against --floor")
         elif any(not r.ok for r in rows if r.expected_gbps is not None):
-            worst_row = min((r for r in rows if r.drift_pct is not None), key=lambda r: r.drift_pct or 0.0)
+            worst_row = min((r for r in rows if r.drift_pct is not None and not r.ok), key=lambda r: r.drift_pct or 0.0)
             code = "below_expectation"
             passed, reason = False, (f"{key_label((worst_row.collective, worst_row.size_bytes))}: "
                                      f"{worst_row.measured_gbps:.2f} GB/s is "
                                      f"{-(worst_row.drift_pct or 0):.1f}% below the expected "
                                      f"{worst_row.expected_gbps:.2f}")
         else:
-            passed, reason = True, "bus bandwidth as expected"
+            passed, reason = True, "bus bandwidth as expected" + (
+                f" at {len(judged)} size(s)" + excluded if unverifiable else "")
         if passed and baseline_run is not None:
             slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
             if slower:
@@ -422,10 +446,10 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         session.finish("ok" if passed else "failed",
                        {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
                         "rows": [vars(r) for r in rows], "env_source": source, "method": session.method,
-                        "reference": ref_kind,
+                        "reference": ref_kind, "checked": checked,
                         "class_profile": class_prov if class_keys else None,
                         "nccl_ran": ran.doc() if ran else None})
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
-                        nccl_version=nccl_version, code=code, reference=ref_kind,
+                        nccl_version=nccl_version, code=code, reference=ref_kind, checked=checked,
                         class_profile=class_prov if class_keys else None, nccl_ran=ran.doc() if ran else None)

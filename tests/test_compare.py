@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 from nccltune.cli import main
-from nccltune.compare import compare_runs, compare_stats, upgrade_check
+from nccltune.compare import baseline_slower, compare_runs, compare_stats, upgrade_check
 from nccltune.fleet.schema import validate
 from nccltune.records import Measurement
 from nccltune.store import Store
@@ -52,7 +52,7 @@ def _sweep(store: Store, nccl: str, defaults: list[float], tuned: list[float]) -
                           nccl_version=nccl, driver_version="570.1", torch_version="2.7.0", nccltune_version="0",
                           hostname="node1", topology={}, config={})
     seq = 0
-    for label, env, values in (("defaults", {}, defaults), ("final NCCL_ALGO=Ring", {"NCCL_ALGO": "Ring"}, tuned)):
+    for label, env, values in (("defaults", {}, defaults), ("NCCL_ALGO=Ring", {"NCCL_ALGO": "Ring"}, tuned)):
         for i, busbw in enumerate(values):
             seq += 1
             m = Measurement(size_bytes=MiB, time_us=100.0, algbw_gbps=busbw, busbw_gbps=busbw)
@@ -139,3 +139,32 @@ def test_upgrade_regression_is_a_doctor_finding_and_a_metric(history: tuple[Path
     series = [ln for ln in text.splitlines() if ln.startswith("nccltune_upgrade_regression{")]
     labels = 'collective="all_reduce",setting="default",size_bytes="1048576"'
     assert series == [f"nccltune_upgrade_regression{{{labels}}} -0.3"]
+
+
+def _one_rank_import(store: Store) -> int:
+    """What `nccltune import` stores for an all_reduce_perf run of one rank: busbw 0 at every size."""
+    run = store.start_run(kind="import", fingerprint="unknown", backend="nccl", demo=False, profile=None,
+                          nccl_version="2.21.5", driver_version=None, torch_version=None, nccltune_version="0",
+                          hostname="node1", topology={"source": "nccl-tests document x.json", "nranks": 1},
+                          config={})
+    for seq, size in enumerate((MiB, 4 * MiB), start=1):
+        m = Measurement(size_bytes=size, time_us=50.0, algbw_gbps=size / 50e3, busbw_gbps=0.0)
+        store.add_trial(run, seq=seq, phase="import", label=f"cycle 1 {size}", env={}, status="ok",
+                        measurements=[m])
+    store.finish_run(run, status="ok", summary={"nranks": 1})
+    return run
+
+
+def test_compare_with_nothing_comparable_says_why_and_exits_78(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    with Store(state / "history.db") as store:
+        a, b = _one_rank_import(store), _one_rank_import(store)
+        assert baseline_slower(store, a, b, "published") is not None  # a gate that compared nothing fails
+    rc, out, err = _cli("compare", a, b, "--state-dir", state)
+    assert rc == 78, err
+    assert "No size slower" not in out and "missing" in out
+    assert f"run {a} ran at one rank: busbw is 0 by definition at one rank" in err
+    assert err.count("nccltune: error:") == 1
+    rc, out, _ = _cli("compare", a, b, "--json", "--state-dir", state)
+    assert rc == 78 and json.loads(out)["slower"] == 0

@@ -5,22 +5,23 @@ from __future__ import annotations
 
 from nccltune.records import Measurement, ReportRow
 from nccltune.report.sweep import TABLE_UNITS, rows_text, size_facts
-from nccltune.store import TrialRecord
+from nccltune.store import Phase, TrialRecord
 
 MiB = 1 << 20
 
 
-def _trial(seq: int, label: str, env: dict[str, str], busbw: float, *, correct: bool = True) -> TrialRecord:
+def _trial(seq: int, label: str, env: dict[str, str], busbw: float, *, correct: bool = True,
+           phase: Phase = "baseline") -> TrialRecord:
     # 4 ranks: busbw = algbw x 2(n-1)/n = algbw x 1.5
     m = Measurement(size_bytes=MiB, time_us=MiB / (busbw / 1.5 * 1e3), algbw_gbps=busbw / 1.5, busbw_gbps=busbw,
                     correct=correct)
-    return TrialRecord(id=seq, run_id=1, seq=seq, phase="baseline", label=label, env=env, status="ok", reason=None,
+    return TrialRecord(id=seq, run_id=1, seq=seq, phase=phase, label=label, env=env, status="ok", reason=None,
                        wall_s=1.0, nccl=None, started_at="2026-01-01T00:00:00+00:00", measurements=(m,))
 
 
 TRIALS = [_trial(1, "defaults #1", {}, 15.0), _trial(2, "defaults #2", {}, 15.0, correct=False),
-          _trial(3, "final NCCL_ALGO=Ring #1", {"NCCL_ALGO": "Ring"}, 30.0),
-          _trial(4, "screen NCCL_PROTO=LL", {"NCCL_PROTO": "LL"}, 3.0, correct=False)]
+          _trial(3, "NCCL_ALGO=Ring #1", {"NCCL_ALGO": "Ring"}, 30.0, phase="final"),
+          _trial(4, "NCCL_PROTO=LL", {"NCCL_PROTO": "LL"}, 3.0, correct=False, phase="screen")]
 ROW = ReportRow(size_bytes=MiB, weight=1.0, default_busbw_gbps=15.0, default_noise_pct=2.5, tuned_busbw_gbps=30.0,
                 ratio=2.0, default_algo_proto="Tree/LL128", tuned_algo_proto="Ring/Simple")
 
@@ -33,7 +34,7 @@ def test_table_has_the_nccl_tests_columns_for_both_sides() -> None:
     assert lines[2].split() == ["#", "size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw",
                                 "busbw", "#wrong", "ratio", "noise", "NCCL", "default", "->", "tuned"]
     cells = lines[3].split()
-    # algbw = busbw / 1.5 (the factor the trials measured); time = size / algbw.
+    # algbw = busbw / 1.5 (the factor the trials measured); time: the median the side's trials measured.
     assert cells[:3] == ["1048576", "262144", "float"]
     assert cells[3:7] == [f"{MiB / 10e3:.2f}", "10.00", "15.00", "1"]  # one wrong result among the defaults
     assert cells[7:11] == [f"{MiB / 20e3:.2f}", "20.00", "30.00", "0"]  # the LL trial is not the published one

@@ -125,7 +125,7 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..compare import compare_runs
+    from ..compare import NothingComparable, compare_runs, nothing_comparable
     from ..report.common import dumps
     from ..report.runs import compare_doc, compare_text
 
@@ -134,7 +134,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             comparison = compare_runs(store, args.a, args.b, args.side)
         except KeyError as exc:
             raise UsageError(f"no run {exc.args[0]} in the history", hint="see `nccltune history`") from None
+        empty = nothing_comparable(store, comparison)
     out(dumps(compare_doc(comparison)) if args.json else compare_text(comparison))
+    if empty is not None:
+        raise NothingComparable(empty, hint="compare runs of two or more ranks that measured the same sizes")
     return 1 if comparison.slower else EXIT_OK
 
 

@@ -575,6 +575,9 @@ class Daemon:
             # The node, not the class's decision, is what is wrong: a sweep would change nothing.
             log.warning("verify: this node is below its class beyond noise: %s (see `nccltune doctor`)",
                         outcome.reason)
+        elif outcome.code == "not_verifiable":
+            # Nothing was found slower: a sweep would measure the same noise again.
+            log.warning("verify: %s; no re-sweep for it", outcome.reason)
         elif self.state.profile is not None:
             log.warning("verify failed (%s): %s; a class profile is in force, so no re-sweep", outcome.code,
                         outcome.reason)

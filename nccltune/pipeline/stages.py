@@ -31,7 +31,7 @@ from ..publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, 
 from ..records import Backend, ReportRow
 from ..store import Phase, RunStatus, Store
 from ..sweep.plan import JobShape, Plan
-from ..sweep.select import Key, key_label
+from ..sweep.select import Key, key_label, size_stats
 from ..sweep.strategy import Search, SearchResult
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import node_class
@@ -395,7 +395,9 @@ class _Sweep:
                            fingerprint=self.tuning_fp(), demo=self.node.demo)
         self.table = stage.run(result)
         finalists = [f for f in (self.table.whole, self.table.env_only) if f is not None]
-        return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None)
+        runs = stage.baseline_runs if stage.baseline_runs is not None else result.baseline_runs
+        return dataclasses.replace(result, chosen=self.table.chosen, finalists=finalists, topo_only=None,
+                                   baseline_runs=runs, baseline=size_stats(runs))
 
     def _publish(self, choice: Choice, session: TrialSession) -> PublishedFiles:
         """Every file a launcher reads, as one generation (publish_setting): the environment files of

@@ -50,7 +50,7 @@ from ..sweep.pertable import (
     to_table,
 )
 from ..sweep.plan import Plan
-from ..sweep.select import judge, size_stats
+from ..sweep.select import Key, judge, size_stats
 from ..sweep.strategy import Finalist, SearchResult, label_of
 from ..trials.session import TrialSession
 from ..tuner.build import BuildResult, build_plugin
@@ -134,6 +134,9 @@ class TableStage:
         self.cfg, self.plan, self.session = cfg, plan, session
         self.work_dir, self.common, self.nranks, self.nnodes = work_dir, dict(common), nranks, nnodes
         self.fingerprint, self.demo = fingerprint, demo
+        # Every run of NCCL's defaults once the final check ran (the search's and the check's):
+        # the defaults' medians the choice judged are those the report and the store show.
+        self.baseline_runs: list[dict[Key, float]] | None = None
 
     def _trial(self, env: Mapping[str, str], phase: Phase, label: str) -> TrialResult | None:
         result = self.session.trial(env, phase, label)
@@ -215,6 +218,7 @@ class TableStage:
             if got is not None:
                 base_runs.append(got.busbw_by_key())
         baseline = size_stats(base_runs)
+        self.baseline_runs = base_runs
         for f in finalists:
             if f.runs:
                 f.stats = size_stats(f.runs)

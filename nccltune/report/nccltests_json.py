@@ -128,8 +128,8 @@ def _nwrong(trial: TrialRecord, m: Measurement) -> int | None:
 
 def results_of(trials: Sequence[TrialRecord], collective: str) -> list[PerfResult]:
     """One result per size from the trials of one setting and placement. One trial gives its own
-    numbers; several give the median busbw and algbw of their correct measurements (what `report`
-    and `compare` show), the time that median algbw means, and the wrong elements of all of them."""
+    numbers; several give the median busbw, algbw and time of their correct measurements (what
+    `report` and `compare` show), and the wrong elements of all of them."""
     by_size: dict[int, list[tuple[Measurement, int | None]]] = {}
     for t in trials:
         for m in t.measurements:
@@ -146,7 +146,7 @@ def results_of(trials: Sequence[TrialRecord], collective: str) -> list[PerfResul
         good = [m for m, _w in got if m.correct] or [m for m, _w in got]
         algbw = statistics.median(m.algbw_gbps for m in good)
         busbw = statistics.median(m.busbw_gbps for m in good)
-        time_us = size / (algbw * 1e3) if algbw > 0 else statistics.median(m.time_us for m in good)
+        time_us = statistics.median(m.time_us for m in good)
         out.append(PerfResult(size, time_us, algbw, busbw, nwrong))
     return out
 

@@ -166,6 +166,7 @@ def verify_doc(r: VerifyResult) -> dict[str, Any]:
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "nccl_ran": r.nccl_ran,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
+            "checked": r.checked,
             "sizes": [size_row(row.size_bytes, row.collective,
                                **{k: v for k, v in vars(row).items() if k not in ("size_bytes", "collective")})
                       for row in r.rows]}
@@ -178,13 +179,17 @@ def verify_text(r: VerifyResult) -> str:
     lines.append(f"{'PASS' if r.passed else 'FAIL'}: {r.reason}")
     lines.append(f"Environment: {r.env_source}; expected: {r.expectation}")
     lines += nccl_ran_lines(r.nccl_ran)
+    if r.checked:
+        lines.append(f"Checked: {r.checked}")
     for row in r.rows:
         meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
         exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
         drift = f"{row.drift_pct:+.1f}%" if row.drift_pct is not None else "-"
         where = key_label((row.collective, row.size_bytes))
         lines.append(f"  {where:>7}  measured {meas:>8} GB/s  expected {exp:>8}  drift {drift:>7}"
-                     f"  (allowed -{row.allowed_pct:.1f}%){'' if row.ok else '  <-- below'}")
+                     f"  (allowed -{row.allowed_pct:.1f}%)"
+                     + ("  not verifiable: left out" if not getattr(row, "verifiable", True) else "")
+                     + ("" if row.ok else "  <-- below"))
     return "\n".join(lines)
 
 
@@ -240,5 +245,8 @@ def compare_text(c: RunComparison) -> str:
                  for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     slower = c.slower
-    lines.append(f"{len(slower)} size(s) slower beyond the noise" if slower else "No size slower beyond the noise.")
+    if all(s.verdict == "missing" for s in c.sizes):
+        lines.append("Nothing compared: no size has a bus bandwidth in both runs.")
+    else:
+        lines.append(f"{len(slower)} size(s) slower beyond the noise" if slower else "No size slower beyond the noise.")
     return "\n".join(lines)

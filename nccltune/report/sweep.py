@@ -310,13 +310,14 @@ def size_facts(trials: Sequence[TrialRecord], chosen: str | None) -> dict[tuple[
     return {k: SizeFacts(factors.get(k), *wrong.get(k, [0, 0])) for k in set(factors) | set(wrong)}
 
 
-def _side(size_bytes: int, busbw_gbps: float, facts: SizeFacts | None) -> list[str]:
-    """time (us), algbw, busbw of one side of a row, from its median busbw and the size's factor."""
+def _side(busbw_gbps: float, facts: SizeFacts | None, time_us: float | None) -> list[str]:
+    """time (us), algbw, busbw of one side of a row: the median time the trials measured, and
+    algbw from the median busbw by the size's factor (never a time from a rounded bandwidth)."""
     factor = facts.bus_factor if facts else None
+    time = f"{time_us:.2f}" if time_us else "-"
     if not factor or busbw_gbps <= 0:
-        return ["-", "-", fmt_bw(busbw_gbps)]
-    algbw = busbw_gbps / factor
-    return [f"{size_bytes / (algbw * 1e3):.2f}", fmt_bw(algbw), fmt_bw(busbw_gbps)]
+        return [time, "-", fmt_bw(busbw_gbps)]
+    return [time, fmt_bw(busbw_gbps / factor), fmt_bw(busbw_gbps)]
 
 
 def rows_text(rows: Sequence[ReportRow], trials: Sequence[TrialRecord] = (), chosen: str | None = None,
@@ -342,16 +343,23 @@ def _rows_table(rows: Sequence[ReportRow], trials: Sequence[TrialRecord], chosen
     """The report as all_reduce_perf lays a run out, per size: size, count, type, then time, algbw,
     busbw and #wrong for NCCL's defaults and for the published setting (medians of the repeats),
     then their ratio, the defaults' noise and the algorithm/protocol NCCL used on each side.
-    Time and algbw follow from the median busbw by the factor the trials measured at that size."""
+    Time is the median the trials of that side measured (compare.setting_trials: the same trials
+    as the busbw); algbw follows from the median busbw by the factor measured at that size."""
+    from ..compare import setting_trials, side_times
+
     facts = size_facts(trials, chosen)
+    default_times = side_times(setting_trials(trials, "defaults"))
+    tuned_times = side_times(setting_trials(trials, chosen or "defaults"))
     table = [["size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
               "ratio", "noise", "NCCL default -> tuned"]]
     for r in rows:
         f = facts.get((r.collective, r.size_bytes))
         table.append([
             str(r.size_bytes), str(r.size_bytes // ELEMENT_BYTES), ELEMENT_TYPE,
-            *_side(r.size_bytes, r.default_busbw_gbps, f), str(f.wrong_defaults if f else 0),
-            *_side(r.size_bytes, r.tuned_busbw_gbps, f), str(f.wrong_tuned if f else 0),
+            *_side(r.default_busbw_gbps, f, default_times.get((r.collective, r.size_bytes))),
+            str(f.wrong_defaults if f else 0),
+            *_side(r.tuned_busbw_gbps, f, tuned_times.get((r.collective, r.size_bytes))),
+            str(f.wrong_tuned if f else 0),
             f"{r.ratio:.3f}", f"±{r.default_noise_pct:.1f}%",
             f"{r.default_algo_proto or '-'} -> {r.tuned_algo_proto or '-'}"
             + ("" if r.weight else f" ({format_size(r.size_bytes)} not in profile)"),
