@@ -89,3 +89,18 @@ def test_plan_prints_a_hostile_environment_value_escaped(tmp_path: Path) -> None
     assert "\x1b" not in got.stdout
     assert "\nMeasured: forged" not in got.stdout
     assert "NCCL_SOCKET_IFNAME=eth0\\nMeasured: forged\\x1b[2J" in got.stdout
+
+
+@pytest.mark.parametrize("plan", [True, False])
+def test_a_state_dir_nccl_cannot_take_is_refused_before_the_first_trial(tmp_path: Path, plan: bool) -> None:
+    """The topology file lies in the state directory and is published as NCCL_TOPO_FILE: a path
+    with a space could not be published after the last trial, so the sweep does not start."""
+    state = tmp_path / "my state"
+    got = subprocess.run([sys.executable, "-m", "nccltune", "sweep", "--demo", "--state-dir", str(state),
+                          *(["--plan"] if plan else [])], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert got.returncode == EXIT_CONFIG, got.stderr
+    assert f"{state / 'ncclTopology.xml'}: the state directory gives the topology file a path" in got.stderr
+    assert "forbidden character ' '" in got.stderr and "--state-dir" in got.stderr
+    assert got.stderr.count("nccltune: error:") == 1 and "Traceback" not in got.stderr
+    assert not state.exists()

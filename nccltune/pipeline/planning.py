@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import collectives as coll
 from ..config import Config, profile_collectives
 from ..doctor import default_conf_files, existing_tuner
-from ..errors import InputError
+from ..errors import InputError, NccltuneError
 from ..nccl.site import conf_settings
 from ..node import Node, iterations, size_ladder
 from ..publish import preflight
+from ..publish.policy import validate_env
 from ..sweep import profiles
 from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from ..sweep.select import Key
@@ -67,7 +69,17 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
     known before them (None: unknown; the per-size candidates then use only what is safe either way)."""
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
-    # What could not be published is found now, before the first trial (and by --plan).
+    # What could not be published is found now, before the first trial (and by --plan): the
+    # topology file's path too, which is published as NCCL_TOPO_FILE wherever it lies.
+    topo_file = str(cfg.topology_file)
+    try:
+        validate_env({"NCCL_TOPO_FILE": topo_file})
+    except InputError as exc:
+        where = "publish.topology_file" if cfg.publish.topology_file else "the state directory"
+        raise InputError(topo_file, f"{where} gives the topology file a path that cannot be published as "
+                         f"NCCL_TOPO_FILE: {exc.message.rsplit(': ', 1)[-1]}",
+                         hint=f"choose a path without it (--state-dir, state_dir or publish.topology_file); "
+                         f"{exc.hint}") from None
     preflight(cfg.publish_dir, {**policy, **cfg.sweep.pin},
               {n: f"{cfg.path or 'config'}:{cfg.lines.get(f'sweep.pin.{n}')}" for n in cfg.sweep.pin})
     plan = build_plan(
@@ -181,11 +193,42 @@ def estimate_trials(cfg: Config, plan: Plan, search: Search) -> int:
 
 
 def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectives: int = 1) -> float:
-    """Rough time: process start and communicator set-up, plus the data moved per size, for each
-    of the `collectives` a trial measures."""
-    overhead = 2.5 if node.demo else 7.0
+    """Time of `trials` trials: each one's start (processes, interpreter, communicator set-up) plus
+    the data it moves, for each of the `collectives` a trial measures.
+
+    The start is what this node's own latest sweep measured (`measured_start_s`): it holds the
+    machine as it is, a loaded CPU demo or a slow file system, where a constant cannot. Without
+    one, the start of an idle node: two interpreters importing torch on the demo's cores, the
+    CUDA and NCCL set-up on a GPU node."""
     warmup, iters = iterations(cfg, node)
     bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
     bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
     per_collective = sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
-    return trials * (overhead + max(1, collectives) * per_collective)
+    start = measured_start_s(cfg, node)
+    if start is None:
+        start = 2.5 if node.demo else 7.0
+    return trials * (start + max(1, collectives) * per_collective)
+
+
+def measured_start_s(cfg: Config, node: Node) -> float | None:
+    """The median start of a trial in this node's latest sweep with good trials: each trial's wall
+    time less the time its measurements account for ((warmup + iterations) x the time per
+    iteration it measured at each size). None without such a sweep or history."""
+    from ..store import Store
+
+    path = cfg.state_path("history.db")
+    if not path.is_file():
+        return None
+    warmup, iters = iterations(cfg, node)
+    try:
+        with Store(path) as store:
+            run = next((r for r in store.runs(limit=10, kind="sweep")
+                        if r.fingerprint == node.fingerprint and r.backend == node.backend), None)
+            trials = store.trials(run.id) if run is not None else []
+    except (OSError, NccltuneError) as exc:
+        log.debug("no measured trial start from the history: %s", exc)
+        return None
+    starts = [t.wall_s - (warmup + iters) * sum(m.time_us for m in t.measurements) / 1e6
+              for t in trials if t.status == "ok" and t.wall_s and t.measurements]
+    starts = [s for s in starts if s > 0]
+    return statistics.median(starts) if starts else None
