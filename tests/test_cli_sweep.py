@@ -87,7 +87,7 @@ def config(tmp_path: Path) -> Path:
 def test_plan_json_lists_what_is_measured_pruned_and_the_estimate(config: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     doc = cli_json("sweep", "--plan", "--demo", "--config", config, "--state-dir", state)
-    assert doc["kind"] == "sweep-plan"
+    assert doc["kind"] == "plan"
     assert doc["demo"] is True and DEMO_BANNER in doc["label"]
     assert doc["backend"] == "gloo" and doc["nranks"] == 2
     assert doc["measure"] == {"NCCL_ALGO": ["Ring"]}

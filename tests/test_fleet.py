@@ -83,7 +83,7 @@ def test_export_matches_its_schema_and_the_store(fleet: dict[str, Any]) -> None:
     node = fleet["nodes"][0]
     doc = _json(node["export"])
     validate(doc, load_schema("export"))
-    assert doc["kind"] == "nccltune-export" and doc["schema_version"] == 1 and doc["demo"] is True
+    assert doc["kind"] == "export" and doc["schema_version"] == 1 and doc["demo"] is True
     assert doc["hostname"] == "gpu-node-001"  # the demo node is named by its snapshot
     topo = from_snapshot(load_snapshot(node["snapshot"]))
     assert doc["node_class"]["id"] == node_class(topo).id

@@ -96,6 +96,19 @@ def test_every_document_matches_its_schema(documents: dict[str, dict[str, Any]],
     validate(documents[name], schema(_kind_schema(name)))
 
 
+def test_every_documents_kind_names_its_schema_file(documents: dict[str, dict[str, Any]]) -> None:
+    """`kind` is the stem of the schema file that describes the document; nccl-tests' own format
+    has none. Exports and class profiles (read back from disk) also take the kinds they had before."""
+    for name, doc in documents.items():
+        if name == "nccl-tests":
+            assert "kind" not in doc
+            continue
+        assert (SCHEMAS / f"{doc['kind']}.schema.json").is_file(), (name, doc["kind"])
+        validate(doc, schema(doc["kind"]))
+    for kind, old in (("export", "nccltune-export"), ("profile", "nccltune-class-profile")):
+        assert schema(kind)["properties"]["kind"]["enum"] == [kind, old]
+
+
 def test_a_key_the_schema_does_not_know_is_refused(documents: dict[str, dict[str, Any]]) -> None:
     doc = json.loads(json.dumps(documents["sweep"]))
     doc["sizes"][0]["busbw"] = 1.0

@@ -57,7 +57,10 @@ from .schema import SchemaViolation, load_schema, validate
 
 log = logging.getLogger(__name__)
 
-PROFILE_KIND = "nccltune-class-profile"
+# The document's kind is its schema's name (schemas/profile.schema.json).
+PROFILE_KIND = "profile"
+# Kinds documents already on disk carry, from before kinds were their schemas' names.
+OLD_KINDS = {"export": "nccltune-export", "profile": "nccltune-class-profile"}
 PROFILE_SCHEMA_VERSION = 1
 TOPO_FILE = "NCCL_TOPO_FILE"
 # Phases whose trials are repeated measurements of one candidate; screening runs are single
@@ -106,9 +109,9 @@ def read_json_document(path: Path, schema_name: str, kind: str, *,
     except OSError as exc:
         raise InputError(name, f"cannot read: {exc.strerror}") from exc
     doc = parse_json(raw, name)
-    if not isinstance(doc, dict) or doc.get("kind") != kind:
+    if not isinstance(doc, dict) or doc.get("kind") not in (kind, OLD_KINDS.get(kind)):
         got = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        raise InputError(name, f"not an {kind} document (kind is {got!r})")
+        raise InputError(name, f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind} document (kind is {got!r})")
     try:
         validate(doc, load_schema(schema_name))
     except SchemaViolation as exc:

@@ -24,7 +24,9 @@ from .node import FleetNode
 
 log = logging.getLogger(__name__)
 
-EXPORT_KIND = "nccltune-export"
+# The document's kind is its schema's name (schemas/export.schema.json); exports written before
+# say "nccltune-export", which readers still take.
+EXPORT_KIND = "export"
 EXPORT_SCHEMA_VERSION = 1
 
 

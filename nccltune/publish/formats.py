@@ -174,8 +174,9 @@ def render_json(env: Mapping[str, str], prov: Provenance, *, generation: int | N
     parts = {EVERY_JOB: clean, SINGLE_NODE: single}
     scopes = {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label]), "env": part}
               for label, part in parts.items()}
-    doc = {"schema_version": SCHEMA_VERSION, "provenance": _provenance_dict(prov, generation), "env": clean,
-           "single_node_env": single, "scopes": scopes}
+    # Its kind names its schema, schemas/env.schema.json (`nccltune env --json` prints this file).
+    doc = {"kind": "env", "schema_version": SCHEMA_VERSION, "provenance": _provenance_dict(prov, generation),
+           "env": clean, "single_node_env": single, "scopes": scopes}
     return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 

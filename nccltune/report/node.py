@@ -185,7 +185,7 @@ def topocheck_doc(check: TopoCheck) -> dict[str, Any]:
     doc = {k: v for k, v in vars(check).items() if k != "dump_diff"}
     doc["busbw_gbps"] = {str(k): v for k, v in check.busbw_gbps.items()}
     doc["dump_diff"] = check.dump_diff.as_dict() if check.dump_diff else None
-    return {"kind": "topo-check", **doc}
+    return {"kind": "topocheck", **doc}
 
 
 def topocheck_text(check: TopoCheck) -> str:

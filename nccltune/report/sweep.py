@@ -124,7 +124,7 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
     """The plan as one document. `unmeasured`: why nothing is measured on this node (one GPU):
     the same document then measures nothing, estimates no trial and says why under `reason`."""
     return {
-        "kind": "sweep-plan",
+        "kind": "plan",
         "reason": unmeasured,
         "demo": node.demo,
         "label": DEMO_LABEL if node.demo else None,
