@@ -8,6 +8,7 @@ It looks at the calling environment, NCCL's conf files, what nccltune published,
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 from .compare import upgrade_check
 from .nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
 from .nccl.site import conf_files as _nccl_conf_files
+from .nccl.variables import did_you_mean
+from .nccl.variables import unknown as unknown_variable
 from .publish import read_published
 from .store import Store
 from .sweep.plan import ll128_auto
@@ -116,7 +119,10 @@ def diagnose(
     conf_files: list[Path],
     topologyd_file: Path = Path(NVIDIA_TOPOLOGYD_FILE),
     tuner_mode: str = "auto",
+    interfaces: list[str] | None = None,
 ) -> list[Finding]:
+    """What is wrong or worth knowing about NCCL on this node. `interfaces` are the node's network
+    interfaces (the kernel's list where None), for NCCL_SOCKET_IFNAME."""
     f: list[Finding] = []
     tuner = tuner_finding(existing_tuner(env, conf_files), tuner_mode)
     if tuner is not None:
@@ -177,6 +183,23 @@ def diagnose(
         if problem:
             f.append(Finding("error", "invalid-value", f"{name} from {got[1]}: {problem}",
                              f"fix or unset {name}"))
+    for name in sorted({*env, *conf}):
+        if unknown_variable(name):
+            where = "the environment" if name in env else str(conf[name][1])
+            hint = did_you_mean(name)
+            f.append(Finding("warning", "unknown-variable",
+                             f"{name} (from {where}) is not a variable NCCL reads: NCCL ignores it"
+                             + (f"; did you mean {hint}?" if hint else ""),
+                             f"rename it to {hint}" if hint else f"unset {name}, or check its spelling"))
+    ifname = setting("NCCL_SOCKET_IFNAME")
+    if ifname:
+        names = sorted(n for _i, n in socket.if_nameindex()) if interfaces is None else list(interfaces)
+        if not socket_ifname_matches(ifname[0], names):
+            f.append(Finding("error", "socket-ifname-unmatched",
+                             f"NCCL_SOCKET_IFNAME={ifname[0]} (from {ifname[1]}) matches none of this node's "
+                             f"interfaces ({', '.join(names) or 'none'}): NCCL finds no socket interface and "
+                             "fails to start", "name a prefix of an interface, `=NAME` for one exactly, `^NAME` "
+                             "to leave one out"))
     proto = setting("NCCL_PROTO")
     if proto:
         tokens = {t.strip().lower() for part in proto[0].split(";") for t in part.split(":")[-1].split(",")}
@@ -259,6 +282,23 @@ def diagnose(
 
 # NCCL's default P2P level (paths.cc): P2P between two GPUs whose path is at most PXB.
 DEFAULT_P2P_LEVEL = "PXB"
+
+
+def socket_ifname_matches(value: str, interfaces: list[str]) -> bool:
+    """Whether NCCL_SOCKET_IFNAME `value` selects at least one of `interfaces`, as NCCL reads it:
+    comma-separated names, each a prefix, or with a leading `=` the exact name; a leading `^`
+    turns the list into the interfaces to leave out."""
+    exclude = value.startswith("^")
+    body = value[1:] if exclude else value
+    exact = body.startswith("=")
+    if exact:
+        body = body[1:]
+    wanted = [w.strip() for w in body.split(",") if w.strip()]
+
+    def named(iface: str) -> bool:
+        return any(iface == w if exact else iface.startswith(w) for w in wanted)
+
+    return any(named(i) != exclude for i in interfaces)
 
 
 def _p2p_pairs_lost(topo: Topology, paths: PathMatrix, value: str) -> list[tuple[int, int, str]]:

@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 
 from nccltune.cli import main
-from nccltune.doctor import Finding, default_conf_files, diagnose, read_conf_file
+from nccltune.doctor import Finding, default_conf_files, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.publish import Provenance, publish
 from nccltune.topology.fingerprint import topology_fingerprint
 from nccltune.topology.model import Topology
@@ -389,3 +389,33 @@ def test_problems_of_several_gpus_are_one_line_each(tmp_path: Path) -> None:
     assert "GPU0 (" in down.message and "GPU1 (" in down.message
     slow = one(run(topo(PCIE_ONLY), tmp_path), "pcie-gen")  # the four GPUs were recorded idle, at Gen1
     assert slow.message.startswith("GPU0, GPU1, GPU2, GPU3 link at PCIe Gen1 of Gen4")
+
+
+def test_a_misspelt_nccl_variable_is_named_with_the_one_meant(tmp_path: Path) -> None:
+    conf = conf_file(tmp_path, "NCCL_SOCKET_NTHREAD=4\nNCCL_IB_HCA=mlx5\n")
+    got = run(topo(NVSWITCH), tmp_path, env={"NCCL_MIN_NCHANNELZ": "16", "NCCL_ALGO": "Ring", "PATH": "/bin",
+                                             "NCCL_SHARP_DISABLE": "1"}, conf=[conf])
+    unknown = [f for f in got if f.code == "unknown-variable"]
+    assert [f.message.split(" ")[0] for f in unknown] == ["NCCL_MIN_NCHANNELZ", "NCCL_SOCKET_NTHREAD"]
+    assert unknown[0].severity == "warning"
+    assert unknown[0].message.endswith("did you mean NCCL_MIN_NCHANNELS?")
+    assert f"(from {conf})" in unknown[1].message and unknown[1].fix == "rename it to NCCL_SOCKET_NTHREADS"
+
+
+@pytest.mark.parametrize(("value", "matches"), [
+    ("eth", True), ("=eth", False), ("=eth0", True), ("ens,ib", True), ("ens", False),
+    ("^lo,docker", True), ("^lo,docker,eth,ib", False), ("^=eth", True)])
+def test_socket_ifname_is_read_as_nccl_reads_it(value: str, matches: bool) -> None:
+    assert socket_ifname_matches(value, ["lo", "eth0", "ib0", "docker0"]) is matches
+
+
+def test_a_socket_ifname_that_matches_no_interface_is_an_error(tmp_path: Path) -> None:
+    import socket
+
+    real = sorted(name for _i, name in socket.if_nameindex())
+    assert "lo" in real
+    got = run(topo(NVSWITCH), tmp_path, env={"NCCL_SOCKET_IFNAME": "=lo"})
+    assert "socket-ifname-unmatched" not in codes(got)
+    got = run(topo(NVSWITCH), tmp_path, env={"NCCL_SOCKET_IFNAME": "nosuchif"})
+    finding = one(got, "socket-ifname-unmatched")
+    assert finding.severity == "error" and "lo" in finding.message and "from the environment" in finding.message
