@@ -92,7 +92,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             if args.json else NOTHING_TO_VERIFY)
         return EXIT_OK
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
-                        threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline)
+                        threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline,
+                        quick=args.quick)
     write_metrics(cfg, node, nccl_version=result.nccl_version)
     out(dumps_doc(verify_doc(result)) if args.json else verify_text(result))
     return EXIT_OK if result.passed else 1

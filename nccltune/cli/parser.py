@@ -23,7 +23,9 @@ def _positive_int(text: str) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}", hint=_did_you_mean(self, message))
+        # "nccltune: error: " comes with every error; a subcommand's parser adds its own name.
+        where = self.prog.removeprefix("nccltune").strip()
+        raise UsageError(f"{where}: {message}" if where else message, hint=_did_you_mean(self, message))
 
 
 def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str | None:
@@ -267,6 +269,9 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ver.add_argument("--json", action="store_true", help="print one JSON document")
     ver.add_argument("--baseline", type=int, metavar="RUN",
                      help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
+    ver.add_argument("--quick", action="store_true",
+                     help="for a per-job prolog: the profile's first collective at the smallest and largest "
+                          "size, one run (NCCL's log still read); says what it checked")
 
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
@@ -347,7 +352,9 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
     _common(app)
     # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
-    app.add_argument("profile_path", metavar="PROFILE",
+    # Optional to argparse only: `apply --demo class.json` gives --demo the profile, which
+    # cmd_apply takes back (publish_cmds.profile_and_demo).
+    app.add_argument("profile_path", metavar="PROFILE", nargs="?",
                      help="a class profile, or a directory of them named <class id>.json")
     app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
                      help="a demo node: its state in ./nccltune-demo, its class from the snapshot")

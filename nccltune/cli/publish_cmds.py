@@ -98,10 +98,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return EXIT_OK  # pragma: no cover - exec does not return
 
 
+def profile_and_demo(args: argparse.Namespace) -> tuple[Path, str | bool | None]:
+    """(PROFILE, --demo's value) of `apply`: `--demo [SNAPSHOT]` takes the word after it, so in
+    `apply --demo class.json` that word is the profile, and the demo its bundled node."""
+    profile, demo = args.profile_path, args.demo
+    if profile is None and isinstance(demo, str):
+        profile, demo = demo, True
+    if profile is None:
+        raise UsageError("apply: the PROFILE argument is required", hint="nccltune apply PROFILE [--demo [SNAPSHOT]]")
+    return Path(profile), demo
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from ..fleet.apply import apply_profile
 
-    cfg = load_cfg(args, demo=bool(args.demo))
-    got = apply_profile(cfg, Path(args.profile_path), demo=args.demo, python=args.python)
+    profile, demo = profile_and_demo(args)
+    cfg = load_cfg(args, demo=bool(demo))
+    got = apply_profile(cfg, profile, demo=demo, python=args.python)
     out(f"Applied {got.note}: generation {got.published.generation} in {cfg.publish_dir}")
     return EXIT_OK
