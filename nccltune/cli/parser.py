@@ -58,6 +58,10 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
                   "they differ.", "nccltune topo diff nodeA.json nodeB.xml"),
     "sweep": ("Measure NCCL's defaults and the candidate settings this topology allows, choose the best "
               "beyond noise, and publish it for jobs (nccl.sh, nccl.env, nccl.json).", "nccltune sweep --plan"),
+    "keygen": ("Write a new secret key for sweeps over several nodes: root-only (0600), never replacing an "
+               "existing file. Copy the same key to every node of the job, as a Slurm munge key is; the "
+               "coordinator and the joining nodes authenticate each other and every message with it.",
+               "nccltune keygen /etc/nccltune/multinode.key"),
     "env": ("Print the published environment as a job with the calling environment gets it (its own "
             "variables kept, nothing under NCCLTUNE_DISABLE), after checking the published set.",
             "nccltune env --format env --as-published > /etc/default/nccl"),
