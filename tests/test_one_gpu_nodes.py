@@ -159,3 +159,21 @@ def test_a_class_table_for_a_job_shape_holds_entries_for_that_shape(tmp_path: Pa
     assert shapes == {(2, 4, 2)}
     (gather,) = [e for e in prof["tuner_table"] if e["collective"] == "allgather"]
     assert gather["min_bytes"] == 64 * KIB // 4  # one rank's block of 4 ranks
+
+
+def test_a_plan_over_two_one_gpu_nodes_measures_per_size_for_that_communicator(tmp_path: Path) -> None:
+    """The recorded 1x H200 node, its NCCL path (not the demo): over two nodes the trials form a
+    communicator of 2 ranks, 1 per node, so the per-size candidates (the tuner table) are planned
+    for it, PAT for all_gather among them (one rank per node); NIC loopback gets no table."""
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump({"topology": {"snapshot": str(H200X1)},
+                                    "sweep": {"profile": "rig", "profiles": {"rig": {"all_reduce": {"1MiB": 1},
+                                                                                    "all_gather": {"1MiB": 1}}}}}))
+    cfg = load_config(path, required=True)
+    over_two = LaunchRequest(nodes=2, launcher="torchrun", endpoint=("127.0.0.1", 29400))
+    plan, _ = SweepPipeline(cfg, launch=over_two, env={}).plan()
+    assert plan.per_size is not None and plan.per_size.active, plan.per_size
+    labels = {c.label for c in plan.per_size.candidates}
+    assert "ring/ll" in labels and any(label.startswith("pat/") for label in labels)
+    plan, _ = SweepPipeline(cfg, env={}).plan()  # the node alone: one rank, no tuner
+    assert plan.per_size is not None and not plan.per_size.active

@@ -88,8 +88,10 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
         sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks, shape=shape,
     )
-    inactive = ("the tuner table is measured for one node's own ranks; this sweep is for another job shape"
-                if shape is not None and shape.crosses_nic else tuner_inactive_reason(cfg, env, node.demo, plan))
+    # Over several nodes the table is measured for that job shape (its entries for a communicator of
+    # those nodes); NIC loopback is a shape no job has.
+    inactive = ("the tuner table is measured for a node's own ranks or a job over several nodes; NIC loopback is "
+                "neither" if shape is not None and shape.loopback else tuner_inactive_reason(cfg, env, node.demo, plan))
     plan_per_size(plan, node.topo, node.paths, inactive_reason=inactive,
                   user_variables=list(cfg.sweep.variables), demo=node.demo, exclude=list(cfg.sweep.exclude),
                   collectives=workload(cfg, node, plan.sizes).collectives, nccl_version=nccl_version)

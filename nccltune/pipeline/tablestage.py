@@ -179,6 +179,15 @@ class TableStage:
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
             out.chosen = _pick(None, out.env_only)
             return out
+        if self.nnodes > 1:
+            # The other nodes never load a library or table the coordinator names (the control
+            # channel refuses such variables): the job shape's table is decided from these per-size
+            # trials by `fleet decide`, and the final check measures the environment part alone.
+            out.status = (f"active for {self.nnodes} nodes: the table goes into a class profile (nccltune export, "
+                          "nccltune fleet decide)")
+            out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
+            out.chosen = _pick(None, out.env_only)
+            return out
         if not table.entries and not choice.single_node_env:
             out.status = "active, no entries: NCCL's defaults won at every size"
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]

@@ -302,15 +302,18 @@ def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_rea
     `collectives` are the ones every trial measures (nccltune's names); the table steers those NCCL
     asks a tuner about. `nccl_version`, where known before the trials, decides whether an algorithm
     that runs only some of them can be set for those alone (sweep.pertable.per_size_candidates)."""
-    if inactive_reason is None and plan.nranks < 2:
+    # The communicator the trials form: this node's ranks, on each of the job's nodes.
+    nnodes = 1 if plan.shape.loopback else plan.shape.nnodes
+    comm_ranks = plan.nranks * nnodes
+    if inactive_reason is None and comm_ranks < 2:
         inactive_reason = "one rank: NCCL consults no tuner"
-    if inactive_reason is None and plan.shape.crosses_nic:
-        inactive_reason = "the table is measured for one node's shape only"
+    if inactive_reason is None and plan.shape.loopback:
+        inactive_reason = "NIC loopback is a shape no job has: no table is measured for it"
     if inactive_reason is not None:
         plan.per_size = PerSizePlan(False, inactive_reason)
         plan.notes.append(plan.per_size.inactive_text)
         return plan.per_size
-    got = per_size_candidates(collectives, ll128=ll128_auto(topo, paths), nranks=plan.nranks,
+    got = per_size_candidates(collectives, ll128=ll128_auto(topo, paths), nranks=comm_ranks, nnodes=nnodes,
                               nccl_version=nccl_version)
     candidates, pruned = got.candidates, got.pruned
     if not got.collectives:
