@@ -142,12 +142,10 @@ def nothing_comparable(store: Store, c: RunComparison) -> str | None:
     """Why no size of comparison `c` could be compared (every row "missing"), or None when one could."""
     if any(s.verdict != "missing" for s in c.sizes):
         return None
-    from .report.nccltests_json import run_nranks
-
     why = []
     for run_id, got in ((c.a_run, [s.a_busbw_gbps for s in c.sizes]), (c.b_run, [s.b_busbw_gbps for s in c.sizes])):
         run = store.run(run_id)
-        if run is not None and run_nranks(run) == 1:
+        if run is not None and run.nranks == 1:
             why.append(f"run {run_id} ran at one rank: busbw is 0 by definition at one rank")
         elif not any(v is not None for v in got):
             why.append(f"run {run_id} has no measurement of the {c.side} side")

@@ -74,16 +74,6 @@ def _trial_doc(t: TrialRecord) -> dict[str, Any]:
     }
 
 
-def run_nranks(run: RunRecord) -> int | None:
-    """Ranks of the run's trials, as the sweep chose them: bench.nranks, else one per GPU of
-    bench.gpus or of the node (in the CPU demo two, one for a recording of one GPU: node.load_node)."""
-    bench = run.config.get("bench", {}) if isinstance(run.config, dict) else {}
-    gpus = run.topology.get("gpus")
-    nranks = bench.get("nranks") or len(bench.get("gpus") or []) or (
-        min(2, gpus if isinstance(gpus, int) and gpus > 0 else 2) if run.demo else gpus)
-    return int(nranks) if isinstance(nranks, int) and nranks > 0 else None
-
-
 # What an export says of a run's job shape (trials.launch.Launch.record, less the class the export holds).
 JOB_KEYS = ("label", "nnodes", "ranks_per_node", "loopback", "launcher")
 
@@ -97,7 +87,7 @@ def run_job(run: RunRecord) -> dict[str, Any] | None:
 
 def _run_doc(run: RunRecord, trials: list[TrialRecord], nccl_version: str | None) -> dict[str, Any]:
     return {
-        "nranks": run_nranks(run),
+        "nranks": run.configured_nranks,
         "job": run_job(run),
         "id": run.id, "kind": run.kind, "status": run.status, "started_at": run.started_at,
         "finished_at": run.finished_at, "backend": run.backend, "demo": run.demo, "profile": run.profile,

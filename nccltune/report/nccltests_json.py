@@ -171,21 +171,6 @@ def _local_time(iso: str | None, plus_s: float = 0.0) -> str | None:
     return (datetime.fromisoformat(iso) + timedelta(seconds=plus_s)).astimezone().strftime(TIME_FORMAT)
 
 
-def run_nranks(run: RunRecord) -> int | None:
-    """How many ranks the run's trials had: the whole job of a job shape, else as the run
-    recorded it (runs since the record has it), else by the rule the sweep chose them with."""
-    topo = run.topology or {}
-    job = topo.get("job")
-    if isinstance(job, dict) and isinstance(job.get("nnodes"), int) and isinstance(job.get("ranks_per_node"), int):
-        return int(job["nnodes"]) * int(job["ranks_per_node"])
-    recorded = topo.get("nranks")
-    if isinstance(recorded, int) and recorded > 0:
-        return recorded
-    from ..fleet.export import run_nranks as configured_nranks
-
-    return configured_nranks(run)
-
-
 def _iterations(run: RunRecord) -> tuple[int | None, int | None]:
     """(warm-up, timed) iterations per size of the run's trials."""
     if run.kind == "import":
@@ -293,7 +278,7 @@ def run_document(run: RunRecord, trials: Sequence[TrialRecord], *, collective: s
         raise CheckFailed(f"{selection.what} of run {run.id} has no {collective} measurements")
     summary = run.summary or {}
     imported = run.kind == "import"
-    nranks = run_nranks(run)
+    nranks = run.nranks
     warmup, iters = _iterations(run)
     sizes = sorted({r.size_bytes for rows in by_placement.values() for r in rows})
     counts: dict[str, Any] = summary["counts"] if imported and isinstance(summary.get("counts"), dict) else {}

@@ -63,6 +63,28 @@ class RunRecord:
     published_generation: int | None
     rows: tuple[ReportRow, ...] = ()
 
+    @property
+    def configured_nranks(self) -> int | None:
+        """Ranks per trial as the sweep chose them: bench.nranks, else one per GPU of bench.gpus or
+        of the node (in the CPU demo two, one for a recording of one GPU: node.load_node)."""
+        bench = self.config.get("bench", {}) if isinstance(self.config, dict) else {}
+        gpus = self.topology.get("gpus")
+        nranks = bench.get("nranks") or len(bench.get("gpus") or []) or (
+            min(2, gpus if isinstance(gpus, int) and gpus > 0 else 2) if self.demo else gpus)
+        return int(nranks) if isinstance(nranks, int) and nranks > 0 else None
+
+    @property
+    def nranks(self) -> int | None:
+        """How many ranks the run's trials had: the whole job of a job shape, else as the run
+        recorded it (runs since the record has it), else `configured_nranks`."""
+        job = self.topology.get("job")
+        if isinstance(job, dict) and isinstance(job.get("nnodes"), int) and isinstance(job.get("ranks_per_node"), int):
+            return int(job["nnodes"]) * int(job["ranks_per_node"])
+        recorded = self.topology.get("nranks")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+        return self.configured_nranks
+
 
 @dataclass(frozen=True)
 class TrialRecord:
