@@ -244,3 +244,12 @@ def test_a_lock_that_cannot_be_created_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(NccltuneError, match="cannot open the sweep lock") as err:
         SweepLock(blocker / "state" / "sweep.lock").acquire()
     assert str(blocker / "state" / "sweep.lock") in str(err.value)
+
+
+def test_a_bare_interpreter_name_is_resolved_on_the_callers_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--python python3` means the python3 the caller's PATH finds (a venv's, say): the children run
+    with a fixed PATH, where that name can be the system's interpreter without torch."""
+    here = Path(sys.executable)
+    monkeypatch.setenv("PATH", f"{here.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    got = find_worker_python(here.name)
+    assert os.path.isabs(got) and Path(got).parent == here.parent

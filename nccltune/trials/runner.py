@@ -138,7 +138,9 @@ def find_worker_python(configured: str | None) -> str:
     """
     if configured:
         check_python(configured)
-        return configured
+        # A bare name ("python3") is looked up once, on the caller's PATH, where check_python
+        # trusted it: children run with a fixed PATH, on which the name can be another interpreter.
+        return shutil.which(configured) or configured
     import importlib.util
 
     if importlib.util.find_spec("torch") is not None:
