@@ -166,7 +166,8 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         lines.append("  nothing: every candidate was pruned")
     for name, values in plan.variables.items():
         lines.append(f"  {name}: {', '.join(values)}")
-    lines.append("  NCCL_TOPO_FILE: nccltune's topology file for this node")
+    if "NCCL_TOPO_FILE" not in plan.pinned:
+        lines.append("  NCCL_TOPO_FILE: nccltune's topology file for this node")
     lines.extend(per_size_plan_text(plan))
     if plan.pinned:
         lines.append("")
