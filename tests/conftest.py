@@ -7,6 +7,9 @@ state directory; `every_collective_sweep` is a second one whose profile measures
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,30 @@ def every_collective_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSwee
 def seeded(demo_sweep: DemoSweep) -> Path:
     """The demo sweep's state directory: something published, one sweep in the history."""
     return demo_sweep.state
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 256 KiB tmpfs (root only; skipped where it cannot be mounted), for full-disk tests."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mnt)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_up(mnt: Path) -> None:
+    """Write zeros into `mnt` until its file system has no block left."""
+    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import fill_up
 
 from nccltune.atomicfile import FileError
 from nccltune.errors import EXIT_CHECK_FAILED
@@ -20,26 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mnt)],
-                             capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        (mnt / "state").mkdir(mode=0o755)
-        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        yield mnt / "state"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+def full_disk(tmpfs: Path) -> Path:
+    """A state directory on a tmpfs with no block left."""
+    (tmpfs / "state").mkdir(mode=0o755)
+    fill_up(tmpfs)
+    return tmpfs / "state"
 
 
 def test_a_full_disk_in_the_lock_is_exit_1_naming_enospc(full_disk: Path) -> None:

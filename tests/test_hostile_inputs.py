@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NCCL_TESTS_OUTPUT
+from conftest import NCCL_TESTS_OUTPUT, fill_up
 from demo_state import SNAPSHOT, DemoSweep, clean_env
 from fleet_fixtures import demo_profile
 from second_user import published_digests
@@ -208,33 +208,12 @@ def test_import_refuses_an_environment_value_no_launcher_may_source(tmp_path: Pa
             assert store.runs(limit=5) == []
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "tmpfs", str(mnt)],
-                         capture_output=True, check=False)
-    if got.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_a_full_disk_during_import_says_enospc(small_tmpfs: Path, tmp_path: Path) -> None:
-    state = small_tmpfs / "state"
+def test_a_full_disk_during_import_says_enospc(tmpfs: Path, tmp_path: Path) -> None:
+    state = tmpfs / "state"
     first = nccltune("import", NCCL_TESTS_OUTPUT / "all_reduce_perf.v3-1rank.h200.json", "--state-dir", state,
                      cwd=tmp_path)
     assert first.returncode == EXIT_OK, first.stderr
-    fd = os.open(small_tmpfs / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_up(tmpfs)
     got = nccltune("import", NCCL_TESTS_OUTPUT / "all_reduce_perf.v3-2rank.handmade.json", "--state-dir", state,
                    cwd=tmp_path)
     refused(got, str(state / "history.db"), "No space left on device (ENOSPC)", code=EXIT_CHECK_FAILED)
