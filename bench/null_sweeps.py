@@ -29,6 +29,7 @@ import concurrent.futures
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,8 @@ def weighted_gain_pct(rows: list[dict[str, Any]]) -> float:
 
 
 def nccltune(tree: Path, work: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # The checkout first; a PYTHONPATH already set (libraries beside the interpreter's) stays after it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "nccltune", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout_s, check=False)
 
@@ -60,14 +62,29 @@ def failed(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
 
 
-def run_one(tree: Path, work: Path, config: str, timeout_s: float) -> dict[str, Any]:
-    """One demo sweep in a fresh state directory and its export; the sweep's JSON document (with
-    `export`, the export's path), or an error entry."""
-    work.mkdir(parents=True)
+def config_args(work: Path, config: str) -> list[str]:
     args = ["--state-dir", str(work / "state")]
     if config == "shortest":
         (work / "config.yaml").write_text(SHORTEST_CONFIG)
         args += ["--config", str(work / "config.yaml")]
+    return args
+
+
+def plan_estimate_s(tree: Path, work: Path, config: str, timeout_s: float) -> float | None:
+    """The plan's ETA for a demo sweep of this config (`sweep --plan --demo --json`)."""
+    work.mkdir(parents=True)
+    proc = nccltune(tree, work, "sweep", "--plan", "--demo", "--json", *config_args(work, config),
+                    timeout_s=timeout_s)
+    if proc.returncode != 0:
+        return None
+    return float(json.loads(proc.stdout)["estimate"]["seconds"])
+
+
+def run_one(tree: Path, work: Path, config: str, timeout_s: float) -> dict[str, Any]:
+    """One demo sweep in a fresh state directory and its export; the sweep's JSON document (with
+    `export`, the export's path), or an error entry."""
+    work.mkdir(parents=True)
+    args = config_args(work, config)
     started = time.monotonic()
     proc = nccltune(tree, work, "sweep", "--demo", "--json", *args, timeout_s=timeout_s)
     wall_s = time.monotonic() - started
@@ -126,6 +143,8 @@ def main() -> int:
             return {"error": f"no result within {args.timeout_s:g} s", "wall_s": args.timeout_s}
 
     with tempfile.TemporaryDirectory(prefix="nccltune-null-") as tmp:
+        estimates = {c: plan_estimate_s(tree, Path(tmp) / f"plan-{c}", c, args.timeout_s) for c in configs}
+        walls: dict[str, list[float]] = {c: [] for c in configs}
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = {pool.submit(one, c, i, tmp): (c, i) for c in configs for i in range(1, args.sweeps + 1)}
             for fut in concurrent.futures.as_completed(futures):
@@ -135,6 +154,7 @@ def main() -> int:
                     print(f"{config:8s} {i:3d}  ERROR  {doc['error']}", flush=True)
                     continue
                 done += 1
+                walls[config].append(float(doc["wall_s"]))
                 label = str(doc.get("chosen"))
                 gain = weighted_gain_pct(list(doc.get("sizes") or []))
                 if label != DEFAULTS_LABEL:
@@ -161,6 +181,13 @@ def main() -> int:
             decided_false += chosen != DEFAULTS_LABEL
             print(f"fleet decide ({config}, {len(paths)} exports): "
                   f"{'ok' if chosen == DEFAULTS_LABEL else 'FALSE+'} {chosen}", flush=True)
+    for config in configs:
+        # The ETA is meant for a sweep that has the machine to itself: read it from --jobs 1 runs.
+        if walls[config] and estimates[config]:
+            med = statistics.median(walls[config])
+            print(f"ETA ({config}): plan {estimates[config]:.1f} s, median wall {med:.1f} s over "
+                  f"{len(walls[config])} sweeps (--jobs {args.jobs}): wall/ETA {med / estimates[config]:.2f}",
+                  flush=True)
     rate = published / done if done else float("nan")
     print(f"false positives: {published}/{done} sweeps published a non-default setting (rate {rate:.2f}), "
           f"the topology file alone included; fleet decide: {decided_false}/{decided}; errors: {errors}",
