@@ -31,10 +31,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .atomicfile import atomic_write
 from .errors import InputError, NccltuneError, UnavailableError
+from .files.atomicfile import atomic_write
+from .files.trust import check_file
 from .trials.credentials import DEFAULT_USER
-from .trust import check_file
 
 log = logging.getLogger(__name__)
 

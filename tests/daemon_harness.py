@@ -16,7 +16,7 @@ from demo_state import BASE_CONFIG, SNAPSHOT
 from nccltune.config import Config
 from nccltune.daemon import Daemon, DaemonOptions, actions
 from nccltune.daemon.actions import NcclInfo, Node
-from nccltune.sdnotify import Notifier
+from nccltune.daemon.sdnotify import Notifier
 
 PUBLISHED = ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
 # The published tuning depends on this setting (see test_daemon.py).

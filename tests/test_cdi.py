@@ -15,8 +15,8 @@ from jsonschema import Draft7Validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
-from nccltune.cdi import KIND, SPEC_NAME, check_spec, render_spec
 from nccltune.config import Config, PublishConfig
+from nccltune.delivery.cdi import KIND, SPEC_NAME, check_spec, render_spec
 from nccltune.errors import InputError
 from nccltune.publish import Provenance, Setting, publish_setting, read_set
 

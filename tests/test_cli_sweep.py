@@ -26,7 +26,7 @@ from conftest import REPO
 from demo_state import DemoSweep
 
 from nccltune.cli import main
-from nccltune.lock import SweepLock
+from nccltune.files.lock import SweepLock
 from nccltune.publish import DEMO_LINE
 from nccltune.sweep.space import CATALOGUE
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from demo_state import EVERY_COLLECTIVE, DemoSweep, clean_env
 
+from nccltune.checks.verify import DEMO_VERIFY_SIZES
 from nccltune.cli import main
 from nccltune.node import DEMO_SIZES
 from nccltune.report.plot import series_by_collective
 from nccltune.store import Store
 from nccltune.trials.runner import Runner
 from nccltune.trials.worker import FAULT_VAR
-from nccltune.verify import DEMO_VERIFY_SIZES
 
 pytest.importorskip("torch")
 

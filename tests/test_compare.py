@@ -126,7 +126,7 @@ def test_compare_command_exits_1_on_a_slower_run_and_its_json_has_a_schema(histo
 
 
 def test_upgrade_regression_is_a_doctor_finding_and_a_metric(history: tuple[Path, list[int]]) -> None:
-    from nccltune.doctor import upgrade_findings
+    from nccltune.checks.doctor import upgrade_findings
     from nccltune.metrics import render, snapshot_from_store
 
     state, (a, b) = history

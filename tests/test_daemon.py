@@ -33,7 +33,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccltune.daemon import DEMO_BUSY_FILE
-from nccltune.lock import SweepLock
+from nccltune.files.lock import SweepLock
 from nccltune.store import Store
 
 pytest.importorskip("torch")

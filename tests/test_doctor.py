@@ -12,8 +12,8 @@ from unittest import mock
 
 import pytest
 
+from nccltune.checks.doctor import Finding, default_conf_files, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.cli import main
-from nccltune.doctor import Finding, default_conf_files, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.publish import Provenance, publish
 from nccltune.topology.fingerprint import topology_fingerprint
 from nccltune.topology.model import Topology

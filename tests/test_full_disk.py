@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import fill_up
 
-from nccltune.atomicfile import FileError
 from nccltune.errors import EXIT_CHECK_FAILED
-from nccltune.lock import SweepLock
+from nccltune.files.atomicfile import FileError
+from nccltune.files.lock import SweepLock
 from nccltune.store import Store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import NCCL_LOGS
 
+from nccltune.checks.topocheck import verdict_of
 from nccltune.cli import main
 from nccltune.errors import EXIT_BUSY
 from nccltune.hw.types import GpuProcess
 from nccltune.nccl.debuglog import parse_nccl_log
 from nccltune.records import Measurement, TrialResult
-from nccltune.topocheck import verdict_of
 from nccltune.topology.snapshot import load_snapshot, snapshot_to_json
 from nccltune.topology.source import bundled_topologies_dir
 

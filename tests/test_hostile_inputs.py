@@ -23,10 +23,10 @@ from demo_state import SNAPSHOT, DemoSweep, clean_env
 from fleet_fixtures import demo_profile
 from second_user import published_digests
 
-from nccltune import trust
 from nccltune.errors import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK, InputError, UnavailableError
+from nccltune.files import trust
+from nccltune.files.inputfile import MAX_JSON_DEPTH, loads_strict
 from nccltune.fleet.decide import dumps_profile
-from nccltune.inputfile import MAX_JSON_DEPTH, loads_strict
 from nccltune.nccl.probe import probe_nccl
 from nccltune.store import Store
 from nccltune.trials import runner as runner_module

@@ -2,7 +2,7 @@
 
 The same jobs (no own value, own values that differ, an own empty value, NCCLTUNE_DISABLE) are run
 through `nccltune exec`, `nccltune env` sourced by each shell, the torchrun wrapper and the Slurm
-TaskProlog under each shell, and every form must give what nccltune.jobenv.decide says.
+TaskProlog under each shell, and every form must give what nccltune.delivery.jobenv.decide says.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from nccltune.jobenv import JobDecision, decide, filter_text, opted_out
+from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
 from nccltune.publish import Provenance, job_env, publish, read_set
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"

@@ -22,11 +22,11 @@ import pytest
 from conftest import REPO
 from demo_state import SNAPSHOT, DemoSweep, clean_env
 
+from nccltune.checks.topocheck import TopoCheck
 from nccltune.cli import main
 from nccltune.fleet.schema import SchemaViolation, validate
 from nccltune.report.common import ROUNDING, dumps
 from nccltune.report.node import topocheck_doc
-from nccltune.topocheck import TopoCheck
 
 SCHEMAS = REPO / "schemas"
 KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare",
@@ -204,7 +204,7 @@ def _call_args(tree: ast.AST, func: str, position: int) -> list[tuple[int, ast.e
 
 
 def test_doctor_codes_are_the_schema_enum() -> None:
-    source = REPO / "nccltune" / "doctor.py"
+    source = REPO / "nccltune" / "checks" / "doctor.py"
     tree = ast.parse(source.read_text())
     calls = _call_args(tree, "Finding", 1)
     codes = {c for line, arg in calls for c in _literal_codes(arg, f"doctor.py:{line}")}

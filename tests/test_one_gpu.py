@@ -20,16 +20,16 @@ import yaml
 from conftest import REPO
 from demo_state import BASE_CONFIG
 
+from nccltune.checks.topocheck import ONE_RANK_NOTE, check_topology_file
 from nccltune.cli import main
 from nccltune.config import load_config
 from nccltune.daemon import Daemon, DaemonOptions, actions, scheduler
 from nccltune.daemon.actions import NcclInfo
+from nccltune.daemon.sdnotify import Notifier
 from nccltune.fleet.schema import validate
 from nccltune.node import load_node
 from nccltune.publish import read_set
-from nccltune.sdnotify import Notifier
 from nccltune.store import Store
-from nccltune.topocheck import ONE_RANK_NOTE, check_topology_file
 from nccltune.topology.ncclxml import render_xml
 
 pytest.importorskip("torch")

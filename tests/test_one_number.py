@@ -16,6 +16,7 @@ from unittest import mock
 
 from demo_state import SNAPSHOT, DemoSweep, clean_env
 
+from nccltune.checks.verify import _expectations
 from nccltune.cli import main
 from nccltune.compare import DEFAULTS_LABEL, compare_runs, setting_trials
 from nccltune.config import load_config, with_overrides
@@ -25,7 +26,6 @@ from nccltune.report.nccltests_json import run_document
 from nccltune.report.plot import series_by_collective
 from nccltune.report.sweep import rows_text
 from nccltune.store import Store
-from nccltune.verify import _expectations
 
 Key = tuple[str, int]
 ROUNDED = 0.0005  # the stored rows keep 3 decimals of GB/s

@@ -170,7 +170,7 @@ def test_a_run_on_gpus_has_no_demo_label(tmp_path: Path) -> None:
 
 def test_an_unwritable_plot_path_is_named(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from nccltune.atomicfile import FileError
+    from nccltune.files.atomicfile import FileError
     from nccltune.report.plot import plot_run
 
     out = tmp_path / "no-such-dir" / "busbw.png"

@@ -30,7 +30,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[2]]
 import nccltune
 from pathlib import Path
 from nccltune.tuner.build import build_plugin, prebuilt_plugin
-from nccltune.doctor import plugin_finding
+from nccltune.checks.doctor import plugin_finding
 got = build_plugin(Path(sys.argv[3]))
 finding = plugin_finding()
 print(json.dumps({"package": nccltune.__file__, "ok": got.ok, "path": str(got.path), "compiler": got.compiler,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nccltune.errors import EXIT_BUSY, EXIT_UNAVAILABLE, BusyError, NccltuneError, UnavailableError
-from nccltune.lock import SweepLock
+from nccltune.files.lock import SweepLock
 from nccltune.trials.runner import Runner, TrialAborted, TrialResult, find_worker_python
 from nccltune.trials.worker import FAULT_VAR
 
@@ -224,7 +224,7 @@ def test_a_lock_held_by_another_process_names_its_pid(tmp_path: Path) -> None:
     import subprocess
 
     path = tmp_path / "sweep.lock"
-    code = ("import sys, time; from pathlib import Path; from nccltune.lock import SweepLock; "
+    code = ("import sys, time; from pathlib import Path; from nccltune.files.lock import SweepLock; "
             "lock = SweepLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     try:

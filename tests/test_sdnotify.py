@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.sdnotify import Notifier, watchdog_interval_s
+from nccltune.daemon.sdnotify import Notifier, watchdog_interval_s
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_vanished_socket_does_not_raise(tmp_path: Path, caplog: pytest.LogCaptur
     notifier = Notifier(path)
     # Nobody listening any more, but the file is still there: ECONNREFUSED.
     sock.close()
-    with caplog.at_level(logging.DEBUG, logger="nccltune.sdnotify"):
+    with caplog.at_level(logging.DEBUG, logger="nccltune.daemon.sdnotify"):
         assert notifier.ready() is False
         # The file is gone too (systemd restarted, socket cleaned up): ENOENT.
         os.unlink(path)

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from demo_state import BASE_CONFIG, SNAPSHOT, SWEEP_S, clean_env
 
+from nccltune.checks.doctor import diagnose, existing_tuner
 from nccltune.config import Config, TunerConfig
-from nccltune.doctor import diagnose, existing_tuner
 from nccltune.nccl.site import (
     ConfSetting,
     SiteTuner,

@@ -16,8 +16,8 @@ import yaml
 from conftest import REPO
 from demo_state import SNAPSHOT, clean_env
 
+from nccltune.checks.doctor import diagnose, existing_tuner
 from nccltune.config import Config, TunerConfig, parse_config
-from nccltune.doctor import diagnose, existing_tuner
 from nccltune.errors import InputError
 from nccltune.fleet.schema import validate
 from nccltune.nccl.site import SiteTuner

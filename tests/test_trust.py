@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nccltune import trust
 from nccltune.errors import EXIT_CONFIG, InputError
-from nccltune.lock import SweepLock
+from nccltune.files import trust
+from nccltune.files.lock import SweepLock
 from nccltune.publish import Provenance, publish
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,8 +128,8 @@ def test_writable_directory_named_correctly(tmp_path: Path, mode: int, word: str
 
 def test_directories_are_created_0755_under_umask_000(tmp_path: Path) -> None:
     state = tmp_path / "a" / "state"
-    code = ("from pathlib import Path; from nccltune.lock import SweepLock; from nccltune.publish import publish, "
-            "Provenance\n"
+    code = ("from pathlib import Path; from nccltune.files.lock import SweepLock; "
+            "from nccltune.publish import publish, Provenance\n"
             f"SweepLock(Path({str(state)!r}) / 'sweep.lock').acquire()\n"
             f"publish(Path({str(state)!r}) / 'pub', {{'NCCL_ALGO': 'Ring'}}, Provenance('0', 'now', 'f', None, "
             "'gloo', True, None))\n")

@@ -23,8 +23,8 @@ from demo_state import SNAPSHOT, DemoSweep, clean_env
 from fleet_fixtures import demo_profile
 from second_user import give, mallory_uid, published_digests
 
-from nccltune import trust
 from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.files import trust
 from nccltune.fleet.decide import PROFILE_KIND
 
 CLI_S = 240.0

@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from nccltune import __version__
+from nccltune.checks.verify import DEMO_VERIFY_SIZES, SampleCounts, allowed_drift_pct, run_verify
 from nccltune.cli import main
 from nccltune.config import Config, load_config, with_overrides
 from nccltune.errors import CheckFailed
-from nccltune.lock import SweepLock
+from nccltune.files.lock import SweepLock
 from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
-from nccltune.verify import DEMO_VERIFY_SIZES, SampleCounts, allowed_drift_pct, run_verify
 
 pytest.importorskip("torch")
 
@@ -421,7 +421,7 @@ def test_with_a_class_profile_verify_compares_the_node_with_its_class(config: Pa
     """Hand-worked: at 1 MiB the class's nodes measured 4.0 and 4.4 GB/s (median 4.2, the lowest
     4.76% below it), with 1% and 3% noise (typical 2%: twice is 4%); with a 5% threshold the node
     may fall 5% below 4.2 (to 3.99). 4.05 passes, 3.90 (7.1% below) does not."""
-    from nccltune.doctor import class_findings
+    from nccltune.checks.doctor import class_findings
     from nccltune.fleet.apply import apply_profile
 
     medians = {262144: (1.0, 1.0), 1 << 20: (4.0, 4.4), 4 << 20: (8.0, 8.0)}

@@ -10,6 +10,7 @@ import jsonschema
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccltune import __version__
+from nccltune.checks.verify import VerifyResult
 from nccltune.metrics import render, snapshot_from_store
 from nccltune.nccl.debuglog import parse_nccl_log
 from nccltune.nccl.ran import CODES, what_ran
@@ -17,7 +18,6 @@ from nccltune.report.common import dumps
 from nccltune.report.runs import verify_doc, verify_text
 from nccltune.store import Store
 from nccltune.tuner.table import TableEntry, TunerTable
-from nccltune.verify import VerifyResult
 
 REPO = Path(__file__).parent.parent
 LOG = REPO / "tests" / "fixtures" / "nccllog" / "h200x1-nccl-hosts" / "table-ring-ll-2x1.rank0.nccl.log"

@@ -95,10 +95,10 @@ def test_codes_are_stable_and_in_the_document() -> None:
 def test_verify_judges_rank0s_log_of_its_trial_against_the_published_table(tmp_path: Path) -> None:
     """verify's own path: rank 0's log found in the trial's directory, the published table read from
     the path the published set names (the recorded log's table path moved to this test's directory)."""
+    from nccltune.checks.verify import _what_ran
     from nccltune.records import TrialResult
     from nccltune.trials.nccllog import debug_env
     from nccltune.tuner.table import render_table
-    from nccltune.verify import _what_ran
 
     table_path = tmp_path / "ll.table"
     table_path.write_text(render_table(_table("tree", "simple")), encoding="ascii")
@@ -117,7 +117,7 @@ def test_verify_codes_are_the_schemas_enum() -> None:
     import json
     import typing
 
-    from nccltune.verify import VerifyCode
+    from nccltune.checks.verify import VerifyCode
 
     schema = json.loads((Path(__file__).parent.parent / "schemas" / "verify.schema.json").read_text())
     assert list(typing.get_args(VerifyCode)) == schema["properties"]["code"]["enum"]

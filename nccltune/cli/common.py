@@ -122,7 +122,7 @@ def _mark_dead_runs(store: Store, lock_path: Path) -> None:
     """A run still 'running' while nobody holds the sweep lock was killed (kill -9, power loss):
     record it as interrupted now rather than at the next sweep. Taking the lock proves no sweep or
     verify is live; a user who may not take it (or write the history) just sees the record as is."""
-    from ..lock import SweepLock, is_held
+    from ..files.lock import SweepLock, is_held
 
     if is_held(lock_path):
         return

@@ -10,8 +10,8 @@ from .common import load_cfg, out
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from ..atomicfile import atomic_write
     from ..config import profile_collectives
+    from ..files.atomicfile import atomic_write
     from ..fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
 
     cfg = load_cfg(args)

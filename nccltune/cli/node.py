@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from ..errors import EXIT_OK, NccltuneError, UsageError
 
 if TYPE_CHECKING:
+    from ..checks.doctor import Finding
     from ..config import Config
-    from ..doctor import Finding
 
 from . import common
 from .common import DEMO_STATE_DIR, load_cfg, out, setup_logging
@@ -37,7 +37,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import default_conf_files, diagnose
+    from ..checks.doctor import default_conf_files, diagnose
     from ..report.node import doctor_doc, doctor_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot
@@ -56,7 +56,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def _history_findings(cfg: Config, topo: object) -> list[Finding]:
     """What this node's history says: the upgrade gate's finding, a verify that found the node
     below its class."""
-    from ..doctor import history_findings
+    from ..checks.doctor import history_findings
     from ..store import Store
     from ..topology.fingerprint import topology_fingerprint
     from ..topology.model import Topology
@@ -80,9 +80,9 @@ def dumps_doc(doc: dict[str, object]) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..afterrun import write_metrics
+    from ..checks.verify import NOTHING_TO_VERIFY, run_verify
     from ..node import load_node
     from ..report.runs import verify_doc, verify_text
-    from ..verify import NOTHING_TO_VERIFY, run_verify
 
     cfg = load_cfg(args, demo=bool(args.demo))
     node = load_node(cfg, args.demo)

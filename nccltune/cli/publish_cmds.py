@@ -19,7 +19,7 @@ def _job_nnodes(args: argparse.Namespace) -> int | None:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print what is published as a job with the calling environment gets it (nccltune.jobenv: its
+    """Print what is published as a job with the calling environment gets it (nccltune.delivery.jobenv: its
     own variables kept, nothing under NCCLTUNE_DISABLE; --as-published: byte for byte), after
     checking the whole set: trusted owner and mode, every line one nccltune writes, one generation.
 
@@ -27,8 +27,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
     can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
     """
-    from ..doctor import default_conf_files, existing_tuner
-    from ..jobenv import decide, filter_text, site_comment
+    from ..checks.doctor import default_conf_files, existing_tuner
+    from ..delivery.jobenv import decide, filter_text, site_comment
     from ..nccl.site import conf_settings
     from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
     from ..report.sweep import single_node_comment
@@ -68,7 +68,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     """Run a command with the published environment: the every-job part, plus the single-node
     part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1), less what
     the calling environment sets itself; nothing under NCCLTUNE_DISABLE."""
-    from ..jobenv import decide
+    from ..delivery.jobenv import decide
     from ..publish import job_env, read_set
 
     cmd = list(args.cmd)
@@ -85,7 +85,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
               file=sys.stderr)
     else:
         # The every-job part always; the single-node part only for a job known to run on one node;
-        # of those, what the job does not set itself (the rule in nccltune.jobenv).
+        # of those, what the job does not set itself (the rule in nccltune.delivery.jobenv).
         decision = decide(job_env(got, nnodes), env)
         for note in decision.notes("nccltune"):
             print(note, file=sys.stderr)

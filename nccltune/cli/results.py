@@ -142,12 +142,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..atomicfile import FileError
+    from ..files.atomicfile import FileError
+    from ..files.trust import ensure_dir
     from ..report.common import dumps
     from ..report.nccltests_json import import_document, read_document, run_document
     from ..report.runs import import_doc, import_text
     from ..store import Store
-    from ..trust import ensure_dir
 
     doc = read_document(Path(args.file), collective=args.collective)
     cfg = reading_cfg(args)
@@ -190,7 +190,7 @@ def _node_fingerprint(cfg: Config, hostname: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..atomicfile import atomic_write
+    from ..files.atomicfile import atomic_write
     from ..fleet.export import build_export, dumps_export, node_identity
     from ..fleet.node import load_fleet_node
 

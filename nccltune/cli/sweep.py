@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK, InputError, UsageError
-from ..trust import ensure_dir
+from ..files.trust import ensure_dir
 
 if TYPE_CHECKING:
     from ..config import Config

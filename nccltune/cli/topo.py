@@ -134,9 +134,9 @@ def cmd_topo_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_topo_check(args: argparse.Namespace) -> int:
+    from ..checks.topocheck import check_topology_file
     from ..report.common import dumps
     from ..report.node import topocheck_doc, topocheck_text
-    from ..topocheck import check_topology_file
 
     bench = load_cfg(args).bench
     check = check_topology_file(Path(args.xml), python=bench.python, bench_user=bench.user,

@@ -14,7 +14,7 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 
 from ..errors import InputError
-from ..inputfile import read_input_file
+from ..files.inputfile import read_input_file
 from .build import Builder
 from .nodes import Entry, Map, Node, Scalar, Seq
 from .schema import Config, join_key

@@ -152,7 +152,7 @@ class PublishConfig:
     # None: <state_dir>/ncclTopology.xml.
     topology_file: str | None = None
     # A CDI spec directory (/var/run/cdi on a Kubernetes node) to keep the published set in as the
-    # CDI spec nccltune.io-tuning.json (nccltune.cdi); None: no CDI spec.
+    # CDI spec nccltune.io-tuning.json (nccltune.delivery.cdi); None: no CDI spec.
     cdi_dir: str | None = None
 
 

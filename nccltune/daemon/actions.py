@@ -19,19 +19,19 @@ from typing import Any
 
 from .. import __version__
 from ..afterrun import upgrade_check, write_metrics
+from ..checks.verify import VerifyCode, run_verify
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
 from ..errors import BusyError, NccltuneError, UnavailableError
+from ..files.lock import SweepLock
+from ..files.trust import ensure_dir
 from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
 from ..fleet.node import fleet_node_of
-from ..lock import SweepLock
 from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from ..publish import Provenance, Setting, atomic_write, publish_setting, read_published
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
-from ..trust import ensure_dir
-from ..verify import VerifyCode, run_verify
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BusyError, InputError, NccltuneError
-from ..sdnotify import Notifier, watchdog_interval_s
 from . import actions, scheduler
 from .actions import Config, LiveState, LoadedProfile, NcclInfo, Node, ProfileRefused, SweepLock, TrialAborted
 from .profile import ProfileStatus, Stamp, stamp_of
 from .scheduler import Action, Decision
+from .sdnotify import Notifier, watchdog_interval_s
 from .watcher import (
     ConfigRejected,
     Event,

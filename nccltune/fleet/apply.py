@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import __version__, trust
+from .. import __version__
 from ..config import Config
 from ..errors import InputError
+from ..files import trust
 from ..nccl.site import conf_settings
 from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
 from ..publish.policy import MAX_VARIABLES

@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError, UsageError
-from ..inputfile import parse_json, read_input_file
+from ..files.inputfile import parse_json, read_input_file
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import profiles
 from ..sweep.pertable import (

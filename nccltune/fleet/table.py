@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..checks.doctor import default_conf_files, existing_tuner
 from ..config import Config
-from ..doctor import default_conf_files, existing_tuner
 from ..errors import InputError
 from ..publish import Tuner
 from ..tuner.build import build_plugin

@@ -15,8 +15,8 @@ import os
 import subprocess
 from typing import Any
 
+from ..files.trust import child_env, python_argv
 from ..trials.runner import WORKER
-from ..trust import child_env, python_argv
 
 log = logging.getLogger(__name__)
 

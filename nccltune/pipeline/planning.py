@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import collectives as coll
+from ..checks.doctor import default_conf_files, existing_tuner
 from ..config import Config, profile_collectives
-from ..doctor import default_conf_files, existing_tuner
 from ..errors import InputError, NccltuneError
 from ..nccl.site import conf_settings
 from ..node import Node, iterations, size_ladder

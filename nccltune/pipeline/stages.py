@@ -23,7 +23,8 @@ from typing import Any
 from .. import __version__
 from ..config import Config
 from ..errors import InputError, NccltuneError, UnavailableError
-from ..lock import SweepLock
+from ..files.lock import SweepLock
+from ..files.trust import ensure_dir
 from ..names import DEMO_LABEL
 from ..nccl.probe import probe_nccl
 from ..node import ONE_GPU, Node, load_node, require_idle
@@ -38,7 +39,6 @@ from ..topology.nodeclass import node_class
 from ..trials.launch import LaunchRequest
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from ..trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
-from ..trust import ensure_dir
 from ..tuner.build import is_own_tuner
 from .choice import Choice, choose, split_scopes
 from .planning import (

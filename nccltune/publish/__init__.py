@@ -23,8 +23,8 @@ What each module owns:
 
 from __future__ import annotations
 
-from ..atomicfile import STALE_TEMP_AGE_S as STALE_TEMP_AGE_S  # re-exported for older callers
-from ..atomicfile import atomic_write as atomic_write  # re-exported for older callers
+from ..files.atomicfile import STALE_TEMP_AGE_S as STALE_TEMP_AGE_S  # re-exported for older callers
+from ..files.atomicfile import atomic_write as atomic_write  # re-exported for older callers
 from .formats import (
     DEMO_LINE,
     ENV_NAME,

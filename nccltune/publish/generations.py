@@ -25,7 +25,7 @@ leaves the old set published and at most a hidden directory that the next publis
 file carries its generation (``# generation: N``, ``provenance.generation``). The newest
 ``KEEP_GENERATIONS`` generations stay on disk, so the NCCL_TOPO_FILE of a job started on an older
 one stays valid while it runs. Every file and directory is created through O_NOFOLLOW/O_EXCL opens
-in directories that pass the trust rule (``nccltune.trust``).
+in directories that pass the trust rule (``nccltune.files.trust``).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import trust
-from ..atomicfile import TEMP_INFIX, clean_stale_temps, fail_without_temp, fsync_dir, remove_quietly, replace_file
 from ..errors import BusyError
-from ..trust import CLOEXEC, NOFOLLOW
+from ..files import trust
+from ..files.atomicfile import TEMP_INFIX, clean_stale_temps, fail_without_temp, fsync_dir, remove_quietly, replace_file
+from ..files.trust import CLOEXEC, NOFOLLOW
 from .formats import (
     ENV_NAME,
     JSON_NAME,

@@ -11,9 +11,9 @@ import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from .. import trust
-from ..atomicfile import TEMP_INFIX, clean_stale_temps, replace_file
 from ..errors import InputError
+from ..files import trust
+from ..files.atomicfile import TEMP_INFIX, clean_stale_temps, replace_file
 from .formats import SINGLE_ENV_NAME, SINGLE_SH_NAME, header_lines
 from .policy import validate_env
 from .setting import Provenance, PublishError, check_provenance

@@ -23,8 +23,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import trust
 from ..errors import InputError
+from ..files import trust
 from ..names import PUBLISHED_NAME_RE
 
 NAME_RE = PUBLISHED_NAME_RE

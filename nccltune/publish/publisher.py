@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..atomicfile import atomic_write
-from ..cdi import prepare_dir, write_spec
 from ..config import Config
+from ..delivery.cdi import prepare_dir, write_spec
 from ..errors import InputError
-from ..trust import ensure_dir
+from ..files.atomicfile import atomic_write
+from ..files.trust import ensure_dir
 from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
@@ -65,7 +65,7 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
         conf_env = {name: value for name, value in published.env.items() if name not in _NOT_IN_NCCL_CONF}
         update_nccl_conf(cfg.nccl_conf, conf_env, setting.provenance)
     if cfg.cdi_dir is not None:
-        # The same generation for Kubernetes pods (nccltune.cdi), after the switch like the copies above.
+        # The same generation for Kubernetes pods (nccltune.delivery.cdi), after the switch like the copies above.
         write_spec(cfg.cdi_dir, Path(cfg.publish_dir) / GENERATIONS_DIR / str(published.generation),
                    published.env, published.single_node_env, generation=published.generation)
     return published

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import trust
 from ..errors import InputError, UsageError
+from ..files import trust
 from .formats import (
     ENV_NAME,
     JSON_NAME,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from ..atomicfile import FileError
 from ..errors import InputError
+from ..files.atomicfile import FileError
 from .policy import (
     MAX_CLASS_PROFILE_FIELDS,
     MAX_GAINS,

@@ -42,7 +42,7 @@ from ..collectives import COLLECTIVES, NAMES, Collective, by_perf_binary
 from ..collectives import get as get_collective
 from ..compare import Side, side_trials
 from ..errors import CheckFailed, InputError, UsageError
-from ..inputfile import loads_strict, read_input_file
+from ..files.inputfile import loads_strict, read_input_file
 from ..names import DEMO_LABEL, VARIABLE_NAME_RE
 from ..publish import validate_env
 from ..records import Measurement

@@ -13,8 +13,8 @@ from ..topology.nicpaths import NicPaths, compute_nic_paths
 from ..topology.paths import PathMatrix
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
-    from ..doctor import Finding
-    from ..topocheck import TopoCheck
+    from ..checks.doctor import Finding
+    from ..checks.topocheck import TopoCheck
 
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..atomicfile import atomic_write
 from ..collectives import COLLECTIVES
 from ..errors import UnavailableError
+from ..files.atomicfile import atomic_write
 from ..names import DEMO_LABEL, format_size
 from ..pipeline.choice import DEFAULTS_LABEL
 from ..records import ALL_REDUCE

@@ -13,8 +13,8 @@ from .common import fmt_bw, report_row, size_row
 from .sweep import TABLE_UNITS, rows_text
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
+    from ..checks.verify import VerifyResult
     from ..compare import RunComparison
-    from ..verify import VerifyResult
 
 
 

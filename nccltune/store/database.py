@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import trust
-from ..atomicfile import FileError
 from ..errors import BusyError, InputError
+from ..files import trust
+from ..files.atomicfile import FileError
 from . import schema
 from .rows import iso
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from lxml import etree
 
 from ..errors import InputError
-from ..inputfile import read_input_file
+from ..files.inputfile import read_input_file
 from .model import Topology, XNode, from_xml_tree
 
 MAX_ELEMENTS = 256  # NCCL_TOPO_XML_MAX_NODES
@@ -61,7 +61,7 @@ def render_xml(system: XNode) -> str:
 
 def write_xml(topo: Topology, path: Path) -> str:
     """Write the topology file atomically; returns the text written."""
-    from ..atomicfile import atomic_write
+    from ..files.atomicfile import atomic_write
 
     text = render_xml(topo.system)
     atomic_write(path, text)

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
+from ..files.inputfile import read_input_file
 from ..hw.nvml import read_nvml
 from ..hw.sysfs import read_sysfs
 from ..hw.types import SNAPSHOT_SCHEMA_VERSION, Snapshot, SnapshotFormatError, from_dict, to_dict
-from ..inputfile import read_input_file
 from ..names import short_hostname
 
 SNAPSHOT_KIND = "nccltune-snapshot"
@@ -117,6 +117,6 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
 
 
 def save_snapshot(snap: Snapshot, path: str | os.PathLike[str]) -> None:
-    from ..atomicfile import atomic_write
+    from ..files.atomicfile import atomic_write
 
     atomic_write(Path(path), snapshot_to_json(snap))

@@ -23,14 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import trust
-from ..atomicfile import atomic_write
 from ..collectives import COLLECTIVES
 from ..errors import InputError, NccltuneError, UnavailableError
+from ..files import trust
+from ..files.atomicfile import atomic_write
+from ..files.trust import ensure_dir
 from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
-from ..trust import ensure_dir
 from . import nccltests, rankexec
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_env, rank_preexec, rank_user
 from .launch import Launch, TrialSpec

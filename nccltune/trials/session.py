@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, trust
+from .. import __version__
 from ..config import Config, config_to_dict
 from ..errors import InputError, UnavailableError
+from ..files import trust
 from ..names import short_hostname
 from ..node import Node, iterations
 from ..records import ReportRow, TrialResult

@@ -68,8 +68,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
+from ...files.trust import without_python_paths
 from ...sweep.plan import JobShape
-from ...trust import without_python_paths
 
 log = logging.getLogger(__name__)
 

@@ -65,11 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ... import trust
 from ...collectives import NAMES as COLLECTIVE_NAMES
 from ...config import MAX_MESSAGE_BYTES as MAX_SIZE_BYTES
 from ...config import MultinodeConfig
 from ...errors import InputError, UnavailableError
+from ...files import trust
 from ...publish import PATH_VARIABLES, validate_env
 from .. import nccllog
 from . import host_port

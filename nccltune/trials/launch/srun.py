@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import UnavailableError, UsageError
+from ...files.trust import python_argv
 from ...publish import validate_env
-from ...trust import python_argv
 from .. import nccllog
 from . import (
     KILL_GRACE_S,

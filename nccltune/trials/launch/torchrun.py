@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
+from ...files.trust import ensure_dir, python_argv
 from ...hw.procfs import descendants
 from ...publish import validate_env
-from ...trust import ensure_dir, python_argv
 from .. import credentials, nccllog, rankexec
 from . import (
     KILL_GRACE_S,

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomicfile import atomic_write
-from .errors import UnavailableError
-from .hw.nvml import read_nvml
-from .nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
-from .records import TrialResult
-from .topology.diff import Change, TopoDiff, diff_trees
-from .topology.ncclxml import load_xml
-from .trials.credentials import RANK_DIR
-from .trials.nccllog import LOG_GLOB, read_log
-from .trials.runner import Runner, find_worker_python
+from ..errors import UnavailableError
+from ..files.atomicfile import atomic_write
+from ..hw.nvml import read_nvml
+from ..nccl.debuglog import NcclLog, choices_by_size, parse_nccl_log
+from ..records import TrialResult
+from ..topology.diff import Change, TopoDiff, diff_trees
+from ..topology.ncclxml import load_xml
+from ..trials.credentials import RANK_DIR
+from ..trials.nccllog import LOG_GLOB, read_log
+from ..trials.runner import Runner, find_worker_python
 
 CHECK_SIZES = (1 << 20, 64 << 20)
 

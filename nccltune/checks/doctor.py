@@ -13,21 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compare import upgrade_check
-from .nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
-from .nccl.site import conf_files as _nccl_conf_files
-from .nccl.variables import did_you_mean
-from .nccl.variables import unknown as unknown_variable
-from .publish import read_published
-from .store import Store
-from .sweep.plan import ll128_auto
-from .sweep.space import CATALOGUE, level_of
-from .topology.fingerprint import topology_fingerprint
-from .topology.links import RANK
-from .topology.model import Topology
-from .topology.paths import PathMatrix
-from .trust import trusted_uids, writable_word
-from .tuner.build import find_compiler, is_own_tuner, prebuilt_plugin
+from ..compare import upgrade_check
+from ..files.trust import trusted_uids, writable_word
+from ..nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
+from ..nccl.site import conf_files as _nccl_conf_files
+from ..nccl.variables import did_you_mean
+from ..nccl.variables import unknown as unknown_variable
+from ..publish import read_published
+from ..store import Store
+from ..sweep.plan import ll128_auto
+from ..sweep.space import CATALOGUE, level_of
+from ..topology.fingerprint import topology_fingerprint
+from ..topology.links import RANK
+from ..topology.model import Topology
+from ..topology.paths import PathMatrix
+from ..tuner.build import find_compiler, is_own_tuner, prebuilt_plugin
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).

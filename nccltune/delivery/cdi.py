@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .atomicfile import atomic_write
-from .errors import InputError
-from .trust import ensure_dir
+from ..errors import InputError
+from ..files.atomicfile import atomic_write
+from ..files.trust import ensure_dir
 
 CDI_VERSION = "0.6.0"
 VENDOR = "nccltune.io"

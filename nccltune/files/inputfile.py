@@ -9,8 +9,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from . import trust
-from .errors import InputError
 
 
 def read_input_file(path: Path, max_bytes: int, what: str, *, trusted: bool = False) -> bytes:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .nccl.site import ConfSetting, SiteTuner
+from ..nccl.site import ConfSetting, SiteTuner
 
 DISABLE_VAR = "NCCLTUNE_DISABLE"
 

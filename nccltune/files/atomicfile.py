@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from .errors import EXIT_CHECK_FAILED, NccltuneError
+from ..errors import EXIT_CHECK_FAILED, NccltuneError
 
 log = logging.getLogger(__name__)
 

@@ -34,26 +34,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .compare import baseline_slower
-from .config import Config, SweepConfig
-from .errors import BusyError, CheckFailed, InputError, UsageError
-from .fleet.apply import profile_in_force
-from .fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
-from .lock import SweepLock
-from .names import format_size
-from .nccl.debuglog import parse_nccl_log
-from .nccl.ran import WhatRan, what_ran
-from .node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
-from .pipeline.planning import check_profile, workload
-from .publish import PublishedSet, job_env, read_set
-from .records import TrialResult
-from .store import Store
-from .sweep.select import Key, d2, key_label, t_quantile
-from .trials.nccllog import rank0_log, read_log
-from .trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
-from .trials.session import TrialSession, resolve_engine, start_run
-from .trust import ensure_dir
-from .tuner.table import TunerTable, read_table
+from ..compare import baseline_slower
+from ..config import Config, SweepConfig
+from ..errors import BusyError, CheckFailed, InputError, UsageError
+from ..files.lock import SweepLock
+from ..files.trust import ensure_dir
+from ..fleet.apply import profile_in_force
+from ..fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
+from ..names import format_size
+from ..nccl.debuglog import parse_nccl_log
+from ..nccl.ran import WhatRan, what_ran
+from ..node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
+from ..pipeline.planning import check_profile, workload
+from ..publish import PublishedSet, job_env, read_set
+from ..records import TrialResult
+from ..store import Store
+from ..sweep.select import Key, d2, key_label, t_quantile
+from ..trials.nccllog import rank0_log, read_log
+from ..trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
+from ..trials.session import TrialSession, resolve_engine, start_run
+from ..tuner.table import TunerTable, read_table
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One sweep at a time: an flock on `<state_dir>/sweep.lock` holding the owner's pid.
 
 The lock file lives in a directory root may have to share with nobody, so it is opened the safe
-way (``nccltune.trust``): the state directory is created 0755 and must be owned by root or the
+way (``nccltune.files.trust``): the state directory is created 0755 and must be owned by root or the
 user running nccltune and writable by nobody else; the lock file is opened with O_NOFOLLOW and
 O_CLOEXEC and must be a regular file of a trusted owner. A symlink planted at the lock's name is
 refused (exit 78), never followed and truncated.
@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from ..errors import BusyError
 from . import trust
 from .atomicfile import FileError
-from .errors import BusyError
 
 
 class SweepLock:

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 
 log = logging.getLogger(__name__)
 
