@@ -38,7 +38,11 @@ from ..errors import InputError
 from ..files.atomicfile import atomic_write
 from ..files.trust import ensure_dir
 
-CDI_VERSION = "0.6.0"
+# The least version whose features the spec uses (a mount's `type`, 0.4.0): a runtime built with an
+# older CDI library refuses a version it does not know (Debian 12's library knows 0.3.0 to 0.5.0),
+# and newer libraries accept every version from 0.3.0 whose features cover the spec. Hence also no
+# annotations (0.6.0): the generation is in the mount's path.
+CDI_VERSION = "0.4.0"
 VENDOR = "nccltune.io"
 CLASS = "tuning"
 KIND = f"{VENDOR}/{CLASS}"
@@ -60,8 +64,7 @@ def _env_list(env: Mapping[str, str]) -> list[str]:
     return [f"{name}={value}" for name, value in sorted(env.items())]
 
 
-def render_spec(generation_dir: Path, every_job: Mapping[str, str], single_node: Mapping[str, str],
-                *, generation: int) -> dict[str, Any]:
+def render_spec(generation_dir: Path, every_job: Mapping[str, str], single_node: Mapping[str, str]) -> dict[str, Any]:
     """The CDI spec of one published generation (see the module docstring)."""
     directory = str(generation_dir)
     mount = {"hostPath": directory, "containerPath": directory, "type": "bind", "options": list(MOUNT_OPTIONS)}
@@ -73,8 +76,7 @@ def render_spec(generation_dir: Path, every_job: Mapping[str, str], single_node:
          "containerEdits": {"env": _env_list({ENV_FILE_VAR: str(generation_dir / "nccl.sh")}),
                             "mounts": [dict(mount)]}},
     ]
-    return {"cdiVersion": CDI_VERSION, "kind": KIND,
-            "annotations": {f"{VENDOR}/generation": str(generation)}, "devices": devices}
+    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices}
 
 
 def check_spec(spec: Mapping[str, Any]) -> None:
@@ -118,14 +120,14 @@ def prepare_dir(cdi_dir: Path) -> None:
 
 
 def write_spec(cdi_dir: Path, generation_dir: Path, every_job: Mapping[str, str],
-               single_node: Mapping[str, str], *, generation: int) -> Path:
+               single_node: Mapping[str, str]) -> Path:
     """Write (atomically replace) ``<cdi_dir>/nccltune.io-tuning.json`` for a generation.
 
     Raises:
         InputError: the spec breaks a CDI rule (exit 78).
         PublishError: the OS refused the write (exit 1).
     """
-    spec = render_spec(generation_dir, every_job, single_node, generation=generation)
+    spec = render_spec(generation_dir, every_job, single_node)
     check_spec(spec)
     target = Path(cdi_dir) / SPEC_NAME
     prepare_dir(cdi_dir)
