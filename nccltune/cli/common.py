@@ -114,21 +114,24 @@ def open_history(args: argparse.Namespace) -> Store:
     if not path.exists():
         raise CheckFailed(f"no history at {path}", hint="run `nccltune sweep` first")
     store = Store(path)
-    _mark_dead_runs(store, path.with_name("sweep.lock"))
+    _mark_dead_runs(store, path.with_name("sweep.lock"), reading_cfg(args).publish_dir)
     return store
 
 
-def _mark_dead_runs(store: Store, lock_path: Path) -> None:
+def _mark_dead_runs(store: Store, lock_path: Path, publish_dir: Path) -> None:
     """A run still 'running' while nobody holds the sweep lock was killed (kill -9, power loss):
-    record it as interrupted now rather than at the next sweep. Taking the lock proves no sweep or
-    verify is live; a user who may not take it (or write the history) just sees the record as is."""
+    close it now rather than at the next sweep, by the sweep's own rule (close_dead_runs: the run
+    the current generation names as published, the others as interrupted). Taking the lock proves
+    no sweep or verify is live; a user who may not take it (or write the history) just sees the
+    record as is."""
     from ..files.lock import SweepLock, is_held
+    from ..trials.session import close_dead_runs
 
     if is_held(lock_path):
         return
     try:
         with SweepLock(lock_path):
-            store.mark_interrupted()
+            close_dead_runs(store, publish_dir)
     except (NccltuneError, OSError) as exc:
         log.debug("cannot check for interrupted runs: %s", exc)
 

@@ -38,7 +38,7 @@ from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import node_class
 from ..trials.launch import LaunchRequest
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
-from ..trials.session import Engine, ProgressFn, TrialSession, resolve_engine, start_run
+from ..trials.session import Engine, ProgressFn, TrialSession, close_dead_runs, resolve_engine, start_run
 from ..tuner.build import is_own_tuner
 from .choice import Choice, choose, split_scopes
 from .planning import (
@@ -201,11 +201,11 @@ class SweepPipeline:
             raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
         if not self.measurable():
             with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
-                store.mark_interrupted()
+                close_dead_runs(store, self.cfg.publish_dir)
                 return self._publish_unmeasured(store, node, plan, started)
         engine = resolve_engine(self.cfg, node, workload(self.cfg, node, plan.sizes).collectives)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
-            store.mark_interrupted()
+            close_dead_runs(store, self.cfg.publish_dir)
             reap_leftover_ranks(state / RANK_RECORD)
             sweep = _Sweep(self, store, node, plan, engine)
             return sweep.run(started)
@@ -220,7 +220,7 @@ class SweepPipeline:
             every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
                                                   cfg.topology_file)
             probed = self.nccl_version()
-            prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed)
+            prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed, run=(store, run_id))
             xml = render_xml(node.topo.system) if "NCCL_TOPO_FILE" in every_job else None  # else the site's
             published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
@@ -407,7 +407,8 @@ class _Sweep:
         the plugin and its table (every job: an entry applies only to the communicator shape it was
         measured for)."""
         gains = {key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio}
-        prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp())
+        prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp(),
+                           run=(self.store, self.run_id))
         every_job, single_node = dict(choice.every_job_env), dict(choice.single_node_env)
         tuner: Tuner | None = None
         pub = self.table.publication if self.table else None
@@ -461,14 +462,17 @@ class _Sweep:
 
 
 def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,
-                *, probed_nccl: Any = None, fingerprint: str | None = None) -> Provenance:
+                *, probed_nccl: Any = None, fingerprint: str | None = None,
+                run: tuple[Store, int] | None = None) -> Provenance:
     """The provenance of what a sweep publishes. ``probed_nccl`` is the version the worker's probe
     reported (None in the demo): the tuning fingerprint's input, as the daemon computes it;
-    ``fingerprint`` is that fingerprint when the sweep has it already."""
+    ``fingerprint`` is that fingerprint when the sweep has it already; ``run`` the history and the
+    run that publishes it (close_dead_runs reads them back)."""
     return Provenance(
         nccltune_version=__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         topology_fingerprint=node.fingerprint, nccl_version=nccl_version,
         backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
         note=DEMO_LABEL if node.demo else note,
-        tuning_fingerprint=fingerprint or tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo))
+        tuning_fingerprint=fingerprint or tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo),
+        run_id=run[1] if run else None, history=str(Path(run[0].path).resolve()) if run else None)

@@ -118,6 +118,9 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
     }
     if prov.class_profile is not None:
         doc["class_profile"] = dict(prov.class_profile)
+    if prov.run_id is not None:
+        doc["run_id"] = prov.run_id
+        doc["history"] = prov.history
     if generation is not None:
         doc["generation"] = generation
     return doc

@@ -69,6 +69,11 @@ class Provenance:
     # The class profile the values come from (file, path, sha256, class_id, chosen, decided_at,
     # nodes), in nccl.json only; None for a node's own decision.
     class_profile: Mapping[str, str | int] | None = None
+    # The sweep run that published it, and that run's history.db (an absolute path), in nccl.json
+    # only: a sweep that dies between its publish and closing its run is then recorded as having
+    # published this generation (trials/session.py's close_dead_runs). None for other deciders.
+    run_id: int | None = None
+    history: str | None = None
 
 
 
@@ -161,12 +166,12 @@ def check_provenance(prov: Provenance, where: str = "provenance") -> None:
     for key in ("nccltune_version", "created_at", "topology_fingerprint", "backend"):
         if not isinstance(getattr(prov, key), str):
             raise InputError(where, f"provenance.{key}: {getattr(prov, key)!r} is not a string")
-    for key in ("nccl_version", "profile", "note", "tuning_fingerprint"):
+    for key in ("nccl_version", "profile", "note", "tuning_fingerprint", "history"):
         value = getattr(prov, key)
         if value is not None and not isinstance(value, str):
             raise InputError(where, f"provenance.{key}: {value!r} is neither a string nor null")
     for key in ("nccltune_version", "created_at", "topology_fingerprint", "backend", "nccl_version", "profile",
-                "note", "tuning_fingerprint", "state"):
+                "note", "tuning_fingerprint", "state", "history"):
         value = getattr(prov, key)
         if isinstance(value, str):
             check_text(value, where, f"provenance.{key}")
@@ -178,6 +183,11 @@ def check_provenance(prov: Provenance, where: str = "provenance") -> None:
         check_text(label, where, "provenance.gains label", 64)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
             raise InputError(where, f"provenance.gains[{label!r}]: {ratio!r} is not a finite number")
+    if prov.run_id is not None and (isinstance(prov.run_id, bool) or not isinstance(prov.run_id, int)
+                                    or prov.run_id < 1):
+        raise InputError(where, f"provenance.run_id: {prov.run_id!r} is neither a positive integer nor null")
+    if (prov.run_id is None) != (prov.history is None):
+        raise InputError(where, "provenance.run_id and provenance.history go together: the run and its history")
     if not isinstance(prov.demo, bool):
         raise InputError(where, f"provenance.demo: {prov.demo!r} is not a boolean")
     profile = prov.class_profile or {}

@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 from .history import Store
-from .rows import Phase, PublishedEnv, RunBackend, RunKind, RunRecord, RunStatus, TrialRecord
+from .rows import Phase, PublishedEnv, PublishedRun, RunBackend, RunKind, RunRecord, RunStatus, TrialRecord
 
 __all__ = [
     "Phase",
     "PublishedEnv",
+    "PublishedRun",
     "RunBackend",
     "RunKind",
     "RunRecord",

@@ -20,6 +20,7 @@ from .rows import (
     RUN_STATUSES,
     Phase,
     PublishedEnv,
+    PublishedRun,
     RunBackend,
     RunKind,
     RunRecord,
@@ -217,19 +218,36 @@ class Store:
             conn.execute("DELETE FROM report_rows WHERE run_id = ?", (run_id,))
             insert_report_rows(conn, run_id, rows)
 
-    def mark_interrupted(self) -> int:
-        """Turn every 'running' run into 'interrupted'; return how many there were.
+    def mark_interrupted(self, published: PublishedRun | None = None) -> int:
+        """Close every 'running' run; return how many there were.
 
         Meant for start-up after a crash, while holding the sweep lock: a run still 'running'
-        then belongs to a process that died. finished_at stays empty, since when it died is
-        not known.
+        then belongs to a process that died. The run ``published`` names (the one the current
+        generation's provenance names: it died after its publish, before it was closed) is
+        closed as 'ok' with that generation, finished when the generation was written; every
+        other one as 'interrupted', its finished_at empty since when it died is not known.
         """
         with self._db.write() as conn:
             ids = [int(r[0]) for r in conn.execute("SELECT id FROM runs WHERE status = 'running'")]
+            recovered = published is not None and published.run_id in ids
+            if published is not None and recovered:
+                trials = conn.execute("SELECT COUNT(*) FROM trials WHERE run_id = ?", (published.run_id,)).fetchone()
+                summary = {"chosen": "as published", "trials": int(trials[0]),
+                           "summary": f"ended after publishing generation {published.generation}, before its "
+                                      "result was recorded: the published set is its result"}
+                conn.execute(
+                    "UPDATE runs SET status = 'ok', finished_at = ?, summary_json = ?, chosen_env_json = ?, "
+                    "published_generation = ? WHERE id = ? AND status = 'running'",
+                    (iso(published.published_at), dump_json(summary),
+                     dump_json(dict(sorted(published.env.items()))), published.generation, published.run_id))
             conn.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
+        if published is not None and recovered:
+            log.warning("%s: run %d ended after publishing generation %d; recorded as published", self.path,
+                        published.run_id, published.generation)
+            ids.remove(published.run_id)
         if ids:
             log.warning("%s: marked %d unfinished run(s) as interrupted: %s", self.path, len(ids), ids)
-        return len(ids)
+        return len(ids) + (1 if recovered else 0)
 
     # -- reading ------------------------------------------------------------------------------
 

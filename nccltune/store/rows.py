@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -102,6 +102,17 @@ class TrialRecord:
     nccl: dict[str, Any] | None
     started_at: str
     measurements: tuple[Measurement, ...]
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A run named by the current generation's provenance, as a dead run's recovery reads it:
+    the generation it published, when (the provenance's created_at) and what every job got."""
+
+    run_id: int
+    generation: int
+    published_at: datetime
+    env: Mapping[str, str]
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ processes, reported to the progress callback and stored with its measurements as
 The session also remembers what the trials told about the software (NCCL and torch versions,
 the measuring method, as the first trial that says) and which trials failed, for the run's
 summary. It owns the run's record from start to finish: `start_run` opens it, `finish` or
-`abandon` closes it.
+`abandon` closes it, and `close_dead_runs` closes the runs of processes that died.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,12 +20,13 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, config_to_dict
-from ..errors import InputError, UnavailableError
+from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
 from ..names import short_hostname
 from ..node import Node, iterations
+from ..publish import read_set
 from ..records import ReportRow, TrialResult
-from ..store import Phase, RunKind, RunStatus, Store
+from ..store import Phase, PublishedRun, RunKind, RunStatus, Store
 from .runner import Runner, find_worker_python
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,44 @@ def start_run(store: Store, *, kind: RunKind, cfg: Config, node: Node, profile: 
         nccl_version=None, driver_version=node.topo.driver_version, torch_version=None,
         nccltune_version=__version__, hostname=short_hostname(), topology={**topology, "nranks": node.nranks},
         config=config_to_dict(cfg))
+
+
+def close_dead_runs(store: Store, publish_dir: Path) -> int:
+    """Close the runs left 'running' by a process that died; the caller holds the sweep lock, so
+    no live sweep or verify owns one. THE rule, for the sweep's start and the command line alike:
+    the run the current generation's provenance names, in this very history, died after its
+    publish and before it closed its record, and is recorded as having published that generation
+    (the set every job gets is its result); every other one as interrupted. Returns how many
+    were closed.
+    """
+    return store.mark_interrupted(_published_run(store, publish_dir))
+
+
+def _published_run(store: Store, publish_dir: Path) -> PublishedRun | None:
+    """The run of this history that published the current generation, from its provenance."""
+    try:
+        current = read_set(publish_dir)
+    except (NccltuneError, OSError) as exc:
+        # An unreadable set names no run: its runs are interrupted, as before the provenance had them.
+        log.debug("the published set cannot be read (%s); no run recovered as published", exc)
+        return None
+    if current is None:
+        return None
+    prov = current.provenance
+    run_id, history, created = prov.get("run_id"), prov.get("history"), prov.get("created_at")
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not isinstance(history, str):
+        return None
+    # The same run id in another state directory's history is another run.
+    if os.path.realpath(history) != os.path.realpath(store.path):
+        return None
+    try:
+        published_at = _dt.datetime.fromisoformat(created) if isinstance(created, str) else None
+    except ValueError:
+        published_at = None
+    if published_at is None or published_at.tzinfo is None:
+        return None
+    return PublishedRun(run_id=run_id, generation=current.generation, published_at=published_at,
+                        env=current.env)
 
 
 class TrialSession:
