@@ -14,6 +14,7 @@ import pytest
 
 from nccltune.checks.doctor import Finding, default_conf_files, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.cli import main
+from nccltune.delivery.jobenv import decide
 from nccltune.publish import Provenance, publish
 from nccltune.topology.fingerprint import topology_fingerprint
 from nccltune.topology.model import Topology
@@ -202,15 +203,27 @@ def test_default_conf_files_follow_nccl(tmp_path: Path) -> None:
 # -- what nccltune published -----------------------------------------------------------------------
 
 
-def test_an_environment_variable_overriding_a_published_value_warns(tmp_path: Path) -> None:
+def test_a_job_value_differing_from_the_published_one_is_information_by_the_precedence_rule(tmp_path: Path) -> None:
+    """The precedence rule (delivery/jobenv.py) keeps a variable the job sets itself: doctor says
+    what the job keeps and what nccltune adds, and warns of nothing."""
     t = topo(NVSWITCH)
     pub = tmp_path / "pub"
     publish_for(t, pub, {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
     findings = run(t, tmp_path, {"NCCL_ALGO": "Tree"}, publish_dir=pub)
     f = one(findings, "env-overrides-published")
-    assert f.severity == "warning"
-    assert "NCCL_ALGO=Tree" in f.message and "published Ring" in f.message
+    assert f.severity == "info"
+    assert "keeps its own NCCL_ALGO=Tree (published: Ring)" in f.message
+    assert "the job's decision" in f.message
+    added = decide({"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, {"NCCL_ALGO": "Tree"}).applied
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in added
+    assert "nccltune adds the other published variables (" in f.message
+    assert all(name in f.message.split("adds")[1] for name in added)
+    assert "unset NCCL_ALGO" in f.fix
+    assert "env-overrides-published" not in codes(findings, "warning") + codes(findings, "error")
     assert codes(run(t, tmp_path, {"NCCL_ALGO": "Ring"}, publish_dir=pub)) == []
+    # A job that opted out gets nothing published: nothing of its own is kept over it.
+    assert "env-overrides-published" not in codes(
+        run(t, tmp_path, {"NCCL_ALGO": "Tree", "NCCLTUNE_DISABLE": "1"}, publish_dir=pub))
 
 
 def test_a_published_file_writable_by_others_is_an_error(tmp_path: Path) -> None:

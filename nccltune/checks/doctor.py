@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compare import upgrade_check
+from ..delivery.jobenv import decide
 from ..files.trust import trusted_uids, writable_word
 from ..nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
 from ..nccl.site import conf_files as _nccl_conf_files
@@ -240,10 +241,9 @@ def diagnose(
     published = _published(publish_dir, f)
     if published is not None:
         pub_env, prov = published
-        for name, value in pub_env.items():
-            if name in env and env[name] != value:
-                f.append(Finding("warning", "env-overrides-published", f"{name}={env[name]} in the environment "
-                                 f"differs from the published {value}", f"unset {name}, or re-run nccltune sweep"))
+        kept = _kept_by_job(pub_env, env)
+        if kept is not None:
+            f.append(kept)
         fp = topology_fingerprint(topo)
         if prov.get("topology_fingerprint") not in (None, fp):
             f.append(Finding("error", "published-topology-stale", f"the published tuning was measured on topology "
@@ -314,6 +314,24 @@ def _p2p_pairs_lost(topo: Topology, paths: PathMatrix, value: str) -> list[tuple
 
 def _cell(path_type: str, nvlinks: int) -> str:
     return f"NV{nvlinks}" if path_type == "NVL" and nvlinks else path_type
+
+
+def _kept_by_job(published: Mapping[str, str], env: Mapping[str, str]) -> Finding | None:
+    """What a job started from this environment keeps of its own and what nccltune adds, by the
+    precedence rule (delivery/jobenv.py): a variable the job sets itself is the job's decision, so
+    a value that differs from the published one is information, not a fault. None when the
+    environment sets no published variable to another value."""
+    decision = decide(published, env)
+    differ = {name: pair for name, pair in sorted(decision.kept.items()) if pair[0] != pair[1]}
+    if not differ:
+        return None
+    own = ", ".join(f"{name}={mine} (published: {theirs})" for name, (mine, theirs) in differ.items())
+    added = (f"nccltune adds the other published variables ({', '.join(sorted(decision.applied))})"
+             if decision.applied else "nccltune adds nothing else")
+    return Finding("info", "env-overrides-published",
+                   f"a job started from this environment keeps its own {own}: a variable the job sets itself is "
+                   f"the job's decision; {added}",
+                   f"unset {' '.join(differ)} in the job to get the published value")
 
 
 def _calling_env_findings(env: Mapping[str, str], published: Mapping[str, str],
