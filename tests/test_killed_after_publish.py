@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from demo_state import EXCLUDE, SNAPSHOT, clean_env
+
 from nccltune.publish import read_set
 from nccltune.store import PublishedRun, Store
 from nccltune.trials.session import close_dead_runs
