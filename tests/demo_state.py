@@ -42,6 +42,14 @@ BASE_CONFIG: dict[str, Any] = {
     "tuner": {"plugin": "keep"},
 }
 SWEEP_S = 180.0  # generous bound for one demo sweep on a loaded 2-core machine
+# Nothing searched: the defaults twice, the topology file alone, one final and a last baseline (five
+# short trials). For tests of what a finished sweep does (store, publish, refuse to publish), which
+# does not depend on what was searched.
+SHORT_CONFIG: dict[str, Any] = {
+    "sweep": {"baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
+              "exclude": [name for name, t in CATALOGUE.items() if t.kind == "perf"]},
+    "daemon": BASE_CONFIG["daemon"], "publish": BASE_CONFIG["publish"], "tuner": {"plugin": "keep"},
+}
 
 # A profile of all seven collectives (gloo has every one on two ranks), and nothing swept: the
 # defaults twice, the topology file alone, one round of finals. Every collective goes through the
