@@ -50,3 +50,46 @@ def test_verify_force_is_not_the_sweep_setting(tmp_path: Path) -> None:
 def test_a_flag_the_config_would_refuse_names_the_command_line(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="command line"):
         _cfg(tmp_path, "", "--unpin", "not-a-variable")
+
+
+# -- `--demo [SNAPSHOT]` before an action or a positional -------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "action", "field", "value"), [
+    (["topo", "--demo", "record", "out.json"], "record", "out", "out.json"),
+    (["topo", "--demo", "check", "t.xml"], "check", "xml", "t.xml"),
+    (["topo", "--demo", "diff", "a.json", "b.json"], "diff", "b", "b.json"),
+])
+def test_topo_demo_before_an_action_is_the_bundled_node(argv: list[str], action: str, field: str,
+                                                        value: str) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.demo, args.topo_command, getattr(args, field)) == (True, action, value)
+
+
+def test_topo_demo_still_takes_a_snapshot() -> None:
+    assert build_parser().parse_args(["topo", "--demo", "node.json"]).demo == "node.json"
+    assert build_parser().parse_args(["topo", "--demo", "node.json", "record", "o.json"]).demo == "node.json"
+    assert build_parser().parse_args(["topo", "--demo"]).demo is True
+
+
+def test_topo_demo_diff_runs_the_action(capsys: pytest.CaptureFixture[str]) -> None:
+    from nccltune.cli import main
+
+    assert main(["topo", "--demo", "diff", "h200x2-nvswitch-vm", "h200x2-nvswitch-vm", "--json"]) == 0
+    assert '"kind"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["sweep", "daemon", "doctor", "verify", "export"])
+def test_demo_of_a_command_without_positionals_takes_the_snapshot(command: str) -> None:
+    """Nothing positional follows these commands' --demo: the word after it is the snapshot."""
+    parser = build_parser()
+    assert parser.parse_args([command, "--demo", "node.json"]).demo == "node.json"
+    assert parser.parse_args([command, "--demo"]).demo is True
+
+
+def test_apply_demo_then_the_profile_is_the_profile() -> None:
+    from nccltune.cli.publish_cmds import profile_and_demo
+
+    assert profile_and_demo(build_parser().parse_args(["apply", "--demo", "class.json"])) == (Path("class.json"), True)
+    assert profile_and_demo(build_parser().parse_args(["apply", "class.json", "--demo", "node.json"])) == \
+        (Path("class.json"), "node.json")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
+from collections.abc import Sequence
 
 from .. import __version__
 from ..collectives import NAMES as COLLECTIVE_NAMES
@@ -21,7 +23,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# `--demo [SNAPSHOT]` right before one of the command's actions (`topo --demo record OUT`): the word
+# is the action the user named, not a snapshot; --demo then stands for the bundled node. A NUL never
+# reaches argv from a shell, so the stand-in cannot be a path a user gave.
+_DEMO_BUNDLED = "\0bundled"
+
+
 class _Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        actions = {name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                   for name in action.choices}
+        if actions and "--demo" in self._option_string_actions:
+            words = [f"--demo={_DEMO_BUNDLED}" if word == "--demo" and i + 1 < len(words) and words[i + 1] in actions
+                     else word for i, word in enumerate(words)]
+        parsed, rest = super().parse_known_args(words, namespace)
+        if getattr(parsed, "demo", None) == _DEMO_BUNDLED:
+            parsed.demo = True
+        return parsed, rest
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # "nccltune: error: " comes with every error; a subcommand's parser adds its own name.
         where = self.prog.removeprefix("nccltune").strip()
