@@ -89,7 +89,7 @@ class PublishedInfo:
 
     generation: int | None
     demo: bool
-    state: str  # "tuned" or "safe"
+    state: str  # what is published: publish.setting.PUBLISHED_STATES ("tuned", "defaults", "safe")
     decision: str  # "node" (this node's own sweep) or "class" (a class profile)
     env_digest: str  # same published variables <=> same digest, on any node
     # The class profile's identity (the start of its sha256: every node applying the same file
@@ -185,7 +185,10 @@ def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> Publ
     if latest is None:
         return None
     run = store.run(latest.run_id)
-    return PublishedInfo(generation=latest.generation, demo=bool(run and run.demo), state="tuned", decision="node",
+    # The sweep's own record: a run that chose NCCL's defaults (pipeline/choice.py's label) published them.
+    chosen = run.summary.get("chosen") if run is not None and run.summary else None
+    state = "defaults" if chosen == "NCCL defaults" else "tuned"
+    return PublishedInfo(generation=latest.generation, demo=bool(run and run.demo), state=state, decision="node",
                          env_digest=env_digest(latest.env), profile_generation="")
 
 

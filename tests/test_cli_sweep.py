@@ -22,8 +22,9 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import yaml
 from conftest import REPO
-from demo_state import DemoSweep
+from demo_state import SHORT_CONFIG, DemoSweep
 
 from nccltune.cli import main
 from nccltune.files.lock import SweepLock
@@ -279,7 +280,10 @@ def test_report_shows_the_last_sweep(demo: DemoSweep) -> None:
 def test_a_second_sweep_in_text_form_publishes_a_new_generation(demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
     shutil.copytree(demo.state, state, symlinks=True)
-    rc, out, err = cli("sweep", "--demo", *demo.args(state))
+    # The shortest sweep: a new generation is published whatever the sweep searched.
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump(SHORT_CONFIG))
+    rc, out, err = cli("sweep", "--demo", "--config", short, "--state-dir", state)
     assert rc == 0, err
     lines = out.strip().splitlines()
     assert lines[0].startswith(f"*** {DEMO_BANNER}") and lines[-1].startswith(f"*** {DEMO_BANNER}")

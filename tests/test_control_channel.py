@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -194,9 +195,13 @@ def test_an_imposter_coordinator_is_refused_and_nothing_runs(tmp_path: Path, con
     other = tmp_path / "other.key"
     write_key(other)
     port = port_pair()
-    imposter = ControlServer("127.0.0.1", port + 1, key=load_key(other), joiners=1, nproc_per_node=1, join_wait_s=20)
+    # It admits only once the joining node's connection is queued, so a short wait for joiners is
+    # waited out on a refusal alone, not on an interpreter starting.
+    imposter = ControlServer("127.0.0.1", port + 1, key=load_key(other), joiners=1, nproc_per_node=1, join_wait_s=5)
+    joining = _joiner(tmp_path, port, config)
+    assert select.select([imposter.server], [], [], 60)[0], "the joining node never connected"
     thread, box = _in_thread(imposter.admit)
-    code, err = _finish(_joiner(tmp_path, port, config))
+    code, err = _finish(joining)
     thread.join(40)
     imposter.close()
     assert code == EXIT_UNAVAILABLE, err

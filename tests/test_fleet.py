@@ -27,7 +27,7 @@ from nccltune.sweep.plan import PER_SIZE_VARS
 from nccltune.topology.model import from_snapshot
 from nccltune.topology.nodeclass import class_id_of, node_class
 from nccltune.topology.snapshot import load_snapshot
-from tests.demo_state import BASE_CONFIG, SWEEP_S, clean_env
+from tests.demo_state import BASE_CONFIG, SHORT_CONFIG, SWEEP_S, clean_env
 from tests.fleet_fixtures import h200x2_export, load, sibling, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,11 +218,15 @@ def test_apply_publishes_the_profile_and_env_names_it(fleet: dict[str, Any], tmp
 
 def test_a_sweep_by_hand_keeps_the_profile_in_force_published(fleet: dict[str, Any], tmp_path: Path) -> None:
     state = _node_copy(fleet, tmp_path, 1)
-    common = ["--demo", str(fleet["nodes"][1]["snapshot"]), "--config", str(fleet["root"] / "config.yaml"),
-              "--state-dir", str(state)]
-    assert nccltune("apply", str(fleet["profile"]), *common, cwd=tmp_path).returncode == 0
+    common = ["--demo", str(fleet["nodes"][1]["snapshot"]), "--state-dir", str(state)]
+    assert nccltune("apply", str(fleet["profile"]), *common, "--config", str(fleet["root"] / "config.yaml"),
+                    cwd=tmp_path).returncode == 0
     applied = _digests(state)
-    got = nccltune("sweep", "--json", *common, cwd=tmp_path)
+    # The shortest sweep (the baselines and the topology file alone): whether a finished sweep
+    # publishes depends on the profile in force, not on what the sweep searched.
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump(SHORT_CONFIG, sort_keys=False))
+    got = nccltune("sweep", "--json", *common, "--config", str(short), cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     doc = json.loads(got.stdout)
     assert doc["published"] is None and "class profile profile.json" in doc["not_published"]
@@ -366,7 +370,7 @@ def _per_size_export(host: str, tmp_path: Path, *, legacy: bool = False) -> Expo
 
     common = {"NCCL_TOPO_FILE": f"/var/lib/{host}/runs/00001/ncclTopology.xml", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     trials = [trial("baseline", f"defaults #{i}", {}, {}) for i in (1, 2, 3)]
-    ring, tree = SizeCandidate("ring", "ll"), SizeCandidate("tree", "ll128", only=() if legacy else ("allreduce",))
+    ring, tree = SizeCandidate("ring", "ll"), SizeCandidate("tree", "ll128", only=() if legacy else ("all_reduce",))
     for cand, speed in ((ring, {("all_gather", 64 * KIB): 120.0}),
                         # Tree's trial: all_gather ran with NCCL's own choice, whatever it measured.
                         (tree, {("all_reduce", 16 * MIB): 125.0, ("all_gather", MIB): 150.0}),

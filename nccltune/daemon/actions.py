@@ -29,6 +29,7 @@ from ..fleet.node import fleet_node_of
 from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from ..publish import Provenance, Setting, atomic_write, publish_setting, read_published
+from ..publish.setting import DECIDED_STATES
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
@@ -72,6 +73,11 @@ class Published:
     state: str | None = None
     unreadable: str | None = None
     class_profile_sha256: str | None = None  # the class profile it came from, if any
+
+    @property
+    def decided(self) -> bool:
+        """A decision is published ("tuned" or "defaults"), not the safe stand-in for a pending tuning."""
+        return self.state in DECIDED_STATES
 
 
 @dataclass(frozen=True)

@@ -373,7 +373,7 @@ class Daemon:
             return self._profile_settled(was)
         published = actions.read_published_state(self.cfg.publish_dir)
         if not (published.class_profile_sha256 == loaded.sha256 and published.tuning_fingerprint == self.tuning_fp
-                and published.topology_fingerprint == node.fingerprint and published.state == "tuned"):
+                and published.topology_fingerprint == node.fingerprint and published.decided):
             try:
                 generation = actions.publish_class_profile(self.cfg, node, nccl, loaded, self.wall_clock())
             except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it

@@ -220,7 +220,8 @@ class SweepPipeline:
             every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
                                                   cfg.topology_file)
             probed = self.nccl_version()
-            prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed, run=(store, run_id))
+            prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed, run=(store, run_id),
+                               state="defaults")
             xml = render_xml(node.topo.system) if "NCCL_TOPO_FILE" in every_job else None  # else the site's
             published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
@@ -407,8 +408,9 @@ class _Sweep:
         the plugin and its table (every job: an entry applies only to the communicator shape it was
         measured for)."""
         gains = {key_label((r.collective, r.size_bytes)): r.ratio for r in choice.rows if r.ratio}
+        # A choice of NCCL's defaults publishes nothing measured: the set says so ("defaults").
         prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp(),
-                           run=(self.store, self.run_id))
+                           run=(self.store, self.run_id), state="tuned" if choice.chosen is not None else "defaults")
         every_job, single_node = dict(choice.every_job_env), dict(choice.single_node_env)
         tuner: Tuner | None = None
         pub = self.table.publication if self.table else None
@@ -463,11 +465,12 @@ class _Sweep:
 
 def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,
                 *, probed_nccl: Any = None, fingerprint: str | None = None,
-                run: tuple[Store, int] | None = None) -> Provenance:
+                run: tuple[Store, int] | None = None, state: str = "tuned") -> Provenance:
     """The provenance of what a sweep publishes. ``probed_nccl`` is the version the worker's probe
     reported (None in the demo): the tuning fingerprint's input, as the daemon computes it;
     ``fingerprint`` is that fingerprint when the sweep has it already; ``run`` the history and the
-    run that publishes it (close_dead_runs reads them back)."""
+    run that publishes it (close_dead_runs reads them back); ``state`` what is published
+    (publish.PUBLISHED_STATES)."""
     return Provenance(
         nccltune_version=__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -475,4 +478,4 @@ def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mappin
         backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
         note=DEMO_LABEL if node.demo else note,
         tuning_fingerprint=fingerprint or tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo),
-        run_id=run[1] if run else None, history=str(Path(run[0].path).resolve()) if run else None)
+        run_id=run[1] if run else None, history=str(Path(run[0].path).resolve()) if run else None, state=state)

@@ -36,6 +36,15 @@ from .policy import (
 # Kept under their old names for code that imports them from here.
 PublishError = FileError
 
+# What a published set holds (Provenance.state: every file's header, nccl.json, the metric
+# nccltune_published_info{state}): "tuned", a measured choice that beat NCCL's defaults (a sweep's
+# winner, a class profile's choice); "defaults", a decision that kept NCCL's defaults, so nothing
+# beyond what fits every job unmeasured (the topology file, the policy values, the pins); "safe",
+# that part republished while a tuning is pending (the topology changed). "tuned" and "defaults"
+# are decisions the daemon keeps; "safe" asks for a sweep.
+PUBLISHED_STATES = ("tuned", "defaults", "safe")
+DECIDED_STATES = ("tuned", "defaults")
+
 TOPO_FILE_VAR = "NCCL_TOPO_FILE"
 # The tuner table the plugin reads (tuner/table.py MAX_TABLE_BYTES) and a generous bound for the
 # plugin library itself.
@@ -64,7 +73,7 @@ class Provenance:
     # Hash of everything a tuning depends on besides the topology (NCCL version, nccltune version,
     # sweep settings): the daemon re-tunes when it no longer matches.
     tuning_fingerprint: str | None = None
-    # "tuned" after a sweep; "safe" when republished without tuned values (topology changed).
+    # What was published, one of PUBLISHED_STATES: "tuned", "defaults" or "safe".
     state: str = "tuned"
     # The class profile the values come from (file, path, sha256, class_id, chosen, decided_at,
     # nodes), in nccl.json only; None for a node's own decision.
@@ -188,6 +197,8 @@ def check_provenance(prov: Provenance, where: str = "provenance") -> None:
         raise InputError(where, f"provenance.run_id: {prov.run_id!r} is neither a positive integer nor null")
     if (prov.run_id is None) != (prov.history is None):
         raise InputError(where, "provenance.run_id and provenance.history go together: the run and its history")
+    if prov.state not in PUBLISHED_STATES:
+        raise InputError(where, f"provenance.state: {prov.state!r} is not one of {', '.join(PUBLISHED_STATES)}")
     if not isinstance(prov.demo, bool):
         raise InputError(where, f"provenance.demo: {prov.demo!r} is not a boolean")
     profile = prov.class_profile or {}
