@@ -316,7 +316,8 @@ def test_start_up_notifies_ready_then_sweeps_publishes_verifies_and_exports(env:
     for name in ("nccl.sh", "nccl.env", "nccl.json"):
         assert (state / name).is_file()
     prov = provenance(state)
-    assert (prov["state"], prov["generation"], prov["demo"]) == ("tuned", 1, True)
+    # A decision (the sweep's winner, or NCCL's defaults kept), not the safe stand-in.
+    assert (prov["state"] in ("tuned", "defaults"), prov["generation"], prov["demo"]) == (True, 1, True)
     # A demo sweep on a loaded machine can measure every verify size too noisily to verify: then
     # verify says so (and fails) instead of passing on drops it could never see.
     verdict = d.wait_log(r"verify passed|verify: no size can be verified", SWEEP_S)
@@ -378,7 +379,7 @@ def test_topology_change_republishes_a_safe_environment_then_retunes(env: Env, s
     d.wait_log(r"sweeping: topology changed", 30)
     d.wait_log(r"sweep done in", SWEEP_S)
     tuned = provenance(state)
-    assert tuned["state"] == "tuned"
+    assert tuned["state"] in ("tuned", "defaults")
     assert tuned["generation"] == before["generation"] + 2
     assert tuned["topology_fingerprint"] == safe["topology_fingerprint"]
     metrics = d.wait_metric("nccltune_topology_changes_total", 1.0, 30)

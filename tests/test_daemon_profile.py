@@ -234,7 +234,7 @@ def test_no_node_local_sweep_replaces_a_profile(harness: Harness, seeded: Path, 
     d.poll()
     moved = provenance(state)
     assert moved["topology_fingerprint"] == d.watcher.node.fingerprint != first["topology_fingerprint"]
-    assert moved["class_profile"] == first["class_profile"] and moved["state"] == "tuned"
+    assert moved["class_profile"] == first["class_profile"] and moved["state"] == first["state"] != "safe"
     never_sweeps(d)
     # Its verify compares the node with the class's numbers; a failure asks for no sweep.
     d.state = scheduler.verify_started(d.state, d.clock())
@@ -341,4 +341,4 @@ def test_a_publish_by_hand_over_the_profile_is_undone_at_the_next_poll(harness: 
     actions.republish_safe(d.cfg, d.watcher.node, d.watcher.nccl, "by hand", dt.datetime.now())
     assert "class_profile" not in provenance(state)
     d.poll()
-    assert provenance(state)["class_profile"] == applied and provenance(state)["state"] == "tuned"
+    assert provenance(state)["class_profile"] == applied and provenance(state)["state"] in ("tuned", "defaults")

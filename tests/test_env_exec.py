@@ -17,7 +17,7 @@ from nccltune.cli import main
 
 pytest.importorskip("torch")
 
-from demo_state import clean_env
+from demo_state import DemoSweep, clean_env
 
 POLICY = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
@@ -46,14 +46,20 @@ def nccltune_exec(state: Path, *cmd: str, env: dict[str, str] | None = None) -> 
 # -- env ------------------------------------------------------------------------------------------------
 
 
-def test_env_json_has_a_schema_version_and_the_published_env(seeded: Path, published: dict[str, str]) -> None:
+def test_env_json_has_a_schema_version_and_the_published_env(seeded: Path, published: dict[str, str],
+                                                             demo_sweep: DemoSweep) -> None:
     rc, out, err = cli("env", "--format", "json", "--state-dir", seeded)
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["schema_version"] == 1
     assert doc["env"] == published
     assert published[POLICY] == "3"
-    assert doc["provenance"]["demo"] is True and doc["provenance"]["state"] == "tuned"
+    # The state says what the sweep published: its winner, or NCCL's defaults kept.
+    state = "defaults" if demo_sweep.doc["chosen"] == "NCCL defaults" else "tuned"
+    assert doc["provenance"]["demo"] is True and doc["provenance"]["state"] == state
+    rc, sh, err = cli("env", "--as-published", "--state-dir", seeded)
+    assert rc == 0, err
+    assert f"# state: {state}\n" in sh
 
 
 def test_env_with_nothing_published_exits_1(tmp_path: Path) -> None:

@@ -74,6 +74,9 @@ def test_sweep_publishes_what_fits_every_job_and_exits_0(tmp_path: Path) -> None
     node = load_node(load_config(config(tmp_path), required=True), None)
     assert topo.read_text() == render_xml(node.topo.system)
     assert got.provenance["note"] == MESSAGE
+    # Nothing measured, nothing beyond NCCL's defaults: the set says so, in nccl.json and every header.
+    assert got.provenance["state"] == "defaults"
+    assert "# state: defaults" in got.texts["nccl.sh"] and "# state: defaults" in got.texts["nccl.env"]
     with Store(state / "history.db") as store:
         runs = store.runs()
     assert [(r.kind, r.status) for r in runs] == [("sweep", "ok")]
