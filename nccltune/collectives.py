@@ -42,6 +42,18 @@ class Collective:
     gloo: bool
     perf_redop: str = "sum"  # the redop column of the `*_perf` binary
     perf_root: int = -1  # the root column: -1 where the collective has no root
+    # NCCL's ncclFunc_t index where NCCL asks a tuner plugin about it (broadcast 0 ... all_reduce 4);
+    # None for all_to_all and sendrecv, which NCCL moves as point-to-point sends and receives.
+    tuner_index: int | None = None
+
+    @property
+    def tuner_name(self) -> str | None:
+        """NCCL's own spelling (allreduce, allgather, reducescatter: its function name in lower
+        case), for the collectives NCCL asks a tuner about; None for the others. It is the spelling
+        of NCCL_ALGO/NCCL_PROTO's per-collective entries (`allreduce:Tree`) and of the collective
+        field of nccltune's tuner table file (and so of a class profile's table rows), and nowhere
+        else: nccltune's own code names collectives as `name` does. `from_tuner_name` reads it back."""
+        return self.log_func.lower() if self.tuner_index is not None and self.log_func else None
 
     def busbw_factor(self, nranks: int) -> float:
         """busbw / algbw for `nranks` ranks, as nccl-tests computes it."""
@@ -109,12 +121,15 @@ def algbw_gbps(size_bytes: int, time_us: float) -> float:
 
 
 COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("all_reduce", "all_reduce_perf", "ncclAllReduce", "AllReduce", False, "2(n-1)/n", True),
-    Collective("all_gather", "all_gather_perf", "ncclAllGather", "AllGather", True, "(n-1)/n", True, "none"),
+    Collective("all_reduce", "all_reduce_perf", "ncclAllReduce", "AllReduce", False, "2(n-1)/n", True,
+               tuner_index=4),
+    Collective("all_gather", "all_gather_perf", "ncclAllGather", "AllGather", True, "(n-1)/n", True, "none",
+               tuner_index=2),
     Collective("reduce_scatter", "reduce_scatter_perf", "ncclReduceScatter", "ReduceScatter", True, "(n-1)/n",
-               True),
-    Collective("broadcast", "broadcast_perf", "ncclBroadcast", "Broadcast", False, "1", True, "none", 0),
-    Collective("reduce", "reduce_perf", "ncclReduce", "Reduce", False, "1", True, "sum", 0),
+               True, tuner_index=3),
+    Collective("broadcast", "broadcast_perf", "ncclBroadcast", "Broadcast", False, "1", True, "none", 0,
+               tuner_index=0),
+    Collective("reduce", "reduce_perf", "ncclReduce", "Reduce", False, "1", True, "sum", 0, tuner_index=1),
     # ncclAlltoAll exists from NCCL 2.28 on; with older libraries the worker groups send/recv pairs.
     Collective("all_to_all", "alltoall_perf", "ncclAlltoAll", "AlltoAll", True, "(n-1)/n", True, "none"),
     # One ring step: every rank sends to rank+1 and receives from rank-1, in one group.
@@ -122,6 +137,10 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
 )}
 NAMES: tuple[str, ...] = tuple(COLLECTIVES)
 DEFAULT = "all_reduce"
+# The collectives NCCL asks a tuner about, in NCCL's ncclFunc_t order (the plugin's collective index).
+TUNED: tuple[Collective, ...] = tuple(sorted((c for c in COLLECTIVES.values() if c.tuner_index is not None),
+                                             key=lambda c: c.tuner_index or 0))
+TUNER_NAMES: tuple[str, ...] = tuple(c.tuner_name for c in TUNED if c.tuner_name)  # the same, as NCCL spells them
 
 
 def get(name: str) -> Collective:
@@ -141,6 +160,12 @@ def by_perf_binary(name: str) -> Collective | None:
     binary nccltune has no collective for (alltoallv_perf, gather_perf, ...)."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     return next((c for c in COLLECTIVES.values() if c.perf_binary == base), None)
+
+
+def from_tuner_name(name: str) -> Collective | None:
+    """The collective NCCL spells `name` (exactly as `Collective.tuner_name` writes it: "allreduce"
+    -> all_reduce); None for any other text. The one way back from NCCL's spelling."""
+    return next((c for c in TUNED if c.tuner_name == name), None)
 
 
 def parse_list(text: str) -> list[Collective]:

@@ -269,7 +269,7 @@ def test_every_per_size_candidate_left_out_has_a_code() -> None:
     seen = set()
     for ll128 in (True, False):
         for nranks, nnodes in ((1, 1), (2, 1), (8, 1), (2, 2), (16, 2)):
-            for collective in ("allreduce", "allgather", "reducescatter", "broadcast"):
+            for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
                 for p in algo_proto_candidates(ll128=ll128, nranks=nranks, nnodes=nnodes, collective=collective)[1]:
                     seen.add(candidate_code(p))
     assert seen <= per_size and "one-rank" in seen and "ll128-not-auto" in seen

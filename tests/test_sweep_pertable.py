@@ -11,7 +11,7 @@ from tuner_harness import cost_table, init, load, table_env
 from nccltune.records import Measurement
 from nccltune.sweep.pertable import (
     NOT_STEERED,
-    TUNER_NAMES,
+    STEERED,
     CollectiveInput,
     Measured,
     Seen,
@@ -245,7 +245,7 @@ def test_the_report_shows_the_entries_and_the_sizes_they_cover() -> None:
 
 # -- every steered collective --------------------------------------------------------------------
 
-TREE_LL128 = SizeCandidate("tree", "ll128", only=("allreduce",))
+TREE_LL128 = SizeCandidate("tree", "ll128", only=("all_reduce",))
 RING_LL = SizeCandidate("ring", "ll")
 SMALL, LARGE = SIZES[:2], SIZES[2:]
 
@@ -256,8 +256,8 @@ def _inputs(ag: dict[SizeCandidate, dict[int, float]], ar: dict[SizeCandidate, d
     def part(values: dict[SizeCandidate, dict[int, float]], default_used: dict[int, Seen]) -> CollectiveInput:
         return CollectiveInput(BASE, [Measured(c, stats(v, noise_pct=0.0, n=1), used or {}) for c, v in values.items()],
                                default_used)
-    return {"allgather": part(ag, DEFAULT_USED if ag_used is None else ag_used),
-            "allreduce": part(ar, DEFAULT_USED if ar_used is None else ar_used)}
+    return {"all_gather": part(ag, DEFAULT_USED if ag_used is None else ag_used),
+            "all_reduce": part(ar, DEFAULT_USED if ar_used is None else ar_used)}
 
 
 def _table(inputs: dict[str, CollectiveInput], **kw: object) -> TableChoice:
@@ -272,7 +272,7 @@ def test_each_collective_gets_its_own_entries_and_tree_never_wins_all_gather() -
     # all_reduce: tree/ll128 wins the large sizes, ring/ll none.
     ar = {RING_LL: {s: 98.0 for s in SIZES}, TREE_LL128: {s: 125.0 if s in LARGE else 90.0 for s in SIZES}}
     t = _table(_inputs(ag, ar))
-    ag_part, ar_part = t.part("allgather"), t.part("allreduce")
+    ag_part, ar_part = t.part("all_gather"), t.part("all_reduce")
     assert ag_part is not None and ar_part is not None
     assert {s: w.candidate for s, w in ag_part.wins.items()} == {s: RING_LL for s in SMALL}
     assert {s: w.candidate for s, w in ar_part.wins.items()} == {s: TREE_LL128 for s in LARGE}
@@ -317,15 +317,15 @@ def test_a_raise_is_used_for_every_collective_or_for_none() -> None:
 
 def test_candidates_for_several_collectives_set_tree_for_all_reduce_alone() -> None:
     got = per_size_candidates(["all_reduce", "all_gather"], ll128=True, nranks=2, nccl_version="2.28.9")
-    assert got.collectives == ["allreduce", "allgather"]
+    assert got.collectives == ["all_reduce", "all_gather"]
     assert len(got.candidates) == 6  # as many trials as for all_reduce alone
     tree = [c for c in got.candidates if c.algo == "tree"]
     assert [c.env() for c in tree] == [{"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": f"allreduce:{p}"}
                                        for p in ("Simple", "LL", "LL128")]
-    assert all(c.applies_to("allreduce") and not c.applies_to("allgather") for c in tree)
+    assert all(c.applies_to("all_reduce") and not c.applies_to("all_gather") for c in tree)
     ring = [c for c in got.candidates if c.algo == "ring"]
     assert ring[0].env() == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
-    assert all(c.applies_to("allgather") and c.applies_to("allreduce") for c in ring)
+    assert all(c.applies_to("all_gather") and c.applies_to("all_reduce") for c in ring)
     assert "allreduce:Tree" in " ".join(got.notes) and "not known" not in " ".join(got.notes)
     # The version unknown: the same syntax, and the plan says what an older NCCL does with it.
     unknown = per_size_candidates(["all_reduce", "all_gather"], ll128=True, nranks=2)
@@ -338,7 +338,7 @@ def test_candidates_for_several_collectives_set_tree_for_all_reduce_alone() -> N
     # all_reduce the only collective a tuner steers: plain NCCL_ALGO=Tree, as for all_reduce alone.
     for collectives in (["all_reduce"], ["all_to_all", "all_reduce"]):
         alone = per_size_candidates(collectives, ll128=True, nranks=2, nccl_version="2.23.4")
-        assert alone.collectives == ["allreduce"] and len(alone.candidates) == 6 and not alone.notes
+        assert alone.collectives == ["all_reduce"] and len(alone.candidates) == 6 and not alone.notes
         assert SizeCandidate("tree", "ll") in alone.candidates
     fsdp = per_size_candidates(["all_gather", "reduce_scatter"], ll128=False, nranks=2)
     assert [c.label for c in fsdp.candidates] == ["ring/simple", "ring/ll"]
@@ -352,14 +352,14 @@ def test_all_to_all_and_sendrecv_are_listed_as_not_steered_by_the_tuner() -> Non
     assert reasons["sendrecv"].startswith("not seen by NCCL's tuner")
     none = per_size_candidates(["sendrecv"], ll128=True, nranks=2)
     assert none.collectives == [] and none.candidates == []
-    # Every collective nccltune measures is either steered (in the table's spelling) or said not to be.
+    # Every collective nccltune measures is either steered (and in the table, as NCCL spells it) or said not to be.
     from nccltune import collectives
 
-    assert set(TUNER_NAMES) | set(NOT_STEERED) == set(collectives.NAMES)
-    assert set(TUNER_NAMES.values()) == set(COLLECTIVES)
+    assert set(STEERED) | set(NOT_STEERED) == set(collectives.NAMES) and not set(STEERED) & set(NOT_STEERED)
+    assert {collectives.COLLECTIVES[c].tuner_name for c in STEERED} == set(COLLECTIVES)
 
 
-@pytest.mark.parametrize("cand", [SizeCandidate("ring", "ll128"), SizeCandidate("tree", "ll", only=("allreduce",)),
+@pytest.mark.parametrize("cand", [SizeCandidate("ring", "ll128"), SizeCandidate("tree", "ll", only=("all_reduce",)),
                                   SizeCandidate(channels=24), SizeCandidate("tree", "simple")])
 def test_a_trials_environment_gives_its_candidate_back(cand: SizeCandidate) -> None:
     env = {"NCCL_TOPO_FILE": "/x/ncclTopology.xml", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", **cand.env()}
@@ -379,15 +379,15 @@ def test_table_inputs_split_whole_trials_per_collective() -> None:
             Measurement(s, 1.0, 1.0, ag, "RING", "SIMPLE", True, None, collective="all_gather") for s in SIZES]
 
     base = {(c, s): st for c in ("all_reduce", "all_gather") for s, st in BASE.items()}
-    tree, ring = SizeCandidate("tree", "ll", only=("allreduce",)), SizeCandidate("ring", "ll")
-    got = table_inputs(["allreduce", "allgather"], base, [(tree, [trial(130, 140)]), (ring, [trial(90, 110)])],
+    tree, ring = SizeCandidate("tree", "ll", only=("all_reduce",)), SizeCandidate("ring", "ll")
+    got = table_inputs(["all_reduce", "all_gather"], base, [(tree, [trial(130, 140)]), (ring, [trial(90, 110)])],
                        [trial(100, 100), trial(100, 100)])
-    assert [m.candidate for m in got["allreduce"].measured] == [tree, ring]
-    assert [m.candidate for m in got["allgather"].measured] == [ring]  # Tree's trial says nothing of all_gather
-    assert got["allgather"].measured[0].stats[MIB].median == 110
-    assert got["allreduce"].measured[0].used[MIB] == Seen("ring", "ll", 8)
-    assert got["allgather"].default_used[MIB] == Seen("ring", "simple", None)
-    assert set(got["allgather"].baseline) == set(SIZES)
+    assert [m.candidate for m in got["all_reduce"].measured] == [tree, ring]
+    assert [m.candidate for m in got["all_gather"].measured] == [ring]  # Tree's trial says nothing of all_gather
+    assert got["all_gather"].measured[0].stats[MIB].median == 110
+    assert got["all_reduce"].measured[0].used[MIB] == Seen("ring", "ll", 8)
+    assert got["all_gather"].default_used[MIB] == Seen("ring", "simple", None)
+    assert set(got["all_gather"].baseline) == set(SIZES)
 
 
 def test_the_report_names_the_collective_of_every_entry() -> None:

@@ -17,6 +17,7 @@ from conftest import REPO
 from demo_state import SNAPSHOT, clean_env
 
 from nccltune.checks.doctor import diagnose, existing_tuner
+from nccltune.collectives import COLLECTIVES
 from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.errors import InputError
 from nccltune.fleet.schema import validate
@@ -256,7 +257,7 @@ def _stage_result(speed: Callable[[dict[str, str], str, str, int], float],
     cfg = parse_config("sweep:\n  profile: fsdp\n")
     pipe, _ = _plan(cfg, ENV, gpu=True)
     plan = pipe.plan()[0]
-    assert plan.per_size is not None and plan.per_size.collectives == ["allgather", "reducescatter"]
+    assert plan.per_size is not None and plan.per_size.collectives == ["all_gather", "reduce_scatter"]
     got = per_size_candidates(_Trials.COLLECTIVES, ll128=True, nranks=2, nccl_version="2.28.9")
     plan.per_size = dataclasses.replace(plan.per_size, collectives=got.collectives, candidates=got.candidates)
     trials = _Trials(plan.sizes, speed)
@@ -313,7 +314,7 @@ def test_the_plan_measures_per_size_what_the_tuner_steers(profile: str, collecti
     pipe, trials = _plan(parse_config(f"sweep:\n  profile: {profile}\n"), ENV, gpu=True)
     plan = pipe.plan()[0]
     ps = plan.per_size
-    assert ps is not None and ps.active and ps.collectives == collectives
+    assert ps is not None and ps.active and [COLLECTIVES[c].tuner_name for c in ps.collectives] == collectives
     assert len(ps.candidates) == candidates
     # all_reduce the only collective a tuner steers: plain NCCL_ALGO=Tree, as before there were others.
     assert all(not c.only for c in ps.candidates)
@@ -347,7 +348,7 @@ def test_a_profile_of_all_reduce_and_all_gather_sets_tree_for_all_reduce_alone()
     pipe, trials = _plan(cfg, ENV, gpu=True)
     plan = pipe.plan()[0]
     ps = plan.per_size
-    assert ps is not None and ps.collectives == ["allreduce", "allgather"]
+    assert ps is not None and ps.collectives == ["all_reduce", "all_gather"]
     assert len(ps.candidates) == 6  # no more trials than for all_reduce alone
     assert {c.env()["NCCL_ALGO"] for c in ps.candidates} == {"Ring", "allreduce:Tree"}
     text = plan_text(plan, pipe.node(), trials, 60.0, "both")

@@ -40,12 +40,13 @@ from ..files.inputfile import parse_json, read_input_file
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import profiles
 from ..sweep.pertable import (
+    STEERED,
     TRIAL_LABEL,
-    TUNER_NAMES,
     SizeCandidate,
     TableChoice,
     candidate_of_env,
     choose_table,
+    nccl_name,
     table_entries,
     table_inputs,
 )
@@ -403,9 +404,10 @@ def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
     shape the exports measured (the plugin applies an entry only to a communicator of its shape)."""
     order = profiles.collectives_of(rules.profile, rules.custom_profiles)
     measured = {c for c, _s in baseline}
-    collectives = [TUNER_NAMES[c] for c in order if c in measured and c in TUNER_NAMES]
-    evidence: dict[str, Any] = {"collectives": collectives, "default_channels": None, "candidates": [], "wins": [],
-                                "notes": []}
+    collectives = [c for c in order if c in measured and c in STEERED]
+    # The profile names the table's collectives as its rows do, in NCCL's spelling (table_collective).
+    evidence: dict[str, Any] = {"collectives": [nccl_name(c) for c in collectives], "default_channels": None,
+                                "candidates": [], "wins": [], "notes": []}
     if not pooled.per_size:
         evidence["status"] = "no per-size trials in the exports (the nodes' sweeps had no tuner table)"
         return [], evidence
@@ -443,7 +445,7 @@ def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
 
 
 def _wins_doc(choice: TableChoice) -> list[dict[str, Any]]:
-    return [{"collective": part.collective, "size_bytes": w.size_bytes, "label": w.candidate.label,
+    return [{"collective": nccl_name(part.collective), "size_bytes": w.size_bytes, "label": w.candidate.label,
              "ratio": round(w.ratio, 4), "reason": w.reason}
             for part in choice.parts for _s, w in sorted(part.wins.items())]
 

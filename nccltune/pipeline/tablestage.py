@@ -45,6 +45,7 @@ from ..sweep.pertable import (
     TableChoice,
     channel_candidates,
     choose_table,
+    nccl_name,
     spans,
     table_inputs,
     to_table,
@@ -114,7 +115,7 @@ class TableOutcome:
             "table_path": str(self.table_path) if self.table_path else None,
             "plugin": str(self.build.path) if self.build and self.build.path else None,
             "default_channels": self.default_channels,
-            "entries": [{"collective": s.collective, "min_bytes": s.min_bytes, "max_bytes": s.max_bytes,
+            "entries": [{"collective": nccl_name(s.collective), "min_bytes": s.min_bytes, "max_bytes": s.max_bytes,
                          "sizes": list(s.sizes), "algo": s.cell.algo, "proto": s.cell.proto,
                          "channels": s.cell.channels}
                         for s in self.spans],

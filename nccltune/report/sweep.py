@@ -11,6 +11,7 @@ from ..names import DEMO_LABEL, format_size
 from ..publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from ..records import ReportRow
 from ..store import TrialRecord
+from ..sweep.pertable import nccl_name
 from ..sweep.plan import candidate_code
 from .common import fmt_bw, report_row, shown
 
@@ -68,9 +69,11 @@ def per_size_plan_doc(plan: Plan) -> dict[str, Any] | None:
     if ps is None:
         return None
     return {"active": ps.active, "status": None if ps.active else ps.inactive_text,
-            "collectives": list(ps.collectives),
+            # The table's collectives as its file spells them (plan.schema.json).
+            "collectives": [nccl_name(t) for t in ps.collectives],
             "candidates": [{"label": c.label, "env": c.env(),
-                            "collectives": [t for t in ps.collectives if c.applies_to(t)]} for c in ps.candidates],
+                            "collectives": [nccl_name(t) for t in ps.collectives if c.applies_to(t)]}
+                           for c in ps.candidates],
             "channels": ("half and a third more of the defaults' channel count (from the baseline)"
                          if ps.channels else None),
             "trials": ps.trial_count(), "measured_with_nccl": ps.measured_with_nccl,
@@ -85,7 +88,7 @@ def per_size_plan_text(plan: Plan) -> list[str]:
     if not ps.active:
         return ["", f"Per size: {ps.inactive_text}"]
     lines = ["", "Per size (one trial each over every size, judged size by size, for the tuner table's "
-             f"{', '.join(ps.collectives)}):"]
+             f"{', '.join(map(nccl_name, ps.collectives))}):"]
     lines.extend(f"  {c.label}: {' '.join(f'{k}={v}' for k, v in c.env().items())}" for c in ps.candidates)
     if ps.channels:
         lines.append("  channels: half and a third more of the defaults' channel count (NCCL_MIN/MAX_NCHANNELS, "
@@ -101,12 +104,13 @@ def table_lines(table: TableOutcome) -> list[str]:
     if table.default_channels:
         lines.append(f"  NCCL's defaults use {table.default_channels} channels")
     if table.spans:
-        width = max(len(sp.collective) for sp in table.spans)
+        # Each entry's collective as the table file spells it.
+        width = max(len(nccl_name(sp.collective)) for sp in table.spans)
         for sp in table.spans:
             ch = f", {sp.cell.channels} channels" if sp.cell.channels else ""
             # Ranges end below the next one's start; a collective's last ends at its largest measured size.
             end = f"{format_size(sp.max_bytes)}]" if sp.last else f"{format_size(sp.max_bytes + 1)})"
-            lines.append(f"  {sp.collective:<{width}}  [{format_size(sp.min_bytes)}, {end} (measured "
+            lines.append(f"  {nccl_name(sp.collective):<{width}}  [{format_size(sp.min_bytes)}, {end} (measured "
                          f"{', '.join(format_size(x) for x in sp.sizes)}): {sp.cell.algo}/{sp.cell.proto}{ch}")
     elif table.choice is not None:
         lines.append("  no entries: no candidate beat NCCL's defaults beyond the noise at any size")

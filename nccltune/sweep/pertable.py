@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from ..collectives import COLLECTIVES
+from ..collectives import COLLECTIVES, TUNED, from_tuner_name
 from ..names import format_size
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..records import Measurement
@@ -58,10 +58,10 @@ from .select import Key, SizeStats, judge, screen, size_stats
 ENV_ALGO = {"ring": "Ring", "tree": "Tree", "pat": "PAT", "nvls": "NVLS"}
 ENV_PROTO = {"simple": "Simple", "ll": "LL", "ll128": "LL128"}
 
-# The collectives NCCL asks a tuner about: nccltune's name -> the table's (tuner.table.COLLECTIVES).
-TUNER_NAMES = {"broadcast": "broadcast", "reduce": "reduce", "all_gather": "allgather",
-               "reduce_scatter": "reducescatter", "all_reduce": "allreduce"}
-MEASURED_NAMES = {t: c for c, t in TUNER_NAMES.items()}  # the table's name -> nccltune's
+# The collectives NCCL asks a tuner about (nccltune's names, NCCL's order). Everything here names a
+# collective as nccltune does; NCCL's spelling (Collective.tuner_name) is written and read only
+# where NCCL_ALGO/NCCL_PROTO values and table entries are, and shown in the messages that name them.
+STEERED = tuple(c.name for c in TUNED)
 # The measured collectives no tuner steers, and why.
 NOT_STEERED = {
     "all_to_all": "not seen by NCCL's tuner: NCCL moves all-to-all as point-to-point sends and receives, which "
@@ -69,19 +69,31 @@ NOT_STEERED = {
     "sendrecv": "not seen by NCCL's tuner: point-to-point sends and receives have no algorithm or protocol for a "
                 "tuner to choose",
 }
-# The collectives (table spelling) each swept algorithm can run; the others have no such algorithm.
-ALGO_RUNS = {"ring": tuple(TUNER_NAMES.values()), "tree": ("allreduce",), "pat": ("allgather", "reducescatter")}
+# The collectives each swept algorithm can run; the others have no such algorithm.
+ALGO_RUNS = {"ring": STEERED, "tree": ("all_reduce",), "pat": ("all_gather", "reduce_scatter")}
 # NCCL_ALGO/NCCL_PROTO accept `func:list` entries from this version on.
 PER_COLLECTIVE_SYNTAX = (2, 24)
 # How the per-size stage labels its candidates' trials in the store (and so in an export).
 TRIAL_LABEL = "per size: "
 
 
+def nccl_name(collective: str) -> str:
+    """A steered collective (nccltune's name) as NCCL spells it (Collective.tuner_name)."""
+    name = COLLECTIVES[collective].tuner_name
+    if name is None:
+        raise ValueError(f"{collective} is not a collective NCCL asks a tuner about")
+    return name
+
+
+def _nccl_names(collectives: Iterable[str]) -> str:
+    return ", ".join(nccl_name(c) for c in collectives)
+
+
 @dataclass(frozen=True)
 class SizeCandidate:
     """One per-size candidate: an algorithm and protocol (None: NCCL's choice) and a channel count
-    (0: NCCL's count). `only` names the collectives (table spelling) the algorithm and protocol
-    are set for, with NCCL's per-collective syntax; empty: set for every collective."""
+    (0: NCCL's count). `only` names the collectives the algorithm and protocol are set for, with
+    NCCL's per-collective syntax; empty: set for every collective."""
 
     algo: str | None = None
     proto: str | None = None
@@ -100,11 +112,11 @@ class SizeCandidate:
         return out
 
     def _scoped(self, value: str) -> str:
-        return ";".join(f"{c}:{value}" for c in self.only) if self.only else value
+        return ";".join(f"{nccl_name(c)}:{value}" for c in self.only) if self.only else value
 
     def applies_to(self, collective: str) -> bool:
-        """Whether this candidate's trial measures it for `collective` (table spelling): a
-        collective its algorithm cannot run, or one left to NCCL by `only`, measured NCCL's choice."""
+        """Whether this candidate's trial measures it for `collective`: a collective its algorithm
+        cannot run, or one left to NCCL by `only`, measured NCCL's choice."""
         if self.only:
             return collective in self.only
         return self.algo is None or collective in ALGO_RUNS.get(self.algo, ())
@@ -115,7 +127,7 @@ class SizeCandidate:
         if self.algo or self.proto:
             parts.append(f"{self.algo or 'auto'}/{self.proto or 'auto'}")
         if self.only:
-            parts.append(f"({', '.join(self.only)} only)")
+            parts.append(f"({_nccl_names(self.only)} only)")
         if self.channels:
             parts.append(f"{self.channels} channels")
         return " ".join(parts) or "NCCL defaults"
@@ -127,16 +139,17 @@ _SCOPED = re.compile(r"([a-z]+):([A-Za-z0-9]+)")
 
 
 def _parse_scoped(value: str, names: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
-    """'Tree' -> ('tree', ()), 'allreduce:Tree' -> ('tree', ('allreduce',)); None for anything else."""
+    """'Tree' -> ('tree', ()), 'allreduce:Tree' -> ('tree', ('all_reduce',)); None for anything else."""
     if value.lower() in names:
         return names[value.lower()], ()
     got = [_SCOPED.fullmatch(part) for part in value.split(";")]
-    if not got or any(m is None or m[1] not in MEASURED_NAMES for m in got):
+    scoped = [(from_tuner_name(m[1]), m[2]) for m in got if m is not None]
+    if not got or len(scoped) != len(got) or any(c is None for c, _v in scoped):
         return None
-    values = {m[2].lower() for m in got if m is not None}
+    values = {v.lower() for _c, v in scoped}
     if len(values) != 1 or next(iter(values)) not in names:
         return None
-    return names[values.pop()], tuple(m[1] for m in got if m is not None)
+    return names[values.pop()], tuple(c.name for c, _v in scoped if c is not None)
 
 
 def candidate_of_env(env: Mapping[str, str]) -> SizeCandidate | None:
@@ -171,7 +184,7 @@ def _version(text: str | None) -> tuple[int, int] | None:
 @dataclass
 class Candidates:
     """The per-size candidates for a profile's collectives: which collectives the table steers
-    (table spelling, in the profile's order), the candidates, what is not measured and why, notes."""
+    (in the profile's order), the candidates, what is not measured and why, notes."""
 
     collectives: list[str]
     candidates: list[SizeCandidate]
@@ -189,7 +202,7 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
     That syntax needs NCCL 2.24: with an older NCCL known here such a candidate is not measured;
     with the version unknown it is measured in that syntax (an older NCCL refuses it, and the
     trial counts as no result, which never wins and never forces another collective's algorithm)."""
-    steered = list(dict.fromkeys(TUNER_NAMES[c] for c in collectives if c in TUNER_NAMES))
+    steered = list(dict.fromkeys(c for c in collectives if c in STEERED))
     pruned = [PrunedCandidate(c, NOT_STEERED[c], "not-steered-by-tuner")
               for c in dict.fromkeys(collectives) if c in NOT_STEERED]
     if nranks < 2:
@@ -200,11 +213,11 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
                                "(the environment's NCCL_NVLS_ENABLE is kept, never forced on)"),
                PrunedCandidate("collnet", "CollNet needs a CollNet network plugin and several nodes")]
     algos = ["ring"]
-    if "allreduce" in steered:
+    if "all_reduce" in steered:
         algos.append("tree")
     else:
-        pruned.append(PrunedCandidate("tree", f"NCCL runs {', '.join(steered)} with Ring (Tree is all-reduce only)"))
-    if {"allgather", "reducescatter"} & set(steered) and nnodes > 1 and nnodes == nranks:
+        pruned.append(PrunedCandidate("tree", f"NCCL runs {_nccl_names(steered)} with Ring (Tree is all-reduce only)"))
+    if {"all_gather", "reduce_scatter"} & set(steered) and nnodes > 1 and nnodes == nranks:
         algos.append("pat")
     else:
         pruned.append(PrunedCandidate("pat", "PAT runs only all-gather and reduce-scatter with one rank per node"))
@@ -218,8 +231,9 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
         runs = tuple(c for c in steered if c in ALGO_RUNS[algo])
         only = () if runs == tuple(steered) else runs
         if only:
-            syntax = (f"{ENV_ALGO[algo]} runs only {', '.join(runs)}: its candidates set it with NCCL's "
-                      f"per-collective syntax (NCCL_ALGO={only[0]}:{ENV_ALGO[algo]}, NCCL 2.24 and newer), so the "
+            syntax = (f"{ENV_ALGO[algo]} runs only {_nccl_names(runs)}: its candidates set it with NCCL's "
+                      f"per-collective syntax (NCCL_ALGO={nccl_name(only[0])}:{ENV_ALGO[algo]}, NCCL 2.24 and newer), "
+                      "so the "
                       "other collectives keep NCCL's choice in those trials")
             if version is not None and version < PER_COLLECTIVE_SYNTAX:
                 out.pruned.append(PrunedCandidate(algo, f"NCCL {nccl_version} has no per-collective NCCL_ALGO (2.24 "
@@ -236,10 +250,10 @@ def per_size_candidates(collectives: Sequence[str], *, ll128: bool, nranks: int,
 
 
 def algo_proto_candidates(*, ll128: bool, nranks: int, nnodes: int = 1,
-                          collective: str = "allreduce") -> tuple[list[SizeCandidate], list[PrunedCandidate]]:
-    """The (algorithm, protocol) pairs that can differ for this one collective (table spelling) on
-    this shape, and why the others are not measured."""
-    got = per_size_candidates([MEASURED_NAMES[collective]], ll128=ll128, nranks=nranks, nnodes=nnodes)
+                          collective: str = "all_reduce") -> tuple[list[SizeCandidate], list[PrunedCandidate]]:
+    """The (algorithm, protocol) pairs that can differ for this one collective on this shape, and
+    why the others are not measured."""
+    got = per_size_candidates([collective], ll128=ll128, nranks=nranks, nnodes=nnodes)
     return got.candidates, got.pruned
 
 
@@ -315,23 +329,22 @@ class CollectiveInput:
 def table_inputs(collectives: Sequence[str], baseline: Mapping[Key, SizeStats],
                  candidates: Sequence[tuple[SizeCandidate, Sequence[Sequence[Measurement]]]],
                  default_runs: Sequence[Sequence[Measurement]]) -> dict[str, CollectiveInput]:
-    """Each steered collective's evidence (table spelling -> input) from whole trials: the defaults'
+    """Each steered collective's evidence (collective -> input) from whole trials: the defaults'
     statistics keyed by (collective, size), each candidate's trials, the defaults' trials. A
     candidate is evidence only for the collectives it applies to (SizeCandidate.applies_to)."""
     out: dict[str, CollectiveInput] = {}
     for name in collectives:
-        measured_name = MEASURED_NAMES[name]
         measured = []
         for cand, runs in candidates:
             if not cand.applies_to(name):
                 continue
-            values = [{m.size_bytes: m.busbw_gbps for m in run if m.collective == measured_name and m.correct}
+            values = [{m.size_bytes: m.busbw_gbps for m in run if m.collective == name and m.correct}
                       for run in runs]
             stats = size_stats([v for v in values if v])
             if stats:
-                measured.append(Measured(cand, stats, used_in(runs, measured_name)))
-        out[name] = CollectiveInput({s: st for (c, s), st in baseline.items() if c == measured_name}, measured,
-                                    used_in(default_runs, measured_name))
+                measured.append(Measured(cand, stats, used_in(runs, name)))
+        out[name] = CollectiveInput({s: st for (c, s), st in baseline.items() if c == name}, measured,
+                                    used_in(default_runs, name))
     return out
 
 
@@ -364,7 +377,7 @@ class PerSizeChoice:
     default_channels: int | None
     single_node_env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    collective: str = "allreduce"  # the table's spelling
+    collective: str = "all_reduce"
 
 
 @dataclass
@@ -412,7 +425,7 @@ def _wins(inp: CollectiveInput, collective: str, default_channels: int | None, m
 def choose_table(inputs: Mapping[str, CollectiveInput], *, default_channels: int | None, min_gain_pct: float,
                  max_regression_pct: float, allow_raise: bool = True,
                  no_raise_reason: str = "", final: bool = False) -> TableChoice:
-    """Every collective's per-size choice (inputs: table spelling -> evidence, in the profile's
+    """Every collective's per-size choice (inputs: collective -> evidence, in the profile's
     order), with one shared channel raise. `allow_raise=False` (a decision for jobs of any shape,
     which cannot carry a single-node part) drops a raise with `no_raise_reason`. `final`: no
     final check follows (a class decision), so each win needs the bar for its number of runs."""
@@ -449,7 +462,7 @@ def choose_table(inputs: Mapping[str, CollectiveInput], *, default_channels: int
         if not allow_raise:
             table.notes.append(f"{raise_to} channels won at {raised}: {no_raise_reason}")
         else:
-            of = f" of {', '.join(unpinned)}" if multi else ""
+            of = f" of {_nccl_names(unpinned)}" if multi else ""
             table.notes.append(f"{raise_to} channels won at some sizes, but NCCL's log did not show what the defaults "
                                f"used at every other size{of}, so the table could not hold those sizes at the "
                                f"defaults' {default_channels} channels: the raise is not used"
@@ -463,7 +476,7 @@ def choose_table(inputs: Mapping[str, CollectiveInput], *, default_channels: int
 
 def choose_per_size(baseline: Mapping[int, SizeStats], measured: Sequence[Measured], *,
                     default_used: Mapping[int, Seen], default_channels: int | None,
-                    min_gain_pct: float, max_regression_pct: float, collective: str = "allreduce") -> PerSizeChoice:
+                    min_gain_pct: float, max_regression_pct: float, collective: str = "all_reduce") -> PerSizeChoice:
     """One collective's choice made alone (choose_table of that collective): per size, the candidate
     that beats the defaults by most beyond the noise, then the table cells and the environment part
     those wins need."""
@@ -512,7 +525,7 @@ def _cells(part: PerSizeChoice, inp: CollectiveInput, *, raise_to: int, notes: l
         if seen is None:
             if raise_to:
                 return None
-            of = f" of {part.collective}" if multi else ""
+            of = f" of {nccl_name(part.collective)}" if multi else ""
             notes.append(f"{c.label} won at {format_size(size)}{of}, but NCCL's log did not show which algorithm and "
                          "protocol it used there: no table entry for that size")
             continue
@@ -535,14 +548,13 @@ def size_ranges(sizes: Sequence[int]) -> dict[int, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Span:
-    """Adjacent measured sizes of one collective (table spelling) with one cell: the byte range the
-    table entry covers."""
+    """Adjacent measured sizes of one collective with one cell: the byte range the table entry covers."""
 
     min_bytes: int
     max_bytes: int
     sizes: tuple[int, ...]
     cell: Cell
-    collective: str = "allreduce"
+    collective: str = "all_reduce"
     last: bool = False  # holds the collective's largest measured size: the range ends there, inclusive
 
 
@@ -578,7 +590,8 @@ def spans(choice: PerSizeChoice | TableChoice) -> list[Span]:
 def _sizes_text(by_collective: Mapping[str, Iterable[int]], multi: bool) -> str:
     if not multi:
         return ", ".join(format_size(s) for v in by_collective.values() for s in sorted(v))
-    return "; ".join(f"{c} {', '.join(format_size(s) for s in sorted(v))}" for c, v in by_collective.items() if v)
+    return "; ".join(f"{nccl_name(c)} {', '.join(format_size(s) for s in sorted(v))}"
+                     for c, v in by_collective.items() if v)
 
 
 def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: int = 1) -> tuple[TableEntry, ...]:
@@ -588,8 +601,8 @@ def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: i
     rpn = nranks // nnodes
     entries = []
     for sp in spans(choice):
-        lo, hi = COLLECTIVES[MEASURED_NAMES[sp.collective]].nccl_byte_range(sp.min_bytes, sp.max_bytes, nranks)
-        entries.append(TableEntry(sp.collective, lo, hi, nnodes, nranks, rpn, sp.cell.algo, sp.cell.proto,
+        lo, hi = COLLECTIVES[sp.collective].nccl_byte_range(sp.min_bytes, sp.max_bytes, nranks)
+        entries.append(TableEntry(nccl_name(sp.collective), lo, hi, nnodes, nranks, rpn, sp.cell.algo, sp.cell.proto,
                                   sp.cell.channels))
     return tuple(entries)
 

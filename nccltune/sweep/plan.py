@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..collectives import from_tuner_name
 from ..names import TUNED_NAME_STARTS
 from ..topology.model import Topology
 from ..topology.nicpaths import NicPathOptions, NicPaths, compute_nic_paths
@@ -484,22 +485,26 @@ class _NetRules:
 
 
 def _list_entries(value: str) -> list[tuple[str, bool, set[str]]]:
-    """NCCL_ALGO/NCCL_PROTO syntax `[^]a,b[;func:[^]a,b]...` as (function or "", excluded, tokens)."""
+    """NCCL_ALGO/NCCL_PROTO syntax `[^]a,b[;func:[^]a,b]...` as (function or "", excluded, tokens),
+    the function as nccltune names the collective (NCCL's `allreduce:` -> all_reduce; NCCL reads
+    it in any case) and a name NCCL has not as given."""
     out = []
     for entry in value.split(";"):
         func, _sep, items = entry.rpartition(":")
         items = items.strip()
         excluded = items.startswith("^")
         tokens = {t.strip().lower() for t in items.lstrip("^").split(",") if t.strip()}
-        out.append((func.strip().lower(), excluded, tokens))
+        func = func.strip().lower()
+        known = from_tuner_name(func)
+        out.append((known.name if known else func, excluded, tokens))
     return out
 
 
 def _prune_algo(value: str, nvls_ok: bool) -> Why | None:
-    # All-reduce follows its own `allreduce:` entry (the last one replaces earlier ones), else the
-    # unscoped first entry (NCCL_ALGO syntax, 2.24+).
+    # All-reduce follows its own entry (the last one replaces earlier ones), else the unscoped
+    # first entry (NCCL_ALGO syntax, 2.24+).
     entries = _list_entries(value)
-    scoped = [e for e in entries if e[0] == "allreduce"]
+    scoped = [e for e in entries if e[0] == "all_reduce"]
     unscoped = [e for e in entries if e[0] == ""]
     effective = scoped[-1] if scoped else (unscoped[0] if unscoped else None)
     if effective is None:

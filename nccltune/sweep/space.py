@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..collectives import TUNER_NAMES
+
 # Level names NCCL_P2P_LEVEL / NCCL_NET_GDR_LEVEL accept (case-sensitive). C2C and P2C exist only
 # since 2.26/2.27: older NCCL silently ignores them, so nccltune never proposes them itself.
 LEVELS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
@@ -20,7 +22,8 @@ PORTABLE_LEVELS = ("LOC", "NVL", "NVB", "PIX", "PXB", "PHB", "SYS")
 LEGACY_LEVEL = {0: "LOC", 1: "PIX", 2: "PXB", 3: "PHB"}
 ALGOS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 PROTOS = ("ll", "ll128", "simple")
-FUNCS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+# The function names NCCL_ALGO/NCCL_PROTO's per-collective entries accept: NCCL's own spelling.
+FUNCS = TUNER_NAMES
 
 
 def level_of(value: str) -> str | None:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..collectives import TUNER_NAMES
 from ..errors import InputError
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ MAX_SHAPE = 2**31 - 1
 MAX_BYTES_VALUE = 2**64 - 1
 
 # Index order is NCCL's (ncclFunc_t, NCCL_ALGO_*, NCCL_PROTO_*): the tests use it to address cost-table cells.
-COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+# A table names a collective as NCCL does (Collective.tuner_name: allreduce), and so does TableEntry,
+# one line of the file; sweep.pertable and fleet convert from and to nccltune's names.
+COLLECTIVES = TUNER_NAMES
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("ll", "ll128", "simple")
 
