@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from daemon_harness import PUBLISHED, RETUNE, FakeClock, Harness, config_text, published_bytes
-from demo_state import seeded_state
+from demo_state import SHORT_CONFIG, seeded_state
 
 from nccltune.config import Config, with_overrides
 from nccltune.daemon import DEMO_BUSY_FILE, Daemon, actions, scheduler
@@ -193,7 +194,9 @@ def test_the_daemons_sweep_runs_the_upgrade_gate(harness: Harness, seeded: Path,
     import sqlite3
 
     state = tmp_path / "state"
-    (tmp_path / "config.yaml").write_text(config_text(**RETUNE))  # the seeded tuning is stale: it sweeps
+    # Other sweep settings than the seeded tuning's, so it is stale and the daemon sweeps: the
+    # shortest sweep, which measures NCCL's defaults as any sweep does.
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(SHORT_CONFIG, sort_keys=False))
     d = harness.daemon(seeded=seeded)
     # The seeded sweep becomes one of another torch, ten times as fast as anything gloo does here.
     with sqlite3.connect(state / "history.db") as db:
