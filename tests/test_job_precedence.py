@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -48,14 +49,18 @@ def prov() -> Provenance:
                       backend="nccl", demo=False, profile=None)
 
 
-@pytest.fixture
-def state(tmp_path: Path) -> Path:
-    tmp_path.chmod(0o755)
-    d = tmp_path / "state"
+def published_state(parent: Path) -> Path:
+    parent.chmod(0o755)
+    d = parent / "state"
     d.mkdir(mode=0o755)
     d.chmod(0o755)
     publish(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
     return d
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return published_state(tmp_path)
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -130,16 +135,35 @@ def test_exec_follows_the_rule(state: Path, job: str, nnodes: int | None) -> Non
     assert nccl_part({n: v for n, _, v in pairs}) == expected(state, job, nnodes)
 
 
+@dataclass
+class Printed:
+    """One published state, read only, and what `nccltune env` printed on it for a job and a node
+    count: the same text whichever shell sources it, so each is asked for once."""
+
+    state: Path
+    text: dict[tuple[str, int | None], str] = field(default_factory=dict)
+
+    def for_job(self, job: str, nnodes: int | None) -> str:
+        if (job, nnodes) not in self.text:
+            flags = ["--nnodes", str(nnodes)] if nnodes else []
+            printed = nccltune("env", "--state-dir", str(self.state), *flags, env=base_env(**JOBS[job]))
+            assert printed.returncode == 0, printed.stderr
+            self.text[job, nnodes] = printed.stdout
+        return self.text[job, nnodes]
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory: pytest.TempPathFactory) -> Printed:
+    return Printed(published_state(tmp_path_factory.mktemp("printed")))
+
+
 @SHELLS
 @JOB_PARAMS
-def test_env_sourced_by_the_job_follows_the_rule(shell: str, state: Path, tmp_path: Path, job: str) -> None:
+def test_env_sourced_by_the_job_follows_the_rule(shell: str, printed: Printed, tmp_path: Path, job: str) -> None:
     for nnodes in (None, 1):
-        flags = ["--nnodes", str(nnodes)] if nnodes else []
-        printed = nccltune("env", "--state-dir", str(state), *flags, env=base_env(**JOBS[job]))
-        assert printed.returncode == 0, printed.stderr
         script = tmp_path / "printed.sh"
-        script.write_text(printed.stdout)
-        assert env_of(shell, f'. "{script}"', base_env(**JOBS[job])) == expected(state, job, nnodes)
+        script.write_text(printed.for_job(job, nnodes))
+        assert env_of(shell, f'. "{script}"', base_env(**JOBS[job])) == expected(printed.state, job, nnodes)
 
 
 def test_env_as_published_ignores_the_calling_environment(state: Path) -> None:
