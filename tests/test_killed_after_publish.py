@@ -140,3 +140,40 @@ def test_the_store_leaves_a_finished_run_named_as_published_alone(tmp_path: Path
         assert store.mark_interrupted(PublishedRun(run, 3, moment, {})) == 0
         (record,) = store.runs()
     assert (record.status, record.published_generation) == ("failed", None)
+
+
+# The child: SIGTERM (systemd stopping the unit, scancel) arrives right after the publish, while the
+# sweep writes its summary.
+TERMINATED_AFTER_PUBLISH = """
+import os, signal, sys
+from nccltune.pipeline import stages
+
+summary = stages._Sweep._summary
+
+def terminated(self, *args, **kw):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return summary(self, *args, **kw)
+
+stages._Sweep._summary = terminated
+from nccltune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sweep_terminated_right_after_its_publish_records_the_generation(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    config, state = tmp_path / "config.yaml", tmp_path / "state"
+    config.write_text(yaml.safe_dump(CONFIG))
+    ended = subprocess.run(
+        [sys.executable, "-c", TERMINATED_AFTER_PUBLISH, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
+         "--state-dir", str(state)],
+        capture_output=True, text=True, env=clean_env(PYTHONPATH=str(REPO)), timeout=300, cwd=tmp_path, check=False)
+    assert ended.returncode != 0, ended.stdout
+    published = read_set(state)
+    assert published is not None
+    with Store(state / "history.db") as store:
+        (run,) = store.runs()
+        assert (run.id, run.status, run.published_generation) == (published.provenance["run_id"], "ok",
+                                                                   published.generation)
+        assert run.summary["ended_after_publish"] == published.generation
+        assert run.chosen_env == published.env

@@ -274,6 +274,7 @@ class _Sweep:
 
     def run(self, started: float) -> SweepReport:
         session = self._open_session()
+        published = None
         try:
             result = self._search(session)
             result = self._per_size(session, result)
@@ -292,6 +293,14 @@ class _Sweep:
             session.finish("ok", summary, chosen_env=choice.env,
                            published_generation=published.generation if published else None, rows=choice.rows)
         except BaseException as exc:
+            if published is not None:
+                # The generation is current and every job gets it: the run is what published it,
+                # whatever ended the sweep afterwards (the record close_dead_runs makes after a kill).
+                session.finish("ok", {"error": str(exc) or type(exc).__name__, "trials": session.seq,
+                                      "ended_after_publish": published.generation},
+                               chosen_env=choice.env, published_generation=published.generation,
+                               rows=choice.rows)
+                raise
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted))
             session.abandon("interrupted" if interrupted else "failed",
                             {"error": str(exc) or type(exc).__name__, "trials": session.seq})
