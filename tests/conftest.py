@@ -25,6 +25,39 @@ NCCL_LOGS = FIXTURES / "nccllog"  # NCCL_DEBUG=INFO logs
 NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
 
 
+# The slowest test files, slowest first (seconds each on a quiet two-core machine, from
+# --durations=0): pytest-xdist hands the files out in this order, so that no long file is the last
+# one a worker starts while the other has nothing left to do. The other files follow in their own
+# order. Keep it roughly true when a file's time changes much; an outdated order costs time only.
+SLOWEST_FIRST = (
+    "test_sweep_shapes.py",  # ~105: a two-node sweep with a hang waited out
+    "test_fleet.py",  # ~100: two demo nodes swept
+    "test_slurm_real.py",  # ~100: a Slurm cluster, two sweeps through srun
+    "test_daemon.py",  # ~95: daemons that sweep
+    "test_multinode.py",  # ~75: trials over two torchrun agents
+    "test_sweep_tablestage.py",  # ~60: a demo sweep with the per-size stage
+    "test_bad_input.py",  # ~40: a process per malformed input
+    "test_one_gpu_nodes.py",  # ~35: a two-node sweep of one-GPU nodes
+    "test_collective_sweep.py",  # ~30: the every-collective demo sweep
+    "test_nccltests_json.py",  # ~30: waits for the shared demo sweep
+    "test_verify.py",
+    "test_site_tuning.py",
+    "test_runner.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist would otherwise order the files by their number of tests, which says little about
+    # how long they take (the slowest have a handful of tests each).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order
+
+
 @pytest.fixture(autouse=True)
 def work_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test runs in an empty directory of its own: the CLI reads ./nccltune-demo, and what
