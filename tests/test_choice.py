@@ -49,6 +49,7 @@ def test_the_choice_splits_into_what_fits_every_job_and_what_was_tuned_on_this_n
     from pathlib import Path
 
     from nccltune.pipeline.choice import choose
+    from nccltune.publish import OWN_TOPOLOGY
     from nccltune.sweep.plan import build_plan
     from nccltune.topology.model import from_snapshot
     from nccltune.topology.paths import compute_paths
@@ -64,10 +65,13 @@ def test_the_choice_splits_into_what_fits_every_job_and_what_was_tuned_on_this_n
     result = SearchResult(baseline_runs=[], baseline={1024: SizeStats(1024, 2.0, 2.0, 2.0, 3)}, screened=[],
                           finalists=[chosen], chosen=chosen, topo_only=None, weights={1024: 1.0}, notes=[])
     got = choose(result, plan, Path("/var/lib/nccltune/ncclTopology.xml"), [], demo=False)
-    assert got.every_job_env == {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml",
+    # The topology file stays the marker for the publisher, which names the generation's own copy.
+    assert got.every_job_env == {"NCCL_TOPO_FILE": OWN_TOPOLOGY,
                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_IB_HCA": "^mlx5_2"}
     assert got.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
-    assert got.env == {**got.every_job_env, **got.single_node_env}
+    # The run's record names the stable copy.
+    assert got.recorded_every_job == {**got.every_job_env, "NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml"}
+    assert got.env == {**got.recorded_every_job, **got.single_node_env}
     assert got.uses_topology_file
     # The calling environment's pin is not the operator's: it is not published at all.
     assert "NCCL_DEBUG" not in got.env

@@ -35,7 +35,9 @@ from nccltune.nccl.site import (
 from nccltune.node import load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.pipeline.choice import split_scopes
+from nccltune.publish import OWN_TOPOLOGY
 from nccltune.topology.paths import compute_paths
+from nccltune.trials.trialenv import carried
 
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler to build the fake network plugins")
@@ -217,13 +219,15 @@ def test_a_conf_files_values_are_pins_and_its_topology_file_is_never_published_o
     assert plan.pinned["NCCL_TOPO_FILE"].value == CURATED_TOPOLOGY
     assert plan.pinned["NCCL_TOPO_FILE"].source == f"conf file {conf}"
     assert plan.pinned["NCCL_IB_PCI_RELAXED_ORDERING"].value == "1"
-    every_job, _single = split_scopes({"NCCL_TOPO_FILE": "/run/trial.xml", "NCCL_ALGO": "Ring"}, plan,
-                                      tmp_path / "ncclTopology.xml")
+    # The trials carry no topology file of nccltune's, and none is published over the site's.
+    assert "NCCL_TOPO_FILE" not in carried(plan)
+    every_job, _single = split_scopes({"NCCL_TOPO_FILE": "/run/trial.xml", "NCCL_ALGO": "Ring"}, plan)
     assert "NCCL_TOPO_FILE" not in every_job and "NCCL_IB_PCI_RELAXED_ORDERING" not in every_job
-    # Without the conf file nccltune's own topology file is published.
+    # Without the conf file nccltune's own topology file is published (the marker the publisher resolves).
     plain = SweepPipeline(cfg, env=BARE, node=load_node(cfg, str(SNAPSHOT))).plan()[0]
-    own, _ = split_scopes({"NCCL_TOPO_FILE": "/run/trial.xml"}, plain, tmp_path / "ncclTopology.xml")
-    assert own["NCCL_TOPO_FILE"] == str(tmp_path / "ncclTopology.xml")
+    assert carried(plain)["NCCL_TOPO_FILE"] == OWN_TOPOLOGY
+    own, _ = split_scopes(carried(plain), plain)
+    assert own["NCCL_TOPO_FILE"] == OWN_TOPOLOGY
 
 
 def test_doctor_says_what_the_sites_conf_files_set(tmp_path: Path) -> None:

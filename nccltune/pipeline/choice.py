@@ -11,59 +11,87 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..nccl.debuglog import SizeChoice, prevailing
+from ..publish import (
+    OWN_TOPOLOGY,
+    TOPO_FILE_VAR,
+    TUNER_FINGERPRINT_VAR,
+    TUNER_PLUGIN_VAR,
+    TUNER_TABLE_VAR,
+    resolve_topology,
+)
 from ..records import ReportRow, TrialResult
 from ..sweep.plan import Plan
 from ..sweep.select import Key, split_key
 from ..sweep.strategy import Finalist, SearchResult, label_of
 
 DEFAULTS_LABEL = "NCCL defaults"
+# The tuner's variables in a candidate (the per-size stage's whole result): every job gets the
+# plugin and its table, whose entries apply only to the communicator shape they were measured for.
+TUNER_VARS = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What a sweep publishes, in its two scopes, and how it reports it."""
+    """What a sweep publishes, in its two scopes (decided once, by split_scopes), and how it
+    reports it."""
 
     chosen: Finalist | None
     label: str
-    # What fits every job on the node: the policy values, the published topology file and the
-    # config's pins (the operator pinned them for every job).
+    # What fits every job on the node: the policy values, nccltune's topology file (the marker
+    # publish.OWN_TOPOLOGY, which the publisher names as the generation's own copy), the config's
+    # pins (the operator pinned them for every job) and the tuner's plugin and table.
     every_job_env: dict[str, str]
     # The tuned variables the search chose: measured between this node's GPUs, so only for
     # jobs known to run on this one node.
     single_node_env: dict[str, str]
-    uses_topology_file: bool
     rows: list[ReportRow]
     summary: str
+    # The stable copy of the topology file (publish.topology_file): the name the run's record
+    # gives nccltune's own topology file.
+    topology_file: Path
+
+    @property
+    def uses_topology_file(self) -> bool:
+        """The every-job part names a topology file nccltune publishes (its own, or a config pin)."""
+        return TOPO_FILE_VAR in self.every_job_env
+
+    @property
+    def recorded_every_job(self) -> dict[str, str]:
+        """The every-job part as the run's record and an unpublished report show it."""
+        return resolve_topology(self.every_job_env, self.topology_file)
 
     @property
     def env(self) -> dict[str, str]:
-        """Both parts: what the sweep measured as a whole (and what a single-node job gets)."""
-        return {**self.every_job_env, **self.single_node_env}
+        """Both parts as the run's record shows them: what the sweep measured as a whole (and what
+        a single-node job gets)."""
+        return {**self.recorded_every_job, **self.single_node_env}
 
 
 def choose(result: SearchResult, plan: Plan, topology_file: Path,
            trials: Iterable[tuple[Mapping[str, str], TrialResult]], demo: bool) -> Choice:
-    """The published environment for the search's winner (NCCL's defaults when none won), with
-    the trial's own topology file replaced by the published one, split into its scopes."""
+    """The published environment for the search's winner (NCCL's defaults when none won), split
+    into its scopes; `topology_file` is the stable copy the run's record names."""
     chosen = result.chosen
-    every_job, single_node = split_scopes(dict(chosen.env) if chosen else {}, plan, topology_file)
+    every_job, single_node = split_scopes(dict(chosen.env) if chosen else {}, plan)
     return Choice(
         chosen=chosen, label=chosen.label if chosen else DEFAULTS_LABEL,
-        every_job_env=every_job, single_node_env=single_node, uses_topology_file="NCCL_TOPO_FILE" in every_job,
-        rows=report_rows(result, chosen, nccl_choices(trials)), summary=summarize(result, chosen, demo))
+        every_job_env=every_job, single_node_env=single_node,
+        rows=report_rows(result, chosen, nccl_choices(trials)), summary=summarize(result, chosen, demo),
+        topology_file=topology_file)
 
 
-def split_scopes(chosen_env: Mapping[str, str], plan: Plan,
-                 topology_file: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(every job, single-node jobs): the topology file, policy values and config pins fit every
-    job; the other chosen variables were tuned on this node alone."""
+def split_scopes(chosen_env: Mapping[str, str], plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
+    """(every job, single-node jobs), decided once for the candidate as it was measured: nccltune's
+    topology file (as the marker), the policy values, the config pins and the tuner's variables fit
+    every job; the other chosen variables were tuned on this node alone."""
     every_job: dict[str, str] = {}
     # A topology file the site's NCCL conf file names is the site's: never replaced.
-    if "NCCL_TOPO_FILE" in chosen_env and "NCCL_TOPO_FILE" not in plan.pinned:
-        every_job["NCCL_TOPO_FILE"] = str(topology_file)
+    if TOPO_FILE_VAR in chosen_env and TOPO_FILE_VAR not in plan.pinned:
+        every_job[TOPO_FILE_VAR] = OWN_TOPOLOGY
     config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
     every_job.update({**plan.policy, **config_pins})
-    single_node = {n: v for n, v in chosen_env.items() if n not in every_job and n != "NCCL_TOPO_FILE"}
+    every_job.update({n: v for n, v in chosen_env.items() if n in TUNER_VARS and n not in every_job})
+    single_node = {n: v for n, v in chosen_env.items() if n not in every_job and n != TOPO_FILE_VAR}
     return every_job, single_node
 
 

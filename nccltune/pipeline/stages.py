@@ -28,7 +28,17 @@ from ..files.trust import ensure_dir
 from ..names import DEMO_LABEL
 from ..nccl.probe import probe_nccl
 from ..node import ONE_GPU, Node, load_node, require_idle
-from ..publish import Provenance, PublishedFiles, Setting, Tuner, atomic_write, publish_setting, read_set
+from ..publish import (
+    TOPO_FILE_VAR,
+    Provenance,
+    PublishedFiles,
+    Setting,
+    Tuner,
+    atomic_write,
+    publish_setting,
+    read_set,
+    resolve_topology,
+)
 from ..records import Backend, ReportRow
 from ..store import Phase, RunStatus, Store
 from ..sweep.plan import JobShape, Plan
@@ -39,7 +49,7 @@ from ..topology.nodeclass import node_class
 from ..trials.launch import LaunchRequest
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from ..trials.session import Engine, ProgressFn, TrialSession, close_dead_runs, resolve_engine, start_run
-from ..tuner.build import is_own_tuner
+from ..trials.trialenv import carried, fixed_part
 from .choice import Choice, choose, split_scopes
 from .planning import (
     POLICY_VAR,
@@ -51,7 +61,7 @@ from .planning import (
     settings,
     workload,
 )
-from .tablestage import FINGERPRINT_ENV, TABLE_ENV, TableOutcome, TableStage
+from .tablestage import TableOutcome, TableStage
 from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
@@ -175,7 +185,7 @@ class SweepPipeline:
             nccl_version = None  # no worker interpreter yet: the plan can still be shown
         plan = make_plan(self.cfg, self.node(), self.env, self.job_shape(), nccl_version=nccl_version)
         search = Search(plan, settings(self.cfg, plan), lambda e, p, lbl: None,
-                        common={"NCCL_TOPO_FILE": "<topology file>"}, weights=self.workload(plan).weights)
+                        common=carried(plan), weights=self.workload(plan).weights)
         return plan, search
 
     def workload(self, plan: Plan) -> Workload:
@@ -217,24 +227,25 @@ class SweepPipeline:
         run_id = start_run(store, kind="sweep", cfg=cfg, node=node, profile=cfg.sweep.profile,
                            topology=run_topology(node))
         try:
-            every_job, single_node = split_scopes({"NCCL_TOPO_FILE": str(cfg.topology_file)}, plan,
-                                                  cfg.topology_file)
+            # What every candidate carries, as a sweep would have chosen nothing but it.
+            every_job, single_node = split_scopes(carried(plan), plan)
             probed = self.nccl_version()
             prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed, run=(store, run_id),
                                state="defaults")
-            xml = render_xml(node.topo.system) if "NCCL_TOPO_FILE" in every_job else None  # else the site's
+            xml = render_xml(node.topo.system) if TOPO_FILE_VAR in every_job else None  # else the site's
             published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
             raise
         log.info("%s", UNMEASURED_SUMMARY)
+        recorded = resolve_topology(every_job, cfg.topology_file)  # the run's record names the stable copy
         store.finish_run(run_id, status="ok", summary={"chosen": "nothing measured", "summary": UNMEASURED_SUMMARY,
                                                          "trials": 0, "failed": [], "plan_pruned": len(plan.pruned)},
-                         chosen_env=every_job, published_generation=published.generation)
+                         chosen_env=recorded, published_generation=published.generation)
         return SweepReport(
             run_id=run_id, demo=node.demo, backend=node.backend, fingerprint=node.fingerprint, plan=plan,
-            result=None, chosen_env=dict(every_job), chosen_label="nothing measured", published=published,
+            result=None, chosen_env=recorded, chosen_label="nothing measured", published=published,
             topology_file=str(cfg.topology_file), nccl_version=prov.nccl_version, torch_version=None, trials=0,
             failed_trials=[], wall_s=round(time.monotonic() - started, 1), summary=UNMEASURED_SUMMARY,
             profile=cfg.sweep.profile, every_job_env=dict(published.env),
@@ -335,7 +346,8 @@ class _Sweep:
             self.xml_text = render_xml(self.node.topo.system)
             atomic_write(self.trial_xml, self.xml_text)
             runner = Runner(python=self.engine.python, backend=self.node.backend, nranks=self.node.nranks,
-                            base_env=self._base_env(), work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
+                            base_env=fixed_part(self.pipe.env, self.cfg.sweep.pin, self.cfg.sweep.unpin),
+                            topology_file=self.trial_xml, work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
                             nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,
                             launch=self.launch, user=self.cfg.bench.user)
@@ -349,21 +361,6 @@ class _Sweep:
                             expected_trials=lambda: (estimate_trials(self.cfg, self.plan, self.search)
                                                      if self.search else 0))
 
-    def _base_env(self) -> dict[str, str]:
-        """The calling environment with the config's pins set and sweep.unpin's variables removed."""
-        base_env = dict(self.pipe.env)
-        base_env.update(self.cfg.sweep.pin)
-        for name in self.cfg.sweep.unpin:
-            base_env.pop(name, None)
-        # A published NCCL_TOPO_FILE from an earlier sweep must not leak into the baseline.
-        base_env.pop("NCCL_TOPO_FILE", None)
-        # Nor nccltune's own published tuner and table (a foreign tuner stays: it is the site's default).
-        if is_own_tuner(base_env.get("NCCL_TUNER_PLUGIN", "none")):
-            base_env.pop("NCCL_TUNER_PLUGIN", None)
-        for name in (TABLE_ENV, FINGERPRINT_ENV):
-            base_env.pop(name, None)
-        return base_env
-
     def _search(self, session: TrialSession) -> SearchResult:
         """The trials, as the search asks for them; a failed trial counts as no result."""
 
@@ -374,16 +371,11 @@ class _Sweep:
                 return None
             return result.busbw_by_key(), result.nccl
 
-        # The policy values ride along with every candidate: a finished trial shows torch takes them.
-        common = self._common()
+        # The policy values and nccltune's topology file ride along with every candidate.
+        common = carried(self.plan)
         self.search = Search(self.plan, settings(self.cfg, self.plan), measure, common=common,
                              weights=self.workload.weights)
         return self.search.run()
-
-    def _common(self) -> dict[str, str]:
-        # A site's NCCL_TOPO_FILE (its conf file, a pin) stays: NCCL in the trials reads it there.
-        own_topology = {} if "NCCL_TOPO_FILE" in self.plan.pinned else {"NCCL_TOPO_FILE": str(self.trial_xml)}
-        return {**own_topology, **self.plan.policy}
 
     def tuning_fp(self) -> str:
         """The tuning fingerprint (once per sweep): in the provenance and in the tuner table."""
@@ -400,7 +392,7 @@ class _Sweep:
         if self.plan.per_size is None or not self.plan.per_size.active:
             return result
         shape = self.launch.shape if self.launch is not None else None
-        stage = TableStage(self.cfg, self.plan, session, work_dir=self.trial_xml.parent, common=self._common(),
+        stage = TableStage(self.cfg, self.plan, session, work_dir=self.trial_xml.parent, common=carried(self.plan),
                            nranks=shape.nranks if shape else self.node.nranks, nnodes=shape.nnodes if shape else 1,
                            fingerprint=self.tuning_fp(), demo=self.node.demo)
         self.table = stage.run(result)
@@ -420,16 +412,13 @@ class _Sweep:
         # A choice of NCCL's defaults publishes nothing measured: the set says so ("defaults").
         prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp(),
                            run=(self.store, self.run_id), state="tuned" if choice.chosen is not None else "defaults")
-        every_job, single_node = dict(choice.every_job_env), dict(choice.single_node_env)
+        # The scopes as the choice decided them: the marker for the topology file and the tuner's
+        # variables (the run's plugin and table) are the publisher's to name as the generation's own.
+        every_job, single_node = choice.every_job_env, choice.single_node_env
         tuner: Tuner | None = None
         pub = self.table.publication if self.table else None
         if pub is not None and self.table is not None and self.table.chosen is self.table.whole:
-            # The generation's own copies of the plugin and the table are published; the paths the
-            # final check ran with (in the run's directory) are not.
             tuner = Tuner(pub.plugin_path, pub.table_text)
-            single_node = {k: v for k, v in single_node.items() if k not in pub.every_job_env}
-            single_node.update(pub.single_node_env)
-            every_job = {k: v for k, v in every_job.items() if k not in pub.every_job_env}
         setting = Setting(every_job, prov, single_node, self.xml_text if choice.uses_topology_file else None,
                           tuner, where="sweep")
         published = publish_setting(self.cfg, setting)
@@ -468,7 +457,7 @@ class _Sweep:
             collectives=self.workload.collectives, not_measured=self._not_measured(session), table=self.table,
             published_table=dict(self.published_table), not_published=self.not_published,
             # What the launchers read when published (the generation's own files named), else the choice.
-            every_job_env=dict(published.env if published else choice.every_job_env),
+            every_job_env=dict(published.env if published else choice.recorded_every_job),
             single_node_env=dict(published.single_node_env if published else choice.single_node_env))
 
 

@@ -32,6 +32,8 @@ from .policy import (
     check_text,
     validate_env,
 )
+from .topofile import TOPO_FILE_VAR as TOPO_FILE_VAR  # kept importable from here
+from .topofile import names_own_topology
 
 # Kept under their old names for code that imports them from here.
 PublishError = FileError
@@ -45,7 +47,6 @@ PublishError = FileError
 PUBLISHED_STATES = ("tuned", "defaults", "safe")
 DECIDED_STATES = ("tuned", "defaults")
 
-TOPO_FILE_VAR = "NCCL_TOPO_FILE"
 # The tuner table the plugin reads (tuner/table.py MAX_TABLE_BYTES) and a generous bound for the
 # plugin library itself.
 MAX_TABLE_BYTES = 1 << 20
@@ -85,7 +86,6 @@ class Provenance:
     history: str | None = None
 
 
-
 @dataclass(frozen=True)
 class Tuner:
     """The tuner plugin and its table, published as files of the generation (every job gets them:
@@ -110,8 +110,9 @@ class Setting:
 
     The variables that name the generation's own files (NCCL_TOPO_FILE with ``topology_xml``,
     the tuner's plugin, table and fingerprint with ``tuner``) are the publisher's to set: a value
-    of them in ``every_job_env`` (a run's own topology file, the stable copy) is dropped here, so
-    every decider publishes the same path rule.
+    of them in ``every_job_env`` (the marker topofile.OWN_TOPOLOGY, the run's plugin and table) is
+    dropped here, and formats.render_set names the generation's own copies, so every decider
+    publishes the same path rule.
     """
 
     every_job_env: Mapping[str, str]
@@ -145,6 +146,9 @@ class Setting:
         Raises:
             InputError: naming ``where`` and the variable or field (exit 78).
         """
+        if names_own_topology(self.every_job_env):
+            raise InputError(self.where, f"{TOPO_FILE_VAR}: names nccltune's own topology file, and the setting "
+                             "carries no topology XML to publish as it")
         every_job = validate_env(self.every_job_env, source=f"{self.where}: every-job environment")
         single = validate_env(self.single_node_env, source=f"{self.where}: single-node environment")
         check_count(every_job, f"{self.where}: every-job environment")

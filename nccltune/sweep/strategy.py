@@ -81,7 +81,8 @@ def label_of(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> s
 class Search:
     def __init__(self, plan: Plan, settings: Settings, measure: Measure, *, common: Env,
                  weights: dict[Key, float]) -> None:
-        """`common`: what every non-baseline candidate carries (NCCL_TOPO_FILE); `weights`: the
+        """`common`: what every non-baseline candidate carries (trials.trialenv.carried: the policy
+        values and NCCL_TOPO_FILE as the marker for nccltune's topology file); `weights`: the
         profile's, per (collective, size), every collective judged at every size it weighs."""
         self.plan = plan
         self.s = settings

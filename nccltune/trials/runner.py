@@ -32,10 +32,11 @@ from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from . import nccltests, rankexec
-from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_env, rank_preexec, rank_user
+from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
 from .launch import Launch, TrialSpec
 from .launch.local import LocalLaunch
-from .nccllog import debug_env, rank0_log, read_log
+from .nccllog import rank0_log, read_log
+from .trialenv import RankSide, TrialEnv
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,12 @@ class Runner:
         rank_record: Path | None = None,
         launch: Launch | None = None,
         user: str | None = None,
+        topology_file: Path | None = None,
     ) -> None:
-        """`nccl_debug`: run the ranks with NCCL's INFO log and read it (None: with the NCCL backend);
+        """`base_env`: the fixed part of every trial's environment (trials.trialenv); `topology_file`:
+        the run's copy of nccltune's topology file, which a candidate names by the marker
+        publish.OWN_TOPOLOGY (None: no candidate of this runner may name it);
+        `nccl_debug`: run the ranks with NCCL's INFO log and read it (None: with the NCCL backend);
         `nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
         `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
         start (trials.launch; default one process per rank here); `user`: bench.user, whom the ranks
@@ -214,9 +219,10 @@ class Runner:
         self.backend = backend
         self.nranks = nranks
         self.base_env = dict(base_env)
+        self.topology_file = topology_file
         self.work_dir = work_dir
         self.timeout_s = timeout_s
-        self.gpus = list(gpus) if gpus else None
+        self.gpus = tuple(gpus) if gpus else None
         self.nccl_debug = backend == "nccl" if nccl_debug is None else nccl_debug
         self.abort_check = abort_check
         self.nccl_tests = nccl_tests
@@ -229,18 +235,9 @@ class Runner:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
 
-    def trial_env(self, candidate: Mapping[str, str]) -> dict[str, str]:
-        """The environment nccltune runs in, plus the candidate (which wins)."""
-        env = dict(self.base_env)
-        env.update(candidate)
-        if self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
-        # The worker must see its own file's directory only, never a stale nccltune on the path,
-        # nor (under torchrun, which starts it without -I) anything PYTHONPATH names.
-        env = trust.without_python_paths(env)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")
-        return env
+    def recorded(self, candidate: Mapping[str, str]) -> dict[str, str]:
+        """The candidate as the history stores it: the marker as the run's topology file."""
+        return TrialEnv(self.base_env, candidate).recorded(self.topology_file)
 
     def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
             check: bool = True, label: str = "", timing: str = "auto", prequeue: bool = True,
@@ -252,9 +249,9 @@ class Runner:
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         ensure_dir(trial_dir, "trial directory")
         rank_dir = fresh_rank_dir(trial_dir, self.rank_user)
-        env = rank_env(self.trial_env(candidate), self.rank_user, rank_dir, cache_dir(self.work_dir, self.rank_user))
-        if self.nccl_debug:
-            env.update(debug_env(trial_dir))
+        side = RankSide(self.topology_file, trial_dir, rank_dir, cache_dir(self.work_dir, self.rank_user),
+                        self.rank_user, self.nccl_debug, self.gpus)
+        env = TrialEnv(self.base_env, candidate).for_ranks(side)
         # Isolated (-I): the worker imports nothing from a working directory or PYTHONPATH.
         cmd = [*trust.python_argv(self.python, str(WORKER)), "--backend", self.backend,
                "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
@@ -278,7 +275,7 @@ class Runner:
         try:
             user = self.rank_user.name if self.rank_user and self.launch.runs_as_caller else None
             specs = self.launch.start(TrialSpec(self._seq, trial_dir, cmd, env, dict(candidate), self.timeout_s,
-                                                nccl_log=self.nccl_debug, user=user))
+                                                nccl_log=self.nccl_debug, user=user, topology_file=self.topology_file))
             self._names = [s.who for s in specs]
             for spec in specs:
                 self._spawn(trial_dir, spec.name, spec.argv, spec.env)

@@ -152,7 +152,10 @@ class TrialSession:
         self.results: list[tuple[dict[str, str], TrialResult]] = []
 
     def trial(self, env: Mapping[str, str], phase: Phase, label: str) -> TrialResult:
-        """Run and store one trial of the candidate `env` (its own variables only)."""
+        """Run and store one trial of the candidate `env` (its own variables only; nccltune's
+        topology file as the marker publish.OWN_TOPOLOGY, which the history records as the run's
+        own file)."""
+        recorded = self.runner.recorded(env)
         self.seq += 1
         total = max(self.expected_trials(), self.seq)
         if self.progress:
@@ -163,14 +166,14 @@ class TrialSession:
         self.nccl_version = self.nccl_version or result.nccl_version
         self.torch_version = self.torch_version or result.torch_version
         self.method = self.method or result.method
-        self.store.add_trial(self.run_id, seq=self.seq, phase=phase, label=label, env=env, status=result.status,
+        self.store.add_trial(self.run_id, seq=self.seq, phase=phase, label=label, env=recorded, status=result.status,
                              reason=result.reason, wall_s=result.wall_s, nccl=result.nccl,
                              measurements=result.sizes)
         if self.progress:
             self.progress(self.seq, total, phase, label, result)
         if not result.ok:
             self.failed.append((label, result.reason or result.status))
-        self.results.append((dict(env), result))
+        self.results.append((recorded, result))
         return result
 
     def finish(self, status: RunStatus, summary: Mapping[str, Any], *, chosen_env: Mapping[str, str] | None = None,

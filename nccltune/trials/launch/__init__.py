@@ -21,15 +21,17 @@ kills them as before. A launch adds what several nodes need:
   with the values in srun's own environment: Slurm's --export list cannot hold values with commas,
   NCCL_IB_HCA's can). The options are explained where the command line is built.
 
-Same environment on every rank, by construction. With srun there is one environment, the one
-srun was started with. With torchrun the coordinator sends each trial's candidate (validated by
-publish.validate_env on both ends) with the trial id over the control channel; a joining node
-runs its agent with its own base environment plus exactly that candidate, and the rendezvous id
-is the trial id, so an agent started for another trial cannot join. A topology file among the
-candidate's variables (NCCL_TOPO_FILE) travels as its text and is written on the joining node:
-nodes of one class share one topology. When the coordinator reads NCCL's log, every node runs its
-ranks with the same debug variables (trials.nccllog.debug_env, the log in its own trial
-directory), and the node where global rank 0 ran sends rank 0's log back with its result.
+Same environment on every rank, by construction (trials.trialenv builds it). With srun there is
+one environment, the one srun was started with. With torchrun the coordinator sends each trial's
+candidate (validated by publish.validate_env on both ends) with the trial id over the control
+channel; a joining node runs its agent with its own base environment plus exactly that candidate
+(the same TrialEnv.for_ranks), and the rendezvous id is the trial id, so an agent started for
+another trial cannot join. A topology file among the candidate's variables (NCCL_TOPO_FILE, as
+the marker publish.OWN_TOPOLOGY) travels as its text and is written on the joining node, which
+resolves the variable to its own copy: nodes of one class share one topology. When the
+coordinator reads NCCL's log, every node runs its ranks with the same debug variables
+(trials.nccllog.debug_env, the log in its own trial directory), and the node where global rank 0
+ran sends rank 0's log back with its result.
 
 A trial that fails or hangs on any node ends on all of them, and the sweep goes on:
 - a worker that exits non-zero: its agent stops the other local workers, and with --max-restarts
@@ -69,6 +71,7 @@ from typing import Any
 
 from ...errors import UsageError
 from ...files.trust import without_python_paths
+from ...publish import resolve_topology
 from ...sweep.plan import JobShape
 
 log = logging.getLogger(__name__)
@@ -138,9 +141,11 @@ class RankFailure:
 @dataclass(frozen=True)
 class TrialSpec:
     """What the runner knows of a trial: `worker` is [python, worker.py, args...]; `env` the full
-    environment with the candidate applied; `candidate` the candidate alone; `nccl_log`: the
-    runner reads NCCL's log of rank 0 (`env` holds nccllog.debug_env for this node); `user`: the
-    rank user a launch whose processes run as the caller has its ranks switch to (rankexec --user)."""
+    environment with the candidate applied (trials.trialenv.TrialEnv.for_ranks); `candidate` the
+    candidate alone, nccltune's topology file in it as the marker publish.OWN_TOPOLOGY;
+    `nccl_log`: the runner reads NCCL's log of rank 0 (`env` holds nccllog.debug_env for this
+    node); `user`: the rank user a launch whose processes run as the caller has its ranks switch to
+    (rankexec --user); `topology_file`: the run's topology file the marker stands for here."""
 
     seq: int
     trial_dir: Path
@@ -150,6 +155,12 @@ class TrialSpec:
     timeout_s: float
     nccl_log: bool = False
     user: str | None = None
+    topology_file: Path | None = None
+
+    @property
+    def resolved_candidate(self) -> dict[str, str]:
+        """The candidate with the marker as this node's path of the run's topology file."""
+        return resolve_topology(self.candidate, self.topology_file)
 
 
 class Launch:

@@ -70,7 +70,7 @@ from ...config import MAX_MESSAGE_BYTES as MAX_SIZE_BYTES
 from ...config import MultinodeConfig
 from ...errors import InputError, UnavailableError
 from ...files import trust
-from ...publish import PATH_VARIABLES, validate_env
+from ...publish import PATH_VARIABLES, TOPO_FILE_VAR, validate_env
 from .. import nccllog
 from . import host_port
 
@@ -86,8 +86,10 @@ HANDSHAKE_S = 10.0  # for the coordinator to hear a hello and a proof on one con
 REPLY_WAIT_S = 60.0  # for a joiner to hear the coordinator's challenge and welcome
 SEND_TIMEOUT_S = 30.0  # a peer that stops reading cannot hold the other end longer
 NONCE_BYTES = 16
-# Variables naming a file whose text goes to the other nodes, and the name it gets there.
-SHIPPED_FILES = {"NCCL_TOPO_FILE": "ncclTopology.xml"}
+# Variables naming a file whose text goes to the other nodes, and the name it gets there: the
+# run's topology file (the candidate names it by the marker publish.OWN_TOPOLOGY), which a joining
+# node writes itself and resolves the variable to.
+SHIPPED_FILES = {TOPO_FILE_VAR: "ncclTopology.xml"}
 # What never comes over the channel: every variable NCCL reads as a path or a library name
 # (publishing's own list) but the shipped topology, which the joiner writes itself, and NCCL's log
 # settings, which the joiner sets itself when the coordinator reads NCCL's log (nccl_debug).

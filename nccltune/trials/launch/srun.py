@@ -239,7 +239,8 @@ class SrunLaunch(Launch):
                 *worker_args(trial.worker)]
 
     def start(self, trial: TrialSpec) -> list[ProcSpec]:
-        candidate = validate_env(trial.candidate, source="trial candidate")
+        # By value: srun's --export names the candidate's variables, the run's topology file among them.
+        candidate = validate_env(trial.resolved_candidate, source="trial candidate")
         # The master port is chosen free here; sbatch runs its script on the allocation's first node,
         # so that is where rank 0 listens (elsewhere, give the port explicitly).
         port = self.master_port or free_port("0.0.0.0")

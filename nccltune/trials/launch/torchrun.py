@@ -17,8 +17,9 @@ from typing import Any
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
 from ...files.trust import ensure_dir, python_argv
 from ...hw.procfs import descendants
-from ...publish import validate_env
+from ...publish import OWN_TOPOLOGY, TOPO_FILE_VAR, validate_env
 from .. import credentials, nccllog, rankexec
+from ..trialenv import RankSide, TrialEnv
 from . import (
     KILL_GRACE_S,
     RANKEXEC,
@@ -142,7 +143,8 @@ class TorchrunLaunch(Launch):
         rdzv_id = self.rdzv_id(trial.seq)
         args = worker_args(trial.worker)
         if self.shape.nnodes > 1:
-            msg = {"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate, "files": _file_payload(candidate),
+            # The candidate as it is (the marker for nccltune's topology file): each node resolves it.
+            msg = {"trial": trial.seq, "rdzv_id": rdzv_id, "env": candidate, "files": _file_payload(trial),
                    "worker_args": args, "timeout_s": trial.timeout_s, "nccl_debug": trial.nccl_log}
             check_trial(msg)  # what the joiners would refuse is refused here, before anything starts
             self._server().publish(msg)
@@ -195,9 +197,10 @@ def _write_rank0_log(trial_dir: Path, report: Mapping[str, Any]) -> None:
                     report["nccl_log_missing"])
 
 
-def _file_payload(candidate: Mapping[str, str]) -> dict[str, str]:
+def _file_payload(trial: TrialSpec) -> dict[str, str]:
     """Files the candidate names (SHIPPED_FILES), by variable: their text travels, paths are node-local."""
     out = {}
+    candidate = trial.resolved_candidate
     for name in SHIPPED_FILES:
         path = candidate.get(name)
         if path:
@@ -275,21 +278,19 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     ensure_dir(trial_dir, "trial directory")
     candidate, nccl_debug, timeout_s, rdzv_id, args = (dict(order.env), order.nccl_debug, order.timeout_s,
                                                        order.rdzv_id, order.worker_args)
-    for name, local_name in SHIPPED_FILES.items():
-        if name in candidate:
-            # The file this node writes itself, from the text that came: never a path from elsewhere.
-            local = trial_dir / local_name
-            local.write_text(order.files[name])
-            candidate[name] = str(local)
+    topology_file = None
+    if TOPO_FILE_VAR in candidate:  # SHIPPED_FILES' file
+        # The file this node writes itself, from the text that came; whatever value came stands for
+        # it (the marker), so no path from elsewhere reaches a rank.
+        topology_file = trial_dir / SHIPPED_FILES[TOPO_FILE_VAR]
+        topology_file.write_text(order.files[TOPO_FILE_VAR])
+        candidate[TOPO_FILE_VAR] = OWN_TOPOLOGY
     rank_dir = credentials.fresh_rank_dir(trial_dir, rank)
-    env = credentials.rank_env(clean_env({**base_env, **candidate, "PYTHONUNBUFFERED": "1"}), rank, rank_dir,
-                               credentials.cache_dir(work_dir, rank))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for name in DEBUG_VARIABLES:
-        env.pop(name, None)  # NCCL's log is written when the coordinator reads it, and only then
-    if nccl_debug:
-        # As the coordinator runs its own ranks, with the log in this node's trial directory.
-        env.update(nccllog.debug_env(trial_dir))
+    # This node's fixed part: no rank variable of its caller, and NCCL's log written when the
+    # coordinator reads it (nccl_debug, as it runs its own ranks, in this node's trial directory) only.
+    fixed = {k: v for k, v in clean_env(base_env).items() if k not in DEBUG_VARIABLES}
+    env = TrialEnv(fixed, candidate).for_ranks(RankSide(topology_file, trial_dir, rank_dir,
+                                                        credentials.cache_dir(work_dir, rank), rank, nccl_debug))
     argv = torchrun_argv(python, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
                          rdzv_id=rdzv_id, is_host=False, timeout_s=timeout_s, args=args,
                          local_addr=local_addr)
