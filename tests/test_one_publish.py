@@ -43,7 +43,8 @@ from nccltune.publish import (
 )
 
 H200X1 = Path(__file__).parent / "fixtures" / "h200x1-vm.json"
-# What every published provenance carries, whoever decided (a class profile adds class_profile).
+# What every published provenance carries, whoever decided (a class profile adds class_profile, a
+# sweep the run that published it: run_id and history).
 PROVENANCE_FIELDS = {"nccltune_version", "created_at", "topology_fingerprint", "nccl_version", "backend", "demo",
                      "profile", "gains", "note", "tuning_fingerprint", "state", "generation"}
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -128,10 +129,12 @@ def test_every_decider_publishes_the_same_set(demo_sweep: DemoSweep, profile_doc
     assert actions.republish_safe(configs["safe"], node, NcclInfo(), "topology changed", NOW) == 1
     sets["safe"] = check_set(read_set(safe))
 
-    shapes = {name: (sorted(doc), sorted(doc["scopes"]), sorted(set(doc["provenance"]) - {"class_profile"}))
+    own_keys = {"class_profile", "run_id", "history"}
+    shapes = {name: (sorted(doc), sorted(doc["scopes"]), sorted(set(doc["provenance"]) - own_keys))
               for name, (_got, doc) in sets.items()}
     assert len(set(map(repr, shapes.values()))) == 1, shapes
     assert {name for name, (got, _doc) in sets.items() if "class_profile" in got.provenance} == {"apply"}
+    assert {name for name, (got, _doc) in sets.items() if "run_id" in got.provenance} == {"sweep", "one-GPU"}
     for name, cfg in configs.items():
         published, _doc = sets[name]
         own = str(published.directory / TOPOLOGY_NAME)
