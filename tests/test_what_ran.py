@@ -121,5 +121,5 @@ def test_verify_codes_are_the_schemas_enum() -> None:
 
     schema = json.loads((Path(__file__).parent.parent / "schemas" / "verify.schema.json").read_text())
     assert list(typing.get_args(VerifyCode)) == schema["properties"]["code"]["enum"]
-    ran = schema["properties"]["nccl_ran"]["properties"]["findings"]["items"]["properties"]["code"]["enum"]
+    ran = schema["$defs"]["nccl_ran"]["properties"]["findings"]["items"]["properties"]["code"]["enum"]
     assert ran == list(CODES) and set(CODES) <= set(typing.get_args(VerifyCode))

@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,24 +37,24 @@ from typing import Literal
 
 from ..compare import baseline_slower
 from ..config import Config, SweepConfig
-from ..errors import BusyError, CheckFailed, InputError, UsageError
+from ..errors import BusyError, CheckFailed, UsageError
 from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
 from ..fleet.apply import profile_in_force
 from ..fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
 from ..names import format_size
-from ..nccl.debuglog import parse_nccl_log
-from ..nccl.ran import WhatRan, what_ran
-from ..node import ONE_GPU, Node, busy_gpus, load_node, size_ladder
+from ..nccl.ran import WhatRan, combined, published_table
+from ..node import Node, busy_gpus, load_node, size_ladder
 from ..pipeline.planning import check_profile, workload
 from ..publish import PublishedSet, job_env, read_set
 from ..records import TrialResult
 from ..store import Store
 from ..sweep.select import Key, d2, key_label, t_quantile
-from ..trials.nccllog import rank0_log, read_log
-from ..trials.runner import RANK_RECORD, Runner, reap_leftover_ranks
+from ..trials.launch.hosts import HOSTID_VAR
+from ..trials.runner import RANK_RECORD, Runner, find_worker_python, reap_leftover_ranks
 from ..trials.session import TrialSession, resolve_engine, start_run
-from ..tuner.table import TunerTable, read_table
+from ..tuner.table import TunerTable
+from .onegpu import NOT_TIMED, OneGpuReport, RankSettings, plan_checks, ran_from_trial, run_shape
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +133,6 @@ def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCoun
         allowed = max(allowed, 100.0 * (1.0 - defaults_gbps / expected_gbps * math.exp(-bound_d)))
     return allowed
 
-# What verify says on a node with one GPU, where a sweep measured nothing (exit 0).
-NOTHING_TO_VERIFY = f"{ONE_GPU}: nothing to verify (a sweep there publishes only what fits every job)"
-
 
 @dataclass
 class VerifyRow:
@@ -153,9 +151,11 @@ class VerifyRow:
 VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "not_verifiable", "below_expectation",
                      "below_class",
                      "slower_than_baseline", "variable_differs", "plugin_not_loaded", "table_unreadable",
-                     "table_malformed", "table_stale", "table_missing", "table_other", "table_not_applied"]
-# What the expectations came from (kept in the run's summary, for the metrics and doctor).
-Reference = Literal["sweep", "floor", "class"]
+                     "table_malformed", "table_stale", "table_missing", "table_other", "table_not_applied",
+                     "nccl_log_missing"]
+# What the expectations came from (kept in the run's summary, for the metrics and doctor); "none"
+# on a node with one GPU, where nothing is timed.
+Reference = Literal["sweep", "floor", "class", "none"]
 
 
 @dataclass
@@ -178,6 +178,9 @@ class VerifyResult:
     # What NCCL ran, from its log (WhatRan.doc()); None where there is no NCCL log (the CPU demo).
     nccl_ran: dict[str, object] | None = None
     checked: str = ""  # what was measured: collectives, sizes, runs
+    # On a node with one GPU: the shapes N x 1 formed there and what NCCL ran in each
+    # (onegpu.OneGpuReport.doc()); None elsewhere.
+    one_gpu: dict[str, object] | None = None
 
     @property
     def max_drift_pct(self) -> float | None:
@@ -268,28 +271,15 @@ def _with_class(reference: ClassReference, class_keys: set[Key], keys: list[Key]
 def _published_table(env: dict[str, str]) -> TunerTable | None:
     """The tuner table the published set names, None when it names none or it cannot be read (the
     plugin's own line in NCCL's log then says why)."""
-    path = env.get("NCCLTUNE_TUNER_TABLE")
-    if not path:
-        return None
-    try:
-        return read_table(Path(path))
-    except InputError as exc:
-        log.debug("published tuner table unreadable: %s", exc)
-        return None
+    table, problem = published_table(env)
+    if problem:
+        log.debug("published tuner table unreadable: %s", problem)
+    return table
 
 
 def _what_ran(result: TrialResult | None, env: dict[str, str]) -> WhatRan | None:
     """The proof of what NCCL ran, from rank 0's log of a good trial; None without such a log."""
-    if result is None or result.log_dir is None:
-        return None
-    found = rank0_log(Path(result.log_dir), result.start.get("pid"))
-    if found is None:
-        return None
-    try:
-        text = read_log(found).decode(errors="replace")  # the ranks' own file: no link followed
-    except OSError:
-        return None
-    return what_ran(parse_nccl_log(text), env, _published_table(env))
+    return ran_from_trial(result, env, _published_table(env))
 
 
 def verify_sizes(cfg: Config, node: Node) -> list[int]:
@@ -304,7 +294,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                use_current: bool = False, threshold_pct: float | None = None, force: bool = False,
                node: Node | None = None, repeats: int = 2, quick: bool = False,
                abort_check: Callable[[], str | None] | None = None, baseline_run: int | None = None) -> VerifyResult:
-    """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs.
+    """The worker's interpreter is bench.python (or found); `force` verifies on busy GPUs. A node
+    with one GPU is checked by `verify_one_gpu` (what NCCL runs, nothing timed).
 
     `baseline_run` (a run id): also fail when this measurement is slower than that run's (its
     published setting, or its defaults with `use_current`) beyond the noise of both, at any size.
@@ -317,6 +308,11 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     node = node or load_node(cfg, demo)
     if not node.demo and busy_gpus(node.snapshot) and not force:
         raise BusyError("compute processes are using the GPUs; verify would disturb them", hint="--force")
+    if not node.measurable:
+        if floor_gbps is not None or baseline_run is not None:
+            raise UsageError(f"{'--floor' if floor_gbps is not None else '--baseline'}: this node has one GPU, where "
+                             f"verify times nothing ({NOT_TIMED}): it checks what NCCL runs")
+        return verify_one_gpu(cfg, node, use_current=use_current, quick=quick, abort_check=abort_check)
     sizes = verify_sizes(cfg, node)
     collectives = workload(cfg, node, sizes).collectives
     if quick:
@@ -453,3 +449,113 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
                         nccl_version=nccl_version, code=code, reference=ref_kind, checked=checked,
                         class_profile=class_prov if class_keys else None, nccl_ran=ran.doc() if ran else None)
+
+
+def _current_env() -> dict[str, str]:
+    """`--current` on a node with one GPU: the calling environment's variables a published set
+    would carry (NCCL's own, less its debug log's, which the check sets, and the host id, which
+    each check rank gets; the tuner table's)."""
+    return {k: v for k, v in os.environ.items()
+            if (k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG") and k != HOSTID_VAR)
+            or k.startswith("NCCLTUNE_TUNER_")}
+
+
+def _one_gpu_verdict(report: OneGpuReport, demo: bool) -> tuple[bool, VerifyCode, str, WhatRan | None]:
+    """Passed, its code, why, and the verdict over every shape's NCCL log (None: no log read)."""
+    outcomes = report.outcomes
+    if not outcomes:
+        return True, "passed", f"nothing NCCL runs can differ from its defaults: the published set holds " \
+                               f"{report.plan.holds}", None
+    verdicts = {o.check.label: o.ran for o in outcomes if o.ran is not None}
+    ran = combined(verdicts) if verdicts else None
+    failed = [o for o in outcomes if not o.result.ok]
+    if failed:
+        code: VerifyCode = "all_trials_failed" if len(failed) == len(outcomes) else "not_measured"
+        return False, code, "; ".join(f"{o.check.label}: {o.result.reason or o.result.status}" for o in failed), ran
+    if demo and ran is None:
+        labels = ", ".join(o.check.label for o in outcomes)
+        return True, "passed", (f"CPU demo (gloo): {labels} formed on the recording's one GPU and every result "
+                                "correct; gloo writes no NCCL log, so nothing NCCL runs is proven here"), None
+    missing = [o.check.label for o in outcomes if o.ran is None]
+    if missing:
+        return False, "nccl_log_missing", (f"{', '.join(missing)}: no NCCL log of rank 0 to read, so what NCCL ran "
+                                           "is not proven"), ran
+    assert ran is not None
+    if not ran.passed:
+        return False, ran.findings[0].code, "; ".join(f.message for f in ran.findings), ran
+    # A table span the check ran sizes in, yet no choice compared: the proof would be empty.
+    empty = [o.check.label for o in outcomes if o.check.spans and o.ran is not None and not o.ran.cells_checked]
+    if empty:
+        return False, "table_not_applied", (f"table not applied at sizes of {', '.join(empty)}: the plugin "
+                                            "applied no table entry NCCL logged a choice for"), ran
+    shapes = ", ".join(o.check.label for o in outcomes)
+    return True, "passed", (f"NCCL ran as published for {shapes}: {ran.cells_checked} choice(s) equal the "
+                            "table's entries" if ran.cells_checked else
+                            f"NCCL ran as published for {shapes} (variables and tuner plugin)"), ran
+
+
+def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick: bool = False,
+                   abort_check: Callable[[], str | None] | None = None) -> VerifyResult:
+    """verify on a node with one GPU (checks/onegpu.py): for each shape N x 1 the published table
+    holds, N rank processes on the one GPU, each its own NCCL host, with the published environment
+    of a job of N nodes; what NCCL ran, from rank 0's log, by nccl.ran's rule. Nothing is timed.
+    `quick`: one shape, one size per table span (a prolog's check).
+
+    Raises:
+        CheckFailed: nothing is published (and not `use_current`).
+        BusyError: a sweep or another verify is measuring.
+    """
+    started = time.monotonic()
+    got: PublishedSet | None = None
+    if use_current:
+        env, source = _current_env(), "current environment"
+    else:
+        got = read_set(cfg.publish_dir)
+        if got is None:
+            raise CheckFailed(f"nothing is published in {cfg.publish_dir}",
+                              hint="run `nccltune sweep` or `nccltune apply`, or pass --current to check the "
+                                   "calling environment")
+        # A job over several nodes: the every-job part alone.
+        env, source = job_env(got, nnodes=2), f"published in {cfg.publish_dir}"
+    table, problem = published_table(env)
+    plan = plan_checks(env, table, problem, quick=quick)
+    report = OneGpuReport(plan, quick)
+    state = Path(cfg.state_dir)
+    ensure_dir(state, "state directory")
+    with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
+        reap_leftover_ranks(state / RANK_RECORD)
+        run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
+                           topology={"source": node.topo.source})
+        try:
+            # The worker's interpreter is looked for only where ranks start.
+            python = find_worker_python(cfg.bench.python) if plan.shapes else ""
+            ranks = RankSettings(python=python, backend=node.backend, base_env=dict(os.environ),
+                                 work_dir=state / "verify", timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
+                                 rank_record=state / RANK_RECORD, user=cfg.bench.user, abort_check=abort_check)
+            for seq, check in enumerate(plan.shapes, 1):
+                outcome = run_shape(check, env, table, ranks, quick=quick)
+                report.outcomes.append(outcome)
+                # No measurements: times of ranks that share one GPU are artifacts, never a number.
+                store.add_trial(run_id, seq=seq, phase="verify", label=f"one GPU: {check.label} NCCL hosts",
+                                env=env, status=outcome.result.status, reason=outcome.result.reason,
+                                wall_s=outcome.result.wall_s, nccl=outcome.result.nccl)
+        except BaseException:
+            store.finish_run(run_id, status="interrupted", summary={"error": "interrupted"})
+            raise
+        report.wall_s = time.monotonic() - started
+        passed, code, reason, ran = _one_gpu_verdict(report, node.demo)
+        shapes = "; ".join(c.describe() for c in plan.shapes)
+        checked = (("quick: " if quick else "")
+                   + (f"NCCL's log of rank 0 of N NCCL hosts on the one GPU for {shapes}" if shapes else
+                      f"the published set: {plan.holds}")
+                   + f"; {NOT_TIMED}; wall time {report.wall_s:.1f} s")
+        expectation = f"what the published set holds: {plan.holds}"
+        nccl_version = next((o.result.nccl_version for o in report.outcomes if o.result.nccl_version), None)
+        store.finish_run(run_id, status="ok" if passed else "failed",
+                         summary={"passed": passed, "code": code, "reason": reason, "expectation": expectation,
+                                  "env_source": source, "reference": "none", "checked": checked,
+                                  "nccl_ran": ran.doc() if ran else None, "one_gpu": report.doc()})
+    return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=[], demo=node.demo,
+                        fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
+                        nccl_version=nccl_version, code=code, reference="none", checked=checked,
+                        nccl_ran=ran.doc() if ran else None, one_gpu=report.doc())

@@ -80,17 +80,13 @@ def dumps_doc(doc: dict[str, object]) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..afterrun import write_metrics
-    from ..checks.verify import NOTHING_TO_VERIFY, run_verify
+    from ..checks.verify import run_verify
     from ..node import load_node
     from ..report.runs import verify_doc, verify_text
 
     cfg = load_cfg(args, demo=bool(args.demo))
     node = load_node(cfg, args.demo)
-    if not node.measurable:
-        # Documented: exit 0, nothing measured and nothing recorded (README, "One-GPU nodes").
-        out(dumps_doc({"kind": "verify", "passed": True, "measured": False, "reason": NOTHING_TO_VERIFY})
-            if args.json else NOTHING_TO_VERIFY)
-        return EXIT_OK
+    # One GPU: verify checks what NCCL runs for the table's shapes N x 1 (checks/onegpu.py).
     result = run_verify(cfg, demo=args.demo, floor_gbps=args.floor, use_current=args.current,
                         threshold_pct=args.threshold, force=args.force, node=node, baseline_run=args.baseline,
                         quick=args.quick)

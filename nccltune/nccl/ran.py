@@ -15,6 +15,8 @@ Three questions, each answered from NCCL's lines, never from what nccltune meant
   entry's. A shape the table holds no entries for keeps NCCL's own choices, as intended.
 
 Every failure carries a stable code (CODES); the same facts go to `verify --json` and the metrics.
+A check of several communicator shapes (a one-GPU node forms each N x 1 its table holds) is one
+verdict over all of them (`combined`), each finding named by its shape.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from ..tuner.table import TunerTable
+from ..errors import InputError
+from ..tuner.table import TunerTable, read_table
 from .debuglog import NcclLog
 
 Code = Literal["variable_differs", "plugin_not_loaded", "table_unreadable", "table_malformed", "table_stale",
@@ -150,3 +154,34 @@ def what_ran(log: NcclLog, env: Mapping[str, str], table: TunerTable | None) -> 
         checked, cell_findings = _cells(log, table, shape)
         findings += cell_findings
     return WhatRan(variables, log.tuner, used, shape, checked, tuple(findings))
+
+
+def published_table(env: Mapping[str, str]) -> tuple[TunerTable | None, str | None]:
+    """The tuner table `env` names (NCCLTUNE_TUNER_TABLE) and, when it names one that cannot be
+    read, why (the plugin's own line in NCCL's log then says what it made of the file)."""
+    path = env.get(TABLE_VAR)
+    if not path:
+        return None, None
+    try:
+        return read_table(Path(path)), None
+    except InputError as exc:
+        return None, exc.message
+
+
+def combined(verdicts: Mapping[str, WhatRan]) -> WhatRan:
+    """One verdict over the checks of several communicator shapes (shape label -> verdict): every
+    finding, named by its shape when there are several; a variable as the first check that logged
+    it read it; the shape only when one was checked; the cells compared, summed."""
+    if len(verdicts) == 1:
+        return next(iter(verdicts.values()))
+    variables: dict[str, str | None] = {}
+    findings: list[Finding] = []
+    for label, ran in verdicts.items():
+        for name, value in ran.variables.items():
+            if variables.get(name) is None:
+                variables[name] = value
+        findings += [Finding(f.code, f"{label}: {f.message}") for f in ran.findings]
+    values = list(verdicts.values())
+    return WhatRan(variables, next((r.tuner for r in values if r.tuner), None),
+                   next((r.table for r in values if r.table), None), None,
+                   sum(r.cells_checked for r in values), tuple(findings))

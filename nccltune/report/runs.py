@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..names import DEMO_LABEL
+from ..names import DEMO_LABEL, format_size
 from ..store import RunRecord, TrialRecord
 from ..sweep.select import key_label
 from .common import fmt_bw, report_row, size_row
@@ -166,7 +166,7 @@ def verify_doc(r: VerifyResult) -> dict[str, Any]:
             "label": DEMO_LABEL if r.demo else None, "run_id": r.run_id, "fingerprint": r.fingerprint,
             "nccl_ran": r.nccl_ran,
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
-            "checked": r.checked,
+            "checked": r.checked, "one_gpu": r.one_gpu,
             "sizes": [size_row(row.size_bytes, row.collective,
                                **{k: v for k, v in vars(row).items() if k not in ("size_bytes", "collective")})
                       for row in r.rows]}
@@ -181,6 +181,7 @@ def verify_text(r: VerifyResult) -> str:
     lines += nccl_ran_lines(r.nccl_ran)
     if r.checked:
         lines.append(f"Checked: {r.checked}")
+    lines += one_gpu_lines(r.one_gpu)
     for row in r.rows:
         meas = f"{row.measured_gbps:.2f}" if row.measured_gbps is not None else "-"
         exp = f"{row.expected_gbps:.2f}" if row.expected_gbps is not None else "-"
@@ -206,6 +207,29 @@ def nccl_ran_lines(ran: Mapping[str, Any] | None) -> list[str]:
     if ran.get("unconfirmed"):
         lines.append(f"  NCCL never logged reading: {', '.join(ran['unconfirmed'])}")
     lines += [f"  [{f['code']}] {f['message']}" for f in ran.get("findings", [])]
+    return lines
+
+
+def one_gpu_lines(report: Mapping[str, Any] | None) -> list[str]:
+    """A node with one GPU (checks.onegpu.OneGpuReport.doc): each shape N x 1 formed with N NCCL
+    hosts on the one GPU and what NCCL's log of it showed, the shapes not formed, the wall time."""
+    if report is None:
+        return []
+    lines = [f"One GPU: {report.get('note')}; published: {report.get('holds')}"]
+    if report.get("table_problem"):
+        lines.append(f"  the table cannot be read by nccltune: {report['table_problem']}")
+    for shape in report.get("shapes", []):
+        ran = shape.get("nccl_ran")
+        what = (f"{ran.get('cells_checked', 0)} choice(s) compared, "
+                + ("as published" if ran.get("passed") else ", ".join(f["code"] for f in ran.get("findings", [])))
+                if ran else "no NCCL log read")
+        sizes = ", ".join(format_size(int(s)) for s in shape.get("sizes", []))
+        lines.append(f"  {shape.get('label')}: {shape.get('nnodes')} NCCL hosts on the one GPU, "
+                     f"{', '.join(shape.get('collectives', []))} at {sizes}: {shape.get('status')}"
+                     + (f" ({shape['reason']})" if shape.get("reason") else "") + f"; {what}")
+    lines += [f"  not formed: {why}" for why in report.get("not_formed", [])]
+    lines.append(f"Wall time: {float(report.get('wall_s') or 0):.1f} s ({'quick' if report.get('quick') else 'full'} "
+                 "check)")
     return lines
 
 
