@@ -75,3 +75,26 @@ def test_the_choice_splits_into_what_fits_every_job_and_what_was_tuned_on_this_n
     assert got.uses_topology_file
     # The calling environment's pin is not the operator's: it is not published at all.
     assert "NCCL_DEBUG" not in got.env
+
+
+def test_a_topology_file_the_config_pins_is_published_as_its_path_never_replaced() -> None:
+    from pathlib import Path
+
+    from nccltune.pipeline.choice import choose
+    from nccltune.sweep.plan import build_plan
+    from nccltune.topology.model import from_snapshot
+    from nccltune.topology.paths import compute_paths
+    from nccltune.topology.snapshot import load_snapshot
+    from nccltune.topology.source import bundled_topologies_dir
+
+    topo = from_snapshot(load_snapshot(bundled_topologies_dir() / "h200x2-nvswitch-vm.json"))
+    plan = build_plan(topo, compute_paths(topo), env={}, config_pins={"NCCL_TOPO_FILE": "/etc/site/topo.xml"},
+                      unpin=[], variables={}, exclude=[], policy={}, sizes=[1024], backend="nccl", nranks=2)
+    stats = {1024: SizeStats(1024, 2.0, 2.0, 2.0, 3)}
+    result = SearchResult(baseline_runs=[], baseline=stats, screened=[], finalists=[], chosen=None, topo_only=None,
+                          weights={1024: 1.0}, notes=[])
+    got = choose(result, plan, Path("/var/lib/nccltune/ncclTopology.xml"), [], demo=False)
+    assert got.every_job_env == {"NCCL_TOPO_FILE": "/etc/site/topo.xml"}
+    assert got.recorded_every_job == got.every_job_env
+    # The publish writes no XML of nccltune's in its place.
+    assert not got.uses_topology_file

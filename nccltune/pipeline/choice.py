@@ -52,8 +52,10 @@ class Choice:
 
     @property
     def uses_topology_file(self) -> bool:
-        """The every-job part names a topology file nccltune publishes (its own, or a config pin)."""
-        return TOPO_FILE_VAR in self.every_job_env
+        """The every-job part names nccltune's own topology file (the marker), which the publish
+        writes into the generation; a topology file the config pins is the site's, published as
+        its path and never replaced by nccltune's."""
+        return self.every_job_env.get(TOPO_FILE_VAR) == OWN_TOPOLOGY
 
     @property
     def recorded_every_job(self) -> dict[str, str]:
