@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from demo_state import BASE_CONFIG, SNAPSHOT, SWEEP_S, clean_env
+from demo_state import SHORT_CONFIG, SNAPSHOT, SWEEP_S, clean_env
 
 from nccltune.checks.doctor import diagnose, existing_tuner
 from nccltune.config import Config, TunerConfig
@@ -249,7 +249,8 @@ def test_a_sweep_under_a_curated_topology_file_keeps_it_and_env_says_so(tmp_path
     curated NCCL_TOPO_FILE publishes no NCCL_TOPO_FILE of its own (which would beat the file)."""
     conf = site_conf(tmp_path)
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(BASE_CONFIG, sort_keys=False))
+    # The shortest sweep still has the candidate that would publish nccltune's own topology file.
+    config.write_text(yaml.safe_dump(SHORT_CONFIG, sort_keys=False))
     env = clean_env(NCCL_CONF_FILE=str(conf))
     proc = nccltune("sweep", "--demo", str(SNAPSHOT), "--json", "--config", str(config),
                     "--state-dir", str(tmp_path / "state"), env=env, cwd=tmp_path)
