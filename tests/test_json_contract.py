@@ -302,3 +302,15 @@ def test_an_active_per_size_plan_names_its_pruned_candidates_by_code(tmp_path: P
         validate(doc, schema("plan"))
         assert rc == 0 and doc["per_size"] is not None
         assert expected <= {p["code"] for p in doc["per_size"]["pruned"]}, doc["per_size"]
+
+
+def test_a_provenance_with_a_run_but_not_its_history_breaks_the_env_schema() -> None:
+    schema = json.loads((REPO / "schemas" / "env.schema.json").read_text())
+    prov_schema = {"$defs": schema.get("$defs", {}), **schema["properties"]["provenance"]}
+    base = {"backend": "nccl", "demo": False, "generation": 1, "topology_fingerprint": "0123456789abcdef"}
+    validate({**base, "run_id": 3, "history": "/var/lib/nccltune/history.db"}, prov_schema)
+    validate(base, prov_schema)
+    with pytest.raises(SchemaViolation, match="'run_id' needs 'history' beside it"):
+        validate({**base, "run_id": 3}, prov_schema)
+    with pytest.raises(SchemaViolation, match="'history' needs 'run_id' beside it"):
+        validate({**base, "history": "/var/lib/nccltune/history.db"}, prov_schema)

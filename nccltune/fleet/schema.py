@@ -3,7 +3,7 @@
 The schemas in `schemas/` (shipped as package data) are the contract for export and profile
 documents; other tools can check them with any JSON Schema validator. nccltune itself does not
 depend on one, so it reads the keywords it uses: type, required, properties, additionalProperties,
-items, enum, const, minimum, minLength, pattern and local `$ref`s to `#/$defs/...`. An unknown
+items, enum, const, minimum, minLength, pattern, dependentRequired and local `$ref`s to `#/$defs/...`. An unknown
 keyword in a schema is an error, so that a schema never says more than is checked.
 """
 
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
 _KNOWN = {"$schema", "$id", "$defs", "$ref", "title", "description", "type", "required", "properties",
-          "additionalProperties", "items", "enum", "const", "minimum", "minLength", "pattern", "default"}
+          "additionalProperties", "items", "enum", "const", "minimum", "minLength", "pattern", "default",
+          "dependentRequired"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,), "null": (type(None),),
     "integer": (int,), "number": (int, float),
@@ -82,6 +83,10 @@ def validate(doc: Any, schema: dict[str, Any], root: dict[str, Any] | None = Non
         for key in schema.get("required", []):
             if key not in doc:
                 raise SchemaViolation(where, f"missing required key {key!r}")
+        for key, needs in schema.get("dependentRequired", {}).items():
+            missing = [need for need in needs if key in doc and need not in doc]
+            if missing:
+                raise SchemaViolation(where, f"{key!r} needs {missing[0]!r} beside it")
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties", True)
         for key in sorted(doc):
