@@ -8,6 +8,7 @@ import logging
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import collectives as coll
 from ..checks.doctor import default_conf_files, existing_tuner
@@ -198,25 +199,36 @@ def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectiv
     """Time of `trials` trials: each one's start (processes, interpreter, communicator set-up) plus
     the data it moves, for each of the `collectives` a trial measures.
 
-    The start is what this node's own latest sweep measured (`measured_start_s`): it holds the
-    machine as it is, a loaded CPU demo or a slow file system, where a constant cannot. Without
-    one, the start of an idle node: two interpreters importing torch on the demo's cores, the
-    CUDA and NCCL set-up on a GPU node."""
+    The start is what this node's own latest sweep of the same job shape measured
+    (`measured_start_s`): it holds the machine as it is, a loaded CPU demo or a slow file system,
+    where a constant cannot. Without one, the start of an idle node: two interpreters importing
+    torch on the demo's cores, the CUDA and NCCL set-up on a GPU node; for a job of several nodes
+    also torchrun's agents and their rendezvous before the ranks start (measured: about 10 s a
+    trial for two CPU-demo nodes, 7.5 to 8.8 s for two NCCL hosts on one H200)."""
     warmup, iters = iterations(cfg, node)
     bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
     bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
     per_collective = sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
-    start = measured_start_s(cfg, node)
+    nodes = plan.shape.nnodes
+    # An idle node's start, by where the ranks run: one node, or several through torchrun.
+    idle_start = {(False, True): 2.5, (False, False): 7.0, (True, True): 10.0, (True, False): 8.0}
+    start = measured_start_s(cfg, node, nodes)
     if start is None:
-        start = 2.5 if node.demo else 7.0
+        start = idle_start[(nodes > 1, node.demo)]
     return trials * (start + max(1, collectives) * per_collective)
 
 
-def measured_start_s(cfg: Config, node: Node) -> float | None:
-    """The median start of a trial in this node's latest sweep with good trials: each trial's wall
-    time less the time its measurements account for ((warmup + iterations) x the time per
-    iteration it measured at each size). None without such a sweep or history."""
+def measured_start_s(cfg: Config, node: Node, nnodes: int = 1) -> float | None:
+    """The median start of a trial in this node's latest sweep with good trials for jobs of
+    `nnodes` nodes (a multi-node sweep records its job in its summary): each trial's wall time less
+    the time its measurements account for ((warmup + iterations) x the time per iteration it
+    measured at each size). None without such a sweep or history."""
     from ..store import Store
+
+    def nodes_of(summary: Mapping[str, Any] | None) -> int:
+        job = (summary or {}).get("job")
+        got = job.get("nnodes") if isinstance(job, Mapping) else None
+        return got if isinstance(got, int) and not isinstance(got, bool) else 1
 
     path = cfg.state_path("history.db")
     if not path.is_file():
@@ -225,7 +237,8 @@ def measured_start_s(cfg: Config, node: Node) -> float | None:
     try:
         with Store(path) as store:
             run = next((r for r in store.runs(limit=10, kind="sweep")
-                        if r.fingerprint == node.fingerprint and r.backend == node.backend), None)
+                        if r.fingerprint == node.fingerprint and r.backend == node.backend
+                        and nodes_of(r.summary) == nnodes), None)
             trials = store.trials(run.id) if run is not None else []
     except (OSError, NccltuneError) as exc:
         log.debug("no measured trial start from the history: %s", exc)
