@@ -177,3 +177,23 @@ def test_a_sweep_terminated_right_after_its_publish_records_the_generation(tmp_p
                                                                    published.generation)
         assert run.summary["ended_after_publish"] == published.generation
         assert run.chosen_env == published.env
+
+
+def test_verify_after_a_run_recovered_as_published_says_why_it_has_no_expectation(tmp_path: Path) -> None:
+    from nccltune import __version__
+    from nccltune.checks.verify import _expectations
+    from nccltune.config import load_config, with_overrides
+    from nccltune.errors import CheckFailed
+    from nccltune.node import load_node
+
+    cfg = with_overrides(load_config(None), state_dir=str(tmp_path / "state"))
+    node = load_node(cfg, str(SNAPSHOT))
+    (tmp_path / "state").mkdir()
+    with Store(tmp_path / "state" / "history.db") as store:
+        run = store.start_run(kind="sweep", fingerprint=node.fingerprint, backend=node.backend, demo=True,
+                              profile=None, nccl_version=None, driver_version=None, torch_version=None,
+                              nccltune_version=__version__, hostname="n", topology={}, config={})
+        created = _dt.datetime.now(_dt.timezone.utc)
+        assert store.mark_interrupted(PublishedRun(run_id=run, generation=1, published_at=created, env={})) == 1
+        with pytest.raises(CheckFailed, match=f"sweep {run} published generation 1 but ended before"):
+            _expectations(store, node, None, False, [1 << 20], ("all_reduce",))

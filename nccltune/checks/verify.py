@@ -214,6 +214,11 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
         return ({(c, max(sizes)): (floor_gbps, 0.0, None) for c in collectives},
                 f"floor {floor_gbps:g} GB/s at {format_size(max(sizes))}", SampleCounts(0, 0))
     run = store.latest_run(node.fingerprint, kind="sweep", status="ok")
+    if run is not None and not run.rows and run.published_generation is not None:
+        # Killed between its publish and its numbers (close_dead_runs recorded it as published).
+        raise CheckFailed(f"sweep {run.id} published generation {run.published_generation} but ended before "
+                          "it recorded its numbers: no expectation to verify against",
+                          hint="run `nccltune sweep` again, or pass --floor GBPS")
     if run is None or not run.rows:
         raise CheckFailed("no expectation to verify against: no finished sweep for this topology "
                           f"(fingerprint {node.fingerprint})", hint="run `nccltune sweep`, or pass --floor GBPS")
