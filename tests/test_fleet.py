@@ -208,8 +208,11 @@ def test_apply_publishes_the_profile_and_env_names_it(fleet: dict[str, Any], tmp
     assert prov["tuning_fingerprint"] == before[1]["tuning_fingerprint"]
     expected = dict(prof["env"])
     if prof["topology_file"]:
-        expected["NCCL_TOPO_FILE"] = str(state / "ncclTopology.xml")
-        assert (state / "ncclTopology.xml").read_text().startswith("<system")
+        # The generation's own copy, as every decider publishes it; the stable copy holds the same XML.
+        own = state / "generations" / str(prov["generation"]) / "ncclTopology.xml"
+        expected["NCCL_TOPO_FILE"] = str(own)
+        assert own.read_text().startswith("<system")
+        assert (state / "ncclTopology.xml").read_bytes() == own.read_bytes()
     assert env == expected
     shown = nccltune("env", "--state-dir", str(state), cwd=tmp_path)
     assert shown.returncode == 0
