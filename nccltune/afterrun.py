@@ -66,7 +66,8 @@ def write_metrics(cfg: Config, node: Node, *, nccl_version: str | None, live: Li
 
 def _doctor_counts(cfg: Config, node: Node, store: Store) -> dict[str, int]:
     """What `nccltune doctor` would find now, counted by severity."""
-    from .checks.doctor import default_conf_files, diagnose, history_findings
+    from .checks.doctor import diagnose, history_findings
+    from .nccl.sitetuner import default_conf_files
 
     findings = diagnose(node.topo, node.paths, env=dict(os.environ), publish_dir=cfg.publish_dir,
                         conf_files=default_conf_files(os.environ), tuner_mode=cfg.tuner.plugin)

@@ -12,9 +12,10 @@ from unittest import mock
 
 import pytest
 
-from nccltune.checks.doctor import Finding, default_conf_files, diagnose, read_conf_file, socket_ifname_matches
+from nccltune.checks.doctor import Finding, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.cli import main
 from nccltune.delivery.jobenv import decide
+from nccltune.nccl.sitetuner import default_conf_files
 from nccltune.publish import Provenance, publish
 from nccltune.topology.fingerprint import topology_fingerprint
 from nccltune.topology.model import Topology

@@ -27,9 +27,9 @@ from nccltune.errors import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK, InputError,
 from nccltune.files import trust
 from nccltune.files.inputfile import MAX_JSON_DEPTH, loads_strict
 from nccltune.fleet.decide import dumps_profile
-from nccltune.nccl.probe import probe_nccl
 from nccltune.store import Store
 from nccltune.trials import runner as runner_module
+from nccltune.trials.probe import probe_nccl
 from nccltune.trials.runner import Runner, find_worker_python
 
 CLI_S = 240.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.nccl.probe import parse_probe, probe_nccl
+from nccltune.trials.probe import parse_probe, probe_nccl
 from nccltune.trials.worker import probe_record
 
 

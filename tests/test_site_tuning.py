@@ -20,7 +20,7 @@ import pytest
 import yaml
 from demo_state import SHORT_CONFIG, SNAPSHOT, SWEEP_S, clean_env
 
-from nccltune.checks.doctor import diagnose, existing_tuner
+from nccltune.checks.doctor import diagnose
 from nccltune.config import Config, TunerConfig
 from nccltune.nccl.site import (
     ConfSetting,
@@ -32,6 +32,7 @@ from nccltune.nccl.site import (
     site_tuner,
     tuner_symbols,
 )
+from nccltune.nccl.sitetuner import existing_tuner
 from nccltune.node import load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.pipeline.choice import split_scopes

@@ -16,12 +16,13 @@ import yaml
 from conftest import REPO
 from demo_state import SNAPSHOT, clean_env
 
-from nccltune.checks.doctor import diagnose, existing_tuner
+from nccltune.checks.doctor import diagnose
 from nccltune.collectives import COLLECTIVES
 from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.errors import InputError
 from nccltune.fleet.schema import validate
 from nccltune.nccl.site import SiteTuner
+from nccltune.nccl.sitetuner import existing_tuner
 from nccltune.node import Node, load_node
 from nccltune.pipeline import SweepPipeline
 from nccltune.pipeline.tablestage import TableOutcome

@@ -16,19 +16,19 @@ from pathlib import Path
 from ..compare import upgrade_check
 from ..delivery.jobenv import decide
 from ..files.trust import trusted_uids, writable_word
-from ..nccl.site import ConfSetting, SiteTuner, conf_settings, site_tuner
-from ..nccl.site import conf_files as _nccl_conf_files
-from ..nccl.variables import did_you_mean
-from ..nccl.variables import unknown as unknown_variable
+from ..nccl.site import ConfSetting, SiteTuner, conf_settings
+from ..nccl.sitetuner import existing_tuner
 from ..publish import read_published
 from ..store import Store
 from ..sweep.plan import ll128_auto
 from ..sweep.space import CATALOGUE, level_of
+from ..sweep.variables import did_you_mean
+from ..sweep.variables import unknown as unknown_variable
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.links import RANK
 from ..topology.model import Topology
 from ..topology.paths import PathMatrix
-from ..tuner.build import find_compiler, is_own_tuner, prebuilt_plugin
+from ..tuner.build import find_compiler, prebuilt_plugin
 
 SEVERITIES = ("error", "warning", "info")
 # NCCL loads this file silently when NCCL_TOPO_FILE is unset (topo.cc, since at least 2.12).
@@ -60,13 +60,6 @@ def read_conf_file(path: Path) -> dict[str, str]:
         key, _, value = line.partition("=")
         out.setdefault(key, value)
     return out
-
-
-def existing_tuner(env: Mapping[str, str], conf_files: list[Path]) -> SiteTuner | None:
-    """The tuner NCCL would load without nccltune, when it is not nccltune's: named by
-    NCCL_TUNER_PLUGIN in the environment or a conf file (the environment first, as NCCL reads it),
-    else ``libnccl-tuner.so`` or the network plugin's own tuner (nccl.site.site_tuner)."""
-    return site_tuner(env, conf_settings(env, conf_files), is_own=is_own_tuner)
 
 
 def site_settings_finding(site: Mapping[str, ConfSetting]) -> Finding | None:
@@ -393,11 +386,6 @@ def _published(publish_dir: Path, f: list[Finding]) -> tuple[dict[str, str], dic
                              "run nccltune sweep"))
         return None
     return got
-
-
-def default_conf_files(env: Mapping[str, str]) -> list[Path]:
-    """NCCL's order: NCCL_CONF_FILE (2.23+) or ~/.nccl.conf, then /etc/nccl.conf (nccl.site)."""
-    return _nccl_conf_files(env)
 
 
 def upgrade_findings(store: Store, fingerprint: str) -> list[Finding]:

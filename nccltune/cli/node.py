@@ -37,7 +37,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..checks.doctor import default_conf_files, diagnose
+    from ..checks.doctor import diagnose
+    from ..nccl.sitetuner import default_conf_files
     from ..report.node import doctor_doc, doctor_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot

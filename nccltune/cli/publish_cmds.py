@@ -27,9 +27,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
     can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
     """
-    from ..checks.doctor import default_conf_files, existing_tuner
     from ..delivery.jobenv import decide, filter_text, site_comment
     from ..nccl.site import conf_settings
+    from ..nccl.sitetuner import default_conf_files, existing_tuner
     from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
     from ..report.sweep import single_node_comment
 

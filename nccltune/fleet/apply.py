@@ -284,7 +284,7 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
     validate_env(env, source=f"{cfg.path or 'config'}: sweep.pin")
-    from ..pipeline.tuning import tuning_fingerprint
+    from ..publish.tuning import tuning_fingerprint
 
     tuning_fp = tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo)
     # Checked (and the plugin built) before anything is written; the table carries the fingerprint

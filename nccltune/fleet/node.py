@@ -76,7 +76,7 @@ def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: b
     if demo:
         return WorkerNccl(None, DEMO_NCCL)
     from ..errors import UnavailableError
-    from ..nccl.probe import probe_nccl
+    from ..trials.probe import probe_nccl
     from ..trials.runner import find_worker_python
 
     try:

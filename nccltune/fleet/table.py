@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..checks.doctor import default_conf_files, existing_tuner
 from ..config import Config
 from ..errors import InputError
+from ..nccl.sitetuner import default_conf_files, existing_tuner
 from ..publish import Tuner
 from ..tuner.build import build_plugin
 from ..tuner.table import TableEntry, TunerTable, render_table

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import collectives as coll
-from ..checks.doctor import default_conf_files, existing_tuner
 from ..config import Config, profile_collectives
 from ..errors import InputError, NccltuneError
 from ..nccl.site import conf_settings
+from ..nccl.sitetuner import default_conf_files, existing_tuner
 from ..node import Node, iterations, size_ladder
 from ..publish import preflight
 from ..publish.policy import validate_env

@@ -26,7 +26,6 @@ from ..errors import InputError, NccltuneError, UnavailableError
 from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
 from ..names import DEMO_LABEL
-from ..nccl.probe import probe_nccl
 from ..node import ONE_GPU, Node, load_node, require_idle
 from ..publish import (
     TOPO_FILE_VAR,
@@ -39,6 +38,7 @@ from ..publish import (
     read_set,
     resolve_topology,
 )
+from ..publish.tuning import tuning_fingerprint
 from ..records import Backend, ReportRow
 from ..store import Phase, RunStatus, Store
 from ..sweep.plan import JobShape, Plan
@@ -47,6 +47,7 @@ from ..sweep.strategy import Search, SearchResult
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import node_class
 from ..trials.launch import LaunchRequest
+from ..trials.probe import probe_nccl
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from ..trials.session import Engine, ProgressFn, TrialSession, close_dead_runs, resolve_engine, start_run
 from ..trials.trialenv import carried, fixed_part
@@ -62,7 +63,6 @@ from .planning import (
     workload,
 )
 from .tablestage import TableOutcome, TableStage
-from .tuning import tuning_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import subprocess
 from typing import Any
 
 from ..files.trust import child_env, python_argv
-from ..trials.runner import WORKER
+from .runner import WORKER
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 
-from ..sweep.space import CATALOGUE
+from .space import CATALOGUE
 
 _NAMES = """
     NCCL_ABORT_ON_ERROR NCCL_ALGO NCCL_ALGO_PROTO_IGNORE NCCL_ALLGATHERV_ENABLE NCCL_ALLOC_P2P_NET_LL_BUFFERS
