@@ -9,7 +9,7 @@ from demo_state import SNAPSHOT
 from nccltune import __version__
 from nccltune.config import load_config, with_overrides
 from nccltune.node import iterations, load_node
-from nccltune.pipeline.planning import estimate_seconds, make_plan, measured_start_s
+from nccltune.pipeline.planning import IDLE_TRIAL_START_S, estimate_seconds, make_plan, measured_start_s
 from nccltune.records import Measurement
 from nccltune.store import Store
 
@@ -34,7 +34,7 @@ def test_the_estimate_takes_the_trial_start_the_last_sweep_measured(tmp_path: Pa
     start = measured_start_s(cfg, node)
     assert start is not None and abs(start - (14.0 - (warmup + iters) * 0.1)) < 1e-9
     loaded = estimate_seconds(plan, 10, cfg, node)
-    assert abs((loaded - idle) - 10 * (start - 2.5)) < 1e-6
+    assert abs((loaded - idle) - 10 * (start - IDLE_TRIAL_START_S[(False, True)])) < 1e-6
 
 
 def test_a_multi_node_plan_takes_the_start_of_a_multi_node_sweep_never_a_single_node_ones(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_a_multi_node_plan_takes_the_start_of_a_multi_node_sweep_never_a_single_
     node = load_node(cfg, str(SNAPSHOT))
     one, two = make_plan(cfg, node, {}), make_plan(cfg, node, {}, shape=JobShape(nnodes=2))
     # Without history: torchrun's agents and rendezvous make a multi-node trial start later.
-    assert estimate_seconds(two, 10, cfg, node) - estimate_seconds(one, 10, cfg, node) > 10 * 7.0
+    assert estimate_seconds(two, 10, cfg, node) - estimate_seconds(one, 10, cfg, node) > 10 * 8.0
     (tmp_path / "state").mkdir()
     with Store(tmp_path / "state" / "history.db") as store:
         for job, wall in ((None, 5.0), ({"nnodes": 2, "label": "2x1"}, 21.0)):

@@ -195,26 +195,30 @@ def estimate_trials(cfg: Config, plan: Plan, search: Search) -> int:
     return search.estimate_trials() + (ps.trial_count() if ps else 0) + final_check_trials(cfg, plan)
 
 
+# A trial's start on an idle node without a sweep of its own to go by, keyed (several nodes, CPU
+# demo): measured with `python bench/null_sweeps.py --jobs 1` on a quiet 2-core machine (a demo
+# trial 1.9 s in all), on the lent H200 (two NCCL hosts through torchrun: 7.5 to 8.8 s a trial) and
+# with two CPU-demo nodes (about 10 s a trial).
+IDLE_TRIAL_START_S = {(False, True): 1.8, (False, False): 7.0, (True, True): 10.0, (True, False): 8.0}
+
+
 def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectives: int = 1) -> float:
     """Time of `trials` trials: each one's start (processes, interpreter, communicator set-up) plus
     the data it moves, for each of the `collectives` a trial measures.
 
     The start is what this node's own latest sweep of the same job shape measured
     (`measured_start_s`): it holds the machine as it is, a loaded CPU demo or a slow file system,
-    where a constant cannot. Without one, the start of an idle node: two interpreters importing
-    torch on the demo's cores, the CUDA and NCCL set-up on a GPU node; for a job of several nodes
-    also torchrun's agents and their rendezvous before the ranks start (measured: about 10 s a
-    trial for two CPU-demo nodes, 7.5 to 8.8 s for two NCCL hosts on one H200)."""
+    where a constant cannot. Without one, the start of an idle node (IDLE_TRIAL_START_S): two
+    interpreters importing torch on the demo's cores, the CUDA and NCCL set-up on a GPU node; for a
+    job of several nodes also torchrun's agents and their rendezvous before the ranks start."""
     warmup, iters = iterations(cfg, node)
     bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
     bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
     per_collective = sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
     nodes = plan.shape.nnodes
-    # An idle node's start, by where the ranks run: one node, or several through torchrun.
-    idle_start = {(False, True): 2.5, (False, False): 7.0, (True, True): 10.0, (True, False): 8.0}
     start = measured_start_s(cfg, node, nodes)
     if start is None:
-        start = idle_start[(nodes > 1, node.demo)]
+        start = IDLE_TRIAL_START_S[(nodes > 1, node.demo)]
     return trials * (start + max(1, collectives) * per_collective)
 
 
