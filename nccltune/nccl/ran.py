@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..collectives import TUNED
 from ..errors import InputError
 from ..tuner.table import TunerTable, read_table
 from .debuglog import NcclLog
@@ -128,7 +129,10 @@ def _cells(log: NcclLog, table: TunerTable, shape: tuple[int, int, int]) -> tupl
     checked: set[tuple[str, int]] = set()
     wrong: dict[tuple[str, int], str] = {}
     for t in log.tuning:
-        collective = t.func.lower()  # NCCL's AllGather is the table's allgather
+        tuned = next((c for c in TUNED if c.log_func == t.func), None)
+        if tuned is None or tuned.tuner_name is None:
+            continue  # a collective no tuner steers
+        collective = tuned.tuner_name  # the table's spelling: NCCL's AllGather is allgather
         entry = table.choice(collective, t.size_bytes, nnodes, nranks, rpn)
         if entry is None:
             continue
