@@ -74,16 +74,13 @@ def tuner_env(plugin: Path, table: Path, fingerprint: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class TablePublication:
-    """What the per-size stage asks to publish.
-
-    every_job_env names the plugin and table as they lie in the run's directory (as the final check
-    ran them); publish() writes the generation's own copies and names those (pipeline._Sweep._publish)."""
+    """What the per-size stage asks to publish: the table and the plugin as the final check ran them
+    from the run's directory; the publish writes the generation's own copies and names those (the
+    variables' scopes come with the choice, choice.split_scopes)."""
 
     table_text: str
     plugin_path: Path
     fingerprint: str
-    every_job_env: dict[str, str]
-    single_node_env: dict[str, str]  # measured on one node: for single-node jobs only
 
 
 @dataclass
@@ -208,8 +205,7 @@ class TableStage:
         out.whole, out.env_only = whole, env_only
         out.chosen = _pick(whole, env_only)
         if out.chosen is whole:
-            out.publication = TablePublication(text, out.build.path, self.fingerprint, every_job,
-                                               dict(choice.single_node_env))
+            out.publication = TablePublication(text, out.build.path, self.fingerprint)
         else:
             reason = whole.verdict.reason if whole.verdict else "no result"
             out.notes.append(f"the whole result (environment + table) was not published: {reason}")
