@@ -52,14 +52,21 @@ def _nccltune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           env=clean_env(PYTHONPATH=str(REPO)), timeout=120, cwd=cwd, check=False)
 
 
+def _patched_sweep(child: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """A demo sweep of CONFIG into tmp_path/state, run by `child` (nccltune's command line with a
+    test-only patch applied first)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    return subprocess.run(
+        [sys.executable, "-c", child, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, env=clean_env(PYTHONPATH=str(REPO)), timeout=300, cwd=tmp_path, check=False)
+
+
 def test_a_sweep_killed_right_after_its_publish_is_recorded_as_published(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    config, state = tmp_path / "config.yaml", tmp_path / "state"
-    config.write_text(yaml.safe_dump(CONFIG))
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_AT_FINISH, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
-         "--state-dir", str(state)],
-        capture_output=True, text=True, env=clean_env(PYTHONPATH=str(REPO)), timeout=300, cwd=tmp_path, check=False)
+    state = tmp_path / "state"
+    killed = _patched_sweep(KILLED_AT_FINISH, tmp_path)
     assert killed.returncode == -9, killed.stderr
     published = read_set(state)
     assert published is not None
@@ -162,12 +169,8 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_sweep_terminated_right_after_its_publish_records_the_generation(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    config, state = tmp_path / "config.yaml", tmp_path / "state"
-    config.write_text(yaml.safe_dump(CONFIG))
-    ended = subprocess.run(
-        [sys.executable, "-c", TERMINATED_AFTER_PUBLISH, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
-         "--state-dir", str(state)],
-        capture_output=True, text=True, env=clean_env(PYTHONPATH=str(REPO)), timeout=300, cwd=tmp_path, check=False)
+    state = tmp_path / "state"
+    ended = _patched_sweep(TERMINATED_AFTER_PUBLISH, tmp_path)
     assert ended.returncode != 0, ended.stdout
     published = read_set(state)
     assert published is not None
