@@ -10,13 +10,11 @@ import contextlib
 import io
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -30,6 +28,8 @@ from nccltune.cli import main
 from nccltune.files.lock import SweepLock
 from nccltune.publish import DEMO_LINE
 from nccltune.sweep.space import CATALOGUE
+from nccltune.trials.runner import RANK_RECORD
+from nccltune.trials.worker import FAULT_VAR
 
 pytest.importorskip("torch")
 
@@ -359,17 +359,12 @@ def test_an_unwritable_state_dir_is_refused_and_leaves_nothing(config: Path, tmp
 # -- Ctrl-C -----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def pid_recording_python(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    record = tmp_path / "ranks"
-    record.mkdir()
-    where = shlex.quote(str(record))
-    script = tmp_path / "python-wrapper"
-    script.write_text("#!/bin/sh\n"
-                      f'echo $$ > {where}/"$$".tmp && mv {where}/"$$".tmp {where}/"$$".pid\n'
-                      f'exec {shlex.quote(sys.executable)} "$@"\n')
-    script.chmod(0o755)
-    yield script, record
+def _recorded_ranks(state: Path) -> set[int]:
+    """The pids in the sweep's rank record (RANK_RECORD: one "pid start_time" line per live rank)."""
+    try:
+        return {int(line.split()[0]) for line in (state / RANK_RECORD).read_text().splitlines() if line.strip()}
+    except OSError:
+        return set()
 
 
 def _wait_for(predicate: Any, timeout_s: float, proc: subprocess.Popen[str]) -> None:
@@ -383,8 +378,7 @@ def _wait_for(predicate: Any, timeout_s: float, proc: subprocess.Popen[str]) -> 
 
 
 def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
-        demo: DemoSweep, tmp_path: Path, pid_recording_python: tuple[Path, Path]) -> None:
-    wrapper, record = pid_recording_python
+        demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
     shutil.copytree(demo.state, state, symlinks=True)
     published = {p.name: p.read_bytes() for p in state.iterdir()
@@ -393,20 +387,25 @@ def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
     old_runs = {p.name for p in (state / "runs").iterdir()}
     proc = subprocess.Popen(
         [sys.executable, "-m", "nccltune", "sweep", "--demo", "--config", str(demo.config),
-         "--state-dir", str(state), "--python", str(wrapper)],
-        cwd=tmp_path, env={**_clean_environ(), "PYTHONPATH": str(REPO)}, start_new_session=True,
+         "--state-dir", str(state)],
+        # Rank 1 hangs in every trial: the interrupt lands in the middle of the first.
+        cwd=tmp_path, env={**_clean_environ(), "PYTHONPATH": str(REPO), FAULT_VAR: "hang@1"}, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # A test run started in the background (nohup, `&` without job control) ignores SIGINT, and
         # children inherit that; give the sweep the default disposition a terminal would.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def first_trial_running() -> bool:
-            # The first trial's directory exists, both ranks started, and rank 0 has set up its
-            # process group and said so: the interrupt lands in the middle of a trial.
+            # The first trial's directory exists, both ranks are in the rank record, and rank 0
+            # has set up its process group and said so.
             new = [p for p in (state / "runs").iterdir() if p.name not in old_runs]
             out = new[0] / "trial-001" / "rank0.out" if new else None
-            return (out is not None and out.is_file() and out.stat().st_size > 0
-                    and len(list(record.glob("*.pid"))) == 2)
+            if out is None or not out.is_file() or out.stat().st_size == 0:
+                return False
+            rank_pids.update(_recorded_ranks(state))
+            return len(rank_pids) == 2
+
+        rank_pids: set[int] = set()
 
         _wait_for(first_trial_running, 60, proc)
         # What a terminal's Ctrl-C does: SIGINT to the foreground process group (the ranks run in
@@ -419,7 +418,6 @@ def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
             proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    rank_pids = [int(p.read_text()) for p in record.glob("*.pid")]
     assert len(rank_pids) == 2
     for pid in rank_pids:
         with pytest.raises(ProcessLookupError):

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nccltune.daemon import DEMO_BUSY_FILE
 from nccltune.files.lock import SweepLock
 from nccltune.store import Store
+from nccltune.trials.worker import FAULT_VAR
 
 pytest.importorskip("torch")
 
@@ -394,19 +395,22 @@ def test_topology_change_republishes_a_safe_environment_then_retunes(env: Env, s
 
 def test_sigterm_during_a_sweep_stops_cleanly(env: Env, seeded: Path) -> None:
     state = env.state_from(seeded)
-    d = env.start(state, config=config_text(**RETUNE))
+    # The NCCL_ALGO=Ring trial hangs (until the trial timeout): SIGTERM lands in the middle of it.
+    d = env.start(state, config=config_text(**RETUNE), extra_env={FAULT_VAR: "hang@1:NCCL_ALGO=Ring"})
     d.wait_ready()
     # After READY: start-up writes ncclTopology.xml for the published tuning when it is missing.
     before = published_bytes(state)
     d.wait_notify(status_has("sweeping"), START_S)
 
     def ranks() -> list[int]:
+        """The worker's processes: started by exec (worker.py) or forked by the rank server."""
         try:
             return [p.pid for p in psutil.Process(d.proc.pid).children(recursive=True)
-                    if any("worker.py" in part for part in p.cmdline())]
+                    if any("worker.py" in part for part in p.cmdline())
+                    or any("rankserver.py" in part for part in p.parent().cmdline())]
         except psutil.Error:
             return []
-    assert d.wait("rank processes", ranks, 60)
+    assert d.wait("rank processes", lambda: len(ranks()) == 2, 60)
     d._note_ranks()
     # A verify would measure beside the sweep: refused (75) like a second sweep.
     got = manual(d, "verify")

@@ -95,9 +95,13 @@ def proc_status(pid: int) -> dict[str, str]:
     return out
 
 
-def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, python: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork_ranks", [True, False], ids=["forked", "by-exec"])
+def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, python: str, tmp_path: Path,
+                                                            fork_ranks: bool) -> None:
     """A real two-rank gloo trial, held in its timed loop (the worker's hang fault) while the test
-    reads every rank's credentials from /proc; then aborted."""
+    reads every rank's credentials from /proc; then aborted. /proc/PID/environ is the environment
+    a process was started with: a rank's own under exec, the rank server's for a forked rank (its
+    own is set in the process after the fork); neither holds the caller's secrets."""
     record = tmp_path / "ranks.running"
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), FAULT_VAR: "hang", "HOME": "/root",
                 "USER": "root", "SSH_AUTH_SOCK": "/root/agent.sock", "CLUSTER_API_TOKEN": "s3cret",
@@ -120,7 +124,7 @@ def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, pyth
         return "credentials read"
 
     runner = Runner(python=python, backend="gloo", nranks=2, base_env=base_env, work_dir=tmp_path / "work",
-                    timeout_s=240, abort_check=look, rank_record=record, user=TEST_USER)
+                    timeout_s=240, abort_check=look, rank_record=record, user=TEST_USER, fork_ranks=fork_ranks)
     assert runner.rank_user == user
     with pytest.raises(TrialAborted, match="credentials read"):
         runner.run({}, [4096], warmup=1, iters=2)
@@ -134,8 +138,9 @@ def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, pyth
             assert int(status[caps], 16) == 0, (caps, status[caps])
         assert status["NoNewPrivs"] == "1"
         env = environs[pid]
-        assert env["HOME"] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
-        assert env["USER"] == env["LOGNAME"] == user.name
+        if not fork_ranks:
+            assert env["HOME"] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
+            assert env["USER"] == env["LOGNAME"] == user.name
         for secret in ("SSH_AUTH_SOCK", "CLUSTER_API_TOKEN", "NOTIFY_SOCKET"):
             assert secret not in env, secret
         assert cwds[pid] == str(tmp_path / "work" / "trial-001" / RANK_DIR)

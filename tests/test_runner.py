@@ -2,7 +2,8 @@
 
 The worker interpreter is a small shell wrapper that records each rank's pid and the variables
 of interest before exec'ing this Python, so the tests see what every rank really got and can
-check afterwards that no rank survived.
+check afterwards that no rank survived. The ranks start by exec (bench.fork_ranks false), so that
+the wrapper sees each; tests/test_forked_ranks.py holds the forked ranks to the same rules.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def _base_env(**extra: str) -> dict[str, str]:
 
 def _runner(wrapper: Path, tmp_path: Path, *, timeout_s: float = 60.0, base_env: dict[str, str] | None = None,
             abort_check: Callable[[], str | None] | None = None) -> Runner:
+    # Ranks by exec, each through the wrapper; test_forked_ranks.py has the same for forked ranks.
     return Runner(python=str(wrapper), backend="gloo", nranks=2, base_env=base_env or _base_env(),
-                  work_dir=tmp_path / "work", timeout_s=timeout_s, abort_check=abort_check)
+                  work_dir=tmp_path / "work", timeout_s=timeout_s, abort_check=abort_check, fork_ranks=False)
 
 
 def _run(runner: Runner, candidate: dict[str, str] | None = None) -> TrialResult:

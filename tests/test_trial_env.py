@@ -102,8 +102,10 @@ def test_one_trials_topology_file_is_the_runs_copy_for_its_ranks_and_the_generat
         tmp_path: Path, recording_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(SHORT_CONFIG, sort_keys=False))
+    # Ranks by exec, so that the recording interpreter sees each (a forked rank's environment is
+    # the same request: test_forked_ranks.py).
     cfg = with_overrides(load_config(config), state_dir=str(tmp_path / "state"),
-                         **{"bench.python": str(recording_python)})
+                         **{"bench.python": str(recording_python), "bench.fork_ranks": False})
 
     # gloo's noise decides nothing here: the choice is the topology file alone, so that it is published.
     real_choose = stages.choose

@@ -260,6 +260,7 @@ class RankSettings:
     rank_record: Path | None = None
     user: str | None = None
     abort_check: Callable[[], str | None] | None = None
+    fork_ranks: bool = True
 
 
 def run_shape(check: ShapeCheck, env: Mapping[str, str], table: TunerTable | None, ranks: RankSettings, *,
@@ -271,10 +272,13 @@ def run_shape(check: ShapeCheck, env: Mapping[str, str], table: TunerTable | Non
                     work_dir=ranks.work_dir / check.label, timeout_s=ranks.timeout_s, gpus=ranks.gpus,
                     # NCCL's log is the whole point: read it wherever one is written.
                     nccl_debug=True, abort_check=ranks.abort_check, rank_record=ranks.rank_record,
-                    launch=HostsOnOneGpuLaunch(check.nhosts), user=ranks.user)
+                    launch=HostsOnOneGpuLaunch(check.nhosts), user=ranks.user, fork_ranks=ranks.fork_ranks)
     warmup, iters = QUICK_ITERATIONS if quick else FULL_ITERATIONS
     log.info("one GPU: %d NCCL hosts (%s0..%d) for %s; %s", check.nhosts, HOSTID_PREFIX, check.nhosts - 1,
              check.describe(), NOT_TIMED)
-    result = runner.run(env, check.sizes, warmup=warmup, iters=iters, label=f"one GPU: {check.label}",
-                        timing=TIMING, collectives=check.collectives)
+    try:
+        result = runner.run(env, check.sizes, warmup=warmup, iters=iters, label=f"one GPU: {check.label}",
+                            timing=TIMING, collectives=check.collectives)
+    finally:
+        runner.close()
     return ShapeOutcome(check, result, ran_from_trial(result, env, table) if result.ok else None)

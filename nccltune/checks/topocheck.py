@@ -98,7 +98,10 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
     base.update({"NCCL_TOPO_FILE": str(xml.resolve()), "NCCL_TOPO_DUMP_FILE": DUMP_NAME})
     runner = Runner(python=find_worker_python(python), backend="nccl", nranks=nranks,
                     base_env=base, work_dir=work, timeout_s=timeout_s, user=bench_user)
-    result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
+    try:
+        result = runner.run({}, list(CHECK_SIZES), warmup=2, iters=5)
+    finally:
+        runner.close()
     try:
         redump = read_log(Path(result.log_dir or work) / RANK_DIR / DUMP_NAME)
     except OSError:  # NCCL wrote none (it failed first), or what is there is no file of its own

@@ -358,7 +358,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                         nranks=node.nranks, base_env=base_env, work_dir=state / "verify",
                         # NCCL's own log proves what it ran (GPU nodes; gloo writes none).
                         timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus, nccl_debug=not node.demo,
-                        abort_check=abort_check, rank_record=state / RANK_RECORD, user=cfg.bench.user)
+                        abort_check=abort_check, rank_record=state / RANK_RECORD, user=cfg.bench.user,
+                        fork_ranks=cfg.bench.fork_ranks)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)
@@ -379,6 +380,8 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         except BaseException:
             session.abandon("interrupted", {"error": "interrupted"})
             raise
+        finally:
+            runner.close()
         failures = [reason for _label, reason in session.failed]
         nccl_version = session.nccl_version
         rows = []
@@ -536,7 +539,8 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
             python = find_worker_python(cfg.bench.python) if plan.shapes else ""
             ranks = RankSettings(python=python, backend=node.backend, base_env=dict(os.environ),
                                  work_dir=state / "verify", timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
-                                 rank_record=state / RANK_RECORD, user=cfg.bench.user, abort_check=abort_check)
+                                 rank_record=state / RANK_RECORD, user=cfg.bench.user, abort_check=abort_check,
+                                 fork_ranks=cfg.bench.fork_ranks)
             for seq, check in enumerate(plan.shapes, 1):
                 outcome = run_shape(check, env, table, ranks, quick=quick)
                 report.outcomes.append(outcome)

@@ -175,6 +175,9 @@ class BenchConfig:
     warmup_iters: int = _setting(5, ge=0)
     iters: int = _setting(20, ge=1)
     trial_timeout_s: float = _setting(180.0, gt=0)
+    # Fork each trial's ranks on this node from one process per sweep that has imported torch
+    # (trials/rankserver.py), which saves every rank torch's import; false: start each rank by exec.
+    fork_ranks: bool = True
     # None: every GPU (or every selected one in gpus).
     # 1: one rank per node, for sweeps over several nodes only (the sweep refuses it on one node).
     nranks: int | None = _setting(None, ge=1, why="a rank per node at least")

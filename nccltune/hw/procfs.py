@@ -46,6 +46,15 @@ def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | 
     return _stat_field(text, 22)
 
 
+def parent_pid(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:
+    """The process's parent pid (field 4 of /proc/<pid>/stat), or None when there is no such process."""
+    try:
+        text = (Path(root) / str(pid) / "stat").read_text(errors="replace")
+    except OSError:
+        return None
+    return _parent_pid(text)
+
+
 def parent_pids(root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
     """pid -> parent pid of every process readable under `root`.
 

@@ -317,6 +317,7 @@ class _Sweep:
                             {"error": str(exc) or type(exc).__name__, "trials": session.seq})
             raise
         finally:
+            session.runner.close()
             if self.launch is not None:
                 self.launch.close()
         return self._report(result, choice, published, session, started)
@@ -350,7 +351,7 @@ class _Sweep:
                             topology_file=self.trial_xml, work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
                             nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,
-                            launch=self.launch, user=self.cfg.bench.user)
+                            launch=self.launch, user=self.cfg.bench.user, fork_ranks=self.cfg.bench.fork_ranks)
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,

@@ -1,10 +1,12 @@
 """Rank launcher: every trial in a fresh set of rank processes, with a hard timeout.
 
 NCCL caches most of its variables per process (NCCL_PARAM in include/param.h), so each
-candidate environment gets new processes. All ranks of a trial run in their own process groups; on a
-timeout, a crash of any rank, Ctrl-C or an abort request, every group is killed. A failed trial
-is reported with its reason and the caller goes on. This is the only module that starts rank
-processes.
+candidate environment gets new processes: forked from the runner's rank server where they may be
+(trials.forkedranks: torch imported once per sweep, not once per rank), else started by exec.
+All ranks of a trial run in their own process groups; on a timeout, a crash of any rank, Ctrl-C
+or an abort request, every group is killed. A failed trial is reported with its reason and the
+caller goes on. This is the only module that starts rank
+processes (through the rank server, which only forks what this module asks for).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from ..files.trust import ensure_dir
 from ..hw.procfs import start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
-from . import nccltests, rankexec
+from . import nccltests, rankexec, rankserver
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
-from .launch import Launch, TrialSpec
+from .forkedranks import SERVER, ForkedRank, RankServer, ServerFailed
+from .launch import Launch, TrialSpec, worker_args
 from .launch.local import LocalLaunch
 from .nccllog import rank0_log, read_log
 from .trialenv import RankSide, TrialEnv
@@ -45,6 +48,7 @@ _EXIT_WRONG_RESULT = 3
 _EXIT_SETUP = 4
 # The rank record's name in the state directory (see reap_leftover_ranks).
 RANK_RECORD = "ranks.running"
+SERVER_LOG = "rankserver.err"  # the rank server's output, in the runner's work directory
 
 
 def reap_leftover_ranks(record: Path) -> list[int]:
@@ -202,6 +206,7 @@ class Runner:
         launch: Launch | None = None,
         user: str | None = None,
         topology_file: Path | None = None,
+        fork_ranks: bool = True,
     ) -> None:
         """`base_env`: the fixed part of every trial's environment (trials.trialenv); `topology_file`:
         the run's copy of nccltune's topology file, which a candidate names by the marker
@@ -210,7 +215,8 @@ class Runner:
         `nccl_tests`: path of all_reduce_perf to measure with instead of the torch worker;
         `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
         start (trials.launch; default one process per rank here); `user`: bench.user, whom the ranks
-        run as when this is root (trials.credentials).
+        run as when this is root (trials.credentials); `fork_ranks`: fork the worker's ranks from
+        one rank server (trials.rankserver, bench.fork_ranks) rather than start each by exec.
 
         Raises:
             InputError: that user does not exist, or cannot run the worker (exit 78).
@@ -230,9 +236,11 @@ class Runner:
         self.launch = launch or LocalLaunch(nranks)
         self.rank_user = rank_user(user)
         if nccl_tests is None:
-            check_reachable(python, [WORKER, Path(rankexec.__file__)], self.rank_user)
+            check_reachable(python, [WORKER, Path(rankexec.__file__), SERVER], self.rank_user)
+        self.fork_ranks = fork_ranks and nccl_tests is None
+        self._server: RankServer | None = None
         self._names: list[str] = []
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[subprocess.Popen[bytes] | ForkedRank] = []
         self._seq = 0
 
     def recorded(self, candidate: Mapping[str, str]) -> dict[str, str]:
@@ -278,7 +286,8 @@ class Runner:
                                                 nccl_log=self.nccl_debug, user=user, topology_file=self.topology_file))
             self._names = [s.who for s in specs]
             for spec in specs:
-                self._spawn(trial_dir, spec.name, spec.argv, spec.env)
+                # The worker's own command line, as a local launch hands it on, may be forked.
+                self._spawn(trial_dir, spec.name, spec.argv, spec.env, forkable=spec.argv == cmd)
             status, reason = self._wait(started)
             self.launch.finish(trial_dir)
             # srun exits 143 whichever of its tasks failed: the launch knows which, and how.
@@ -293,12 +302,16 @@ class Runner:
         result.shape = self.launch.record()
         return result
 
-    def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str]) -> None:
+    def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str], *,
+               forkable: bool = False) -> None:
         """Start one process in its own session (so its whole group can be killed), output to files
         root opens in the trial directory, as the rank user (trials.credentials) in its rank directory.
+        A `forkable` one (the worker, `cmd` = [python, -I, worker.py, args...]) is forked from the
+        rank server where the runner has one that may (see _rank_server), else started by exec.
 
-        The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL): a kill -9 of the sweep or the
-        daemon must not leave ranks holding the GPUs. It is also written to the rank record, so
+        The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL; a forked one with the rank server,
+        which dies with this process): a kill -9 of the sweep or the daemon must not leave ranks
+        holding the GPUs. It is also written to the rank record, so
         that the next sweep ends it should the death signal not reach it (see reap_leftover_ranks).
         """
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
@@ -309,9 +322,13 @@ class Runner:
             try:
                 # srun runs as the caller; its tasks switch in rankexec (SrunLaunch, TrialSpec.user).
                 switch = None if self.launch.runs_as_caller else self.rank_user
-                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=trial_dir / RANK_DIR,
-                                        preexec_fn=rank_preexec(os.getpid(), switch))
+                server = self._rank_server(env) if forkable else None
+                proc: subprocess.Popen[bytes] | ForkedRank | None
+                proc = self._fork(server, cmd, env, trial_dir / RANK_DIR, out, err) if server else None
+                if proc is None:
+                    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, cwd=trial_dir / RANK_DIR,
+                                            preexec_fn=rank_preexec(os.getpid(), switch))
             except OSError as exc:
                 # Not an interpreter after all (exec format error, no permission): the setting is wrong.
                 raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
@@ -321,6 +338,62 @@ class Runner:
             os.close(out)
         self._procs.append(proc)
         self._record_ranks()
+
+    @property
+    def rank_server_pid(self) -> int | None:
+        """The pid of the process that forks this runner's ranks, while one runs."""
+        return self._server.pid if self._server is not None and self._server.broken is None else None
+
+    def _rank_server(self, env: dict[str, str]) -> RankServer | None:
+        """The runner's rank server, started at the first rank it may fork (with that rank's
+        environment, rankserver.start_part), or None: ranks start by exec (not wanted, it failed,
+        or `env` differs from the server's in what is read while torch is imported)."""
+        if not self.fork_ranks:
+            return None
+        if self._server is None:
+            try:
+                self._server = RankServer(self.python, env, cache_dir(self.work_dir, self.rank_user),
+                                          self.rank_user, self.work_dir / SERVER_LOG, ready_s=self.timeout_s)
+            except ServerFailed as exc:
+                log.warning("ranks start by exec: the rank server did not come up (%s; see %s)", exc,
+                            self.work_dir / SERVER_LOG)
+                self.fork_ranks = False
+                return None
+            log.debug("rank server %d ready", self._server.pid)
+        if self._server.broken is not None:
+            self.fork_ranks = False
+            return None
+        if not rankserver.same_start(self._server.env, env):
+            log.debug("trial %d: a rank by exec (its environment differs where torch's import reads it)", self._seq)
+            return None
+        return self._server
+
+    def _fork(self, server: RankServer, cmd: list[str], env: dict[str, str], cwd: Path, out: int,
+              err: int) -> ForkedRank | None:
+        """The rank forked by `server`, or None (it failed: said once, exec from now on)."""
+        null = os.open(os.devnull, os.O_RDONLY | trust.CLOEXEC)
+        try:
+            # The rank directory is in root's trial directory: opened here, entered there by descriptor.
+            home = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | trust.NOFOLLOW | trust.CLOEXEC)
+        except BaseException:
+            os.close(null)
+            raise
+        try:
+            return server.fork(worker_args(cmd), env, (null, out, err, home))
+        except ServerFailed as exc:
+            server.fail(str(exc))
+            self.fork_ranks = False
+            return None
+        finally:
+            os.close(null)
+            os.close(home)
+
+    def close(self) -> None:
+        """End the rank server, if one runs (a runner that is dropped ends it too: it exits when
+        its socket closes)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
     def _record_ranks(self) -> None:
         """Rewrite the rank record: one "pid start_time" line per live rank of this runner."""
@@ -411,7 +484,8 @@ class Runner:
 
     def kill(self) -> None:
         """Kill every rank's process group, reap them and empty the rank record."""
-        self.launch.stop(self._procs)
+        # What a launch stops is what it started itself (forked ranks are the worker's own, handed on unchanged).
+        self.launch.stop([p for p in self._procs if isinstance(p, subprocess.Popen)])
         for p in self._procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
