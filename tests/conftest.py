@@ -30,19 +30,20 @@ NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
 # one a worker starts while the other has nothing left to do. The other files follow in their own
 # order. Keep it roughly true when a file's time changes much; an outdated order costs time only.
 SLOWEST_FIRST = (
-    "test_sweep_shapes.py",  # ~105: a two-node sweep with a hang waited out
-    "test_fleet.py",  # ~100: two demo nodes swept
-    "test_slurm_real.py",  # ~100: a Slurm cluster, two sweeps through srun
-    "test_daemon.py",  # ~95: daemons that sweep
-    "test_multinode.py",  # ~75: trials over two torchrun agents
-    "test_sweep_tablestage.py",  # ~60: a demo sweep with the per-size stage
-    "test_bad_input.py",  # ~40: a process per malformed input
+    "test_slurm_real.py",  # ~85: a Slurm cluster, two sweeps through srun
+    "test_sweep_shapes.py",  # ~75: a two-node sweep with a hang waited out
+    "test_multinode.py",  # ~65: trials over two torchrun agents
+    "test_daemon.py",  # ~65: daemons that sweep
     "test_one_gpu_nodes.py",  # ~35: a two-node sweep of one-GPU nodes
-    "test_collective_sweep.py",  # ~30: the every-collective demo sweep
-    "test_nccltests_json.py",  # ~30: waits for the shared demo sweep
+    "test_fleet.py",  # ~35: two demo nodes swept
+    "test_bad_input.py",  # ~25: a process per malformed input
+    "test_forked_ranks.py",  # ~20: the rank server's trials, a hang waited out
+    "test_runner.py",  # ~20: ranks by exec, a hang waited out
+    "test_sweep_tablestage.py",  # ~20: a demo sweep with the per-size stage
+    "test_collective_sweep.py",  # ~15: the every-collective demo sweep
+    "test_verify_one_gpu.py",
+    "test_job_precedence.py",
     "test_verify.py",
-    "test_site_tuning.py",
-    "test_runner.py",
 )
 
 

@@ -571,10 +571,10 @@ def test_an_unreadable_node_degrades_the_daemon_and_keeps_the_files(env: Env, se
 
 def test_a_hanging_worker_times_out_and_the_daemon_keeps_polling(env: Env) -> None:
     state = env.state_from(None)
-    d = env.start(state, config=config_text(bench={"trial_timeout_s": 5}),
+    d = env.start(state, config=config_text(bench={"trial_timeout_s": 3}),
                   extra_env={"NCCLTUNE_WORKER_FAULT": "hang@1"})
     d.wait_ready()
-    d.wait_log(r"trial 1/\d+ baseline defaults #1: timeout \(no result within 5 s", 60)
+    d.wait_log(r"trial 1/\d+ baseline defaults #1: timeout \(no result within 3 s", 60)
     d.wait_log(r"sweep failed: every run of NCCL's defaults failed", 60)
     d.wait_metric("nccltune_last_sweep_success", 0.0, 30)
     assert_no_ranks_left(d)
