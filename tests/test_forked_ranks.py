@@ -244,3 +244,30 @@ def test_a_pid_the_server_names_is_used_only_when_it_is_its_own(tmp_path: Path,
     assert "pid 1, which it named, is not a rank of its own" in caplog.text
     assert runner.rank_server_pid is None
     runner.close()
+
+
+def test_a_rank_the_server_says_has_ended_counts_as_running_while_it_runs(tmp_path: Path) -> None:
+    """A server that forks a real child, names it, and says at once that it exited with status 0:
+    the runner goes by the process (its pidfd), so the trial times out and the child is killed."""
+    liar = tmp_path / "liar.py"
+    liar.write_text(
+        "import json, os, socket, sys, time\n"
+        "s = socket.socket(fileno=int(sys.argv[1]))\n"
+        "s.send(json.dumps({'ready': os.getpid()}).encode())\n"
+        "while True:\n"
+        "    data, fds, _f, _a = socket.recv_fds(s, 1 << 20, 4)\n"
+        "    if not data:\n"
+        "        break\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(120)\n"
+        "        os._exit(0)\n"
+        "    s.send(json.dumps({'started': pid}).encode())\n"
+        "    s.send(json.dumps({'exited': pid, 'code': 0}).encode())\n"
+        "    s.send(json.dumps({'exited': 1, 'code': 0}).encode())\n")
+    python = _python_with_server(tmp_path, f'exec {shlex.quote(sys.executable)} -I {shlex.quote(str(liar))} "$1"')
+    runner, watch = _watched(tmp_path, python=python, timeout_s=3)
+    result = _run(runner)
+    assert result.status == "timeout", result.reason
+    assert len(watch.forked) == 2 and _gone(watch.forked)
+    runner.close()

@@ -5,7 +5,9 @@ rank user and dying with the runner, like every rank. A forked rank (`ForkedRank
 the runner handles the Popen of a rank it starts by exec: its pid, `poll`, `wait`, its process
 group killed. The server runs as the rank user, so what it says is checked before root acts on
 it: a pid it names must be a child of the server when the runner first sees it (/proc), and is
-then held by a pidfd, so that a signal never reaches another process that got the pid later.
+then held by a pidfd, so that a signal never reaches another process that got the pid later; a
+rank counts as ended when its pidfd says so, whatever the server says; the server's messages are
+bounded in size and in number per look.
 
 Anything that goes wrong with the server (torch fails to import, it dies, it answers nonsense)
 is said once in the log and the runner starts its ranks by exec from then on.
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SERVER = Path(rankserver.__file__)
 REPLY_S = 30.0  # a fork and its answer; the server's own start waits for torch's import instead
+DRAIN_MAX = 1024  # messages read at one look: a server that floods the socket cannot hold the runner
 
 
 class ServerFailed(Exception):
@@ -66,6 +69,15 @@ class ForkedRank:
         assert self.returncode is not None
         return self.returncode
 
+    def kill(self) -> None:
+        """SIGKILL the process group it leads (the server makes each rank a session of its own)
+        and the process itself, by its pidfd: a process the server failed to give a group of
+        its own is ended too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
     def alive(self) -> bool:
         """The process still runs (its pidfd is not readable yet)."""
         if self.returncode is not None:
@@ -88,6 +100,7 @@ class RankServer:
         self.env = rankserver.start_part(env)
         self.broken: str | None = None  # why the server may not be asked for anything more
         self._exits: dict[int, int] = {}
+        self._forked: set[int] = set()  # the ranks it forked that have not ended yet
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
@@ -143,16 +156,19 @@ class RankServer:
         if parent_pid(pid) != self.pid:
             os.close(pidfd)
             raise ServerFailed(f"pid {pid}, which it named, is not a rank of its own")
+        self._forked.add(pid)
         return ForkedRank(self, pid, pidfd)
 
     def exit_code(self, rank: ForkedRank) -> int | None:
-        """The rank's exit status (negative: the signal) once it has ended, else None. A rank of a
-        server that died died with it (SIGKILL)."""
+        """The rank's exit status (negative: the signal) once it has ended, else None. The server's
+        word counts once the rank's pidfd shows it ended too; a rank of a server that died died
+        with it (SIGKILL)."""
         try:
             self._drain()
         except ServerFailed as exc:
             self.fail(str(exc))
-        if rank.pid in self._exits:
+        if rank.pid in self._exits and not rank.alive():
+            self._forked.discard(rank.pid)
             return self._exits.pop(rank.pid)
         if self._proc.poll() is not None and not rank.alive():
             return -signal.SIGKILL
@@ -184,17 +200,18 @@ class RankServer:
     def _drain(self) -> None:
         if self.broken is not None:
             return
-        while True:
+        for _ in range(DRAIN_MAX):
             doc = self._receive(0.0)
             if doc is None:
                 return
             self._note(doc)
 
     def _note(self, doc: dict[str, object]) -> bool:
-        """Record an exit message; False for anything else."""
+        """Record an exit message (of a rank it forked; others are not kept); False for anything else."""
         pid, code = doc.get("exited"), doc.get("code")
         if isinstance(pid, int) and isinstance(code, int):
-            self._exits[pid] = code
+            if pid in self._forked:
+                self._exits[pid] = code
             return True
         return False
 

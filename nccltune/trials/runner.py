@@ -488,6 +488,9 @@ class Runner:
         self.launch.stop([p for p in self._procs if isinstance(p, subprocess.Popen)])
         for p in self._procs:
             if p.poll() is None:
+                if isinstance(p, ForkedRank):
+                    p.kill()
+                    continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGKILL)
         for p in self._procs:
