@@ -1,9 +1,10 @@
 """Collective benchmark worker: one process per rank, torch.distributed, JSON lines on stdout.
 
 This file is executed by path with the interpreter configured as `bench.python`, which may be
-a cluster's own training environment without nccltune installed: it imports only the standard
-library, torch and nccltune/collectives.py (stdlib only, loaded by path from this file's package),
-and is the only module of nccltune that imports torch.
+a cluster's own training environment without nccltune installed, or loaded by path by the rank
+server (rankserver.py), which forks ranks that call `main`: it imports only the standard library,
+torch and nccltune/collectives.py (stdlib only, loaded by path from this file's package). It and
+the rank server are the only modules of nccltune that import torch.
 
 For each requested collective (`--collectives`, default all_reduce) and message size it runs
 warm-up and timed iterations and reports time, algbw and busbw with nccl-tests' definitions of
