@@ -5,8 +5,8 @@ candidate environment gets new processes: forked from the runner's rank server w
 (trials.forkedranks: torch imported once per sweep, not once per rank), else started by exec.
 All ranks of a trial run in their own process groups; on a timeout, a crash of any rank, Ctrl-C
 or an abort request, every group is killed. A failed trial is reported with its reason and the
-caller goes on. This is the only module that starts rank
-processes (through the rank server, which only forks what this module asks for).
+caller goes on. This is the only module that starts rank processes (through the rank server,
+which only forks what this module asks for).
 """
 
 from __future__ import annotations
@@ -311,8 +311,8 @@ class Runner:
 
         The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL; a forked one with the rank server,
         which dies with this process): a kill -9 of the sweep or the daemon must not leave ranks
-        holding the GPUs. It is also written to the rank record, so
-        that the next sweep ends it should the death signal not reach it (see reap_leftover_ranks).
+        holding the GPUs. It is also written to the rank record, so that the next sweep ends it
+        should the death signal not reach it (see reap_leftover_ranks).
         """
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
         # The child holds its own copies of these descriptors; ours close right away.
