@@ -36,23 +36,24 @@ def _parent_pid(stat_text: str) -> int | None:
     return _stat_field(stat_text, 4)
 
 
-def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:
-    """The process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
-    when there is no such process."""
+def _stat_of(pid: int, root: str | os.PathLike[str], number: int) -> int | None:
+    """Field `number` of /proc/<pid>/stat, or None when there is no such process."""
     try:
         text = (Path(root) / str(pid) / "stat").read_text(errors="replace")
     except OSError:
         return None
-    return _stat_field(text, 22)
+    return _stat_field(text, number)
+
+
+def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:
+    """The process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
+    when there is no such process."""
+    return _stat_of(pid, root, 22)
 
 
 def parent_pid(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:
     """The process's parent pid (field 4 of /proc/<pid>/stat), or None when there is no such process."""
-    try:
-        text = (Path(root) / str(pid) / "stat").read_text(errors="replace")
-    except OSError:
-        return None
-    return _parent_pid(text)
+    return _stat_of(pid, root, 4)
 
 
 def parent_pids(root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
