@@ -211,6 +211,20 @@ def _python_with_server(tmp_path: Path, server: str) -> str:
     return str(path)
 
 
+def _python_with_liar(tmp_path: Path, answer: str) -> str:
+    """An interpreter whose rank server says it is ready, then runs `answer` (Python, indented
+    once, with the socket `s`) for every request instead of forking the rank asked for."""
+    liar = tmp_path / "liar.py"
+    liar.write_text("import json, os, socket, sys, time\n"
+                    "s = socket.socket(fileno=int(sys.argv[1]))\n"
+                    "s.send(json.dumps({'ready': os.getpid()}).encode())\n"
+                    "while True:\n"
+                    "    data, fds, _f, _a = socket.recv_fds(s, 1 << 20, 4)\n"
+                    "    if not data:\n"
+                    "        break\n" + answer)
+    return _python_with_server(tmp_path, f'exec {shlex.quote(sys.executable)} -I {shlex.quote(str(liar))} "$1"')
+
+
 def test_a_server_that_cannot_start_leaves_the_ranks_to_exec(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     python = _python_with_server(tmp_path, 'echo "no torch here" >&2; exit 4')
     runner, watch = _watched(tmp_path, python=python)
@@ -226,17 +240,7 @@ def test_a_pid_the_server_names_is_used_only_when_it_is_its_own(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A server that names init as the rank it forked: the runner takes nothing of it (no signal
     to pid 1 or its group, no wait on it), ends the server and starts the ranks by exec."""
-    liar = tmp_path / "liar.py"
-    liar.write_text(
-        "import json, os, socket, sys\n"
-        "s = socket.socket(fileno=int(sys.argv[1]))\n"
-        "s.send(json.dumps({'ready': os.getpid()}).encode())\n"
-        "while True:\n"
-        "    data, fds, _f, _a = socket.recv_fds(s, 1 << 20, 3)\n"
-        "    if not data:\n"
-        "        break\n"
-        "    s.send(json.dumps({'started': 1}).encode())\n")
-    python = _python_with_server(tmp_path, f'exec {shlex.quote(sys.executable)} -I {shlex.quote(str(liar))} "$1"')
+    python = _python_with_liar(tmp_path, "    s.send(json.dumps({'started': 1}).encode())\n")
     runner, watch = _watched(tmp_path, python=python)
     result = _run(runner)
     assert result.status == "ok", result.reason
@@ -249,23 +253,14 @@ def test_a_pid_the_server_names_is_used_only_when_it_is_its_own(tmp_path: Path,
 def test_a_rank_the_server_says_has_ended_counts_as_running_while_it_runs(tmp_path: Path) -> None:
     """A server that forks a real child, names it, and says at once that it exited with status 0:
     the runner goes by the process (its pidfd), so the trial times out and the child is killed."""
-    liar = tmp_path / "liar.py"
-    liar.write_text(
-        "import json, os, socket, sys, time\n"
-        "s = socket.socket(fileno=int(sys.argv[1]))\n"
-        "s.send(json.dumps({'ready': os.getpid()}).encode())\n"
-        "while True:\n"
-        "    data, fds, _f, _a = socket.recv_fds(s, 1 << 20, 4)\n"
-        "    if not data:\n"
-        "        break\n"
-        "    pid = os.fork()\n"
-        "    if pid == 0:\n"
-        "        time.sleep(120)\n"
-        "        os._exit(0)\n"
-        "    s.send(json.dumps({'started': pid}).encode())\n"
-        "    s.send(json.dumps({'exited': pid, 'code': 0}).encode())\n"
-        "    s.send(json.dumps({'exited': 1, 'code': 0}).encode())\n")
-    python = _python_with_server(tmp_path, f'exec {shlex.quote(sys.executable)} -I {shlex.quote(str(liar))} "$1"')
+    python = _python_with_liar(tmp_path,
+                               "    pid = os.fork()\n"
+                               "    if pid == 0:\n"
+                               "        time.sleep(120)\n"
+                               "        os._exit(0)\n"
+                               "    s.send(json.dumps({'started': pid}).encode())\n"
+                               "    s.send(json.dumps({'exited': pid, 'code': 0}).encode())\n"
+                               "    s.send(json.dumps({'exited': 1, 'code': 0}).encode())\n")
     runner, watch = _watched(tmp_path, python=python, timeout_s=3)
     result = _run(runner)
     assert result.status == "timeout", result.reason
