@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -17,9 +18,9 @@ from nccltune.cli import main
 from nccltune.config import Config, parse_config, with_overrides
 from nccltune.node import load_node
 from nccltune.pipeline.planning import workload
-from nccltune.sweep import profiles
+from nccltune.sweep import decision, profiles
 from nccltune.sweep.plan import Plan
-from nccltune.sweep.select import MiB, SizeStats, judge, size_stats
+from nccltune.sweep.select import MiB
 from nccltune.sweep.strategy import Search, Settings
 
 LADDER = [65536 * 4**i for i in range(8)]  # 64 KiB .. 1 GiB
@@ -130,20 +131,23 @@ def test_the_same_setting_is_published_under_ddp() -> None:
 
 def test_one_slower_collective_vetoes_a_gain_of_the_others() -> None:
     """Judged directly: all_reduce 10% faster, all_gather 5% slower at one size, reduce_scatter
-    unchanged; the weighted gain is positive, the verdict is no, and the reason names the size."""
-    def stats(v: float) -> SizeStats:
-        return size_stats([{("x", 1): v}, {("x", 1): v}])[("x", 1)]
-
+    unchanged, in three paired rounds; the weighted gain is positive, the verdict is no, and the
+    reason names the size."""
     keys = [(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in (MiB, 16 * MiB)]
-    base = {k: stats(100.0) for k in keys}
-    cand = {k: stats(110.0 if k[0] == "all_reduce" else 95.0 if k == ("all_gather", MiB) else 100.0) for k in keys}
-    verdict = judge(cand, base, {k: 1.0 for k in keys}, min_gain_pct=1.0, max_regression_pct=2.0)
-    assert verdict.gain_pct > 0 and not verdict.eligible
+
+    def ratio(k: tuple[str, int]) -> float:
+        return 1.10 if k[0] == "all_reduce" else 0.95 if k == ("all_gather", MiB) else 1.0
+
+    blocks = [{k: math.log(ratio(k)) + jitter for k in keys} for jitter in (-0.002, 0.0, 0.002)]
+    ev = decision.Evidence((tuple(blocks),))
+    rule = decision.Rule(1.0, 2.0)
+    verdict = decision.judge(ev, {k: 1.0 for k in keys}, rule)
+    assert verdict.gain_pct > 0 and not verdict.eligible and verdict.status == decision.LOSE
     assert verdict.regressions == [(("all_gather", MiB), pytest.approx(0.95))]
     assert "worst all_gather 1MiB: x0.950" in verdict.reason
     # Without all_gather in the profile's weights, the same numbers are a gain worth publishing.
     ddp = {k: (1.0 if k[0] == "all_reduce" else 0.0) for k in keys}
-    assert judge(cand, base, ddp, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+    assert decision.judge(ev, ddp, rule).eligible
 
 
 # -- the plan shows the collectives, their sizes and the time -----------------------------------

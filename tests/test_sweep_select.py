@@ -1,4 +1,4 @@
-"""Selection arithmetic: per-size statistics, profile weights, gains and the publish verdict."""
+"""Selection arithmetic: per-size statistics, profile weights, gains and the screening verdict."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from nccltune.sweep.select import (
     MiB,
     SizeStats,
     d2,
-    judge,
     profile_weights,
+    screen,
     screening_gain_pct,
-    size_margin,
     size_stats,
     t_quantile,
     weighted_gain_pct,
@@ -114,8 +113,8 @@ def _scaled(factor: dict[int, float] | float) -> dict[int, float]:
     return {s: v * (factor if isinstance(factor, float) else factor.get(s, 1.0)) for s, v in BASE.items()}
 
 
-def test_judge_accepts_five_percent_everywhere() -> None:
-    v = judge(_const(_scaled(1.05), 0.5), _const(BASE, 0.5), {s: 1.0 for s in BASE},
+def test_screen_accepts_five_percent_everywhere() -> None:
+    v = screen(_const(_scaled(1.05), 0.5), _const(BASE, 0.5), {s: 1.0 for s in BASE},
               min_gain_pct=1.0, max_regression_pct=2.0)
     assert v.eligible and v.gain_pct == pytest.approx(5.0)
     assert v.threshold_pct == pytest.approx(1.0)
@@ -124,16 +123,16 @@ def test_judge_accepts_five_percent_everywhere() -> None:
     assert "beyond the noise" in v.reason
 
 
-def test_judge_counts_a_gain_only_beyond_each_sizes_noise() -> None:
+def test_screen_counts_a_gain_only_beyond_each_sizes_noise() -> None:
     # A 3% gain over defaults that vary by 4%: nothing of it is beyond the noise, not publishable.
-    v = judge(_const(_scaled(1.03), 1.0), _const(BASE, 4.0), {s: 1.0 for s in BASE},
+    v = screen(_const(_scaled(1.03), 1.0), _const(BASE, 4.0), {s: 1.0 for s in BASE},
               min_gain_pct=1.0, max_regression_pct=2.0)
     assert not v.eligible
     assert v.robust_gain_pct == pytest.approx(0.0)
     assert v.threshold_pct == pytest.approx(1.0)
     assert "not above the minimum" in v.reason
     # Same numbers with quiet defaults: publishable.
-    assert judge(_const(_scaled(1.03), 1.0), _const(BASE, 0.5), {s: 1.0 for s in BASE},
+    assert screen(_const(_scaled(1.03), 1.0), _const(BASE, 0.5), {s: 1.0 for s in BASE},
                  min_gain_pct=1.0, max_regression_pct=2.0).eligible
 
 
@@ -142,19 +141,19 @@ def test_one_noisy_size_neither_vetoes_nor_carries_a_gain() -> None:
     noisy = {s: (20.0 if s == 4096 else 0.3) for s in BASE}
     base = {s: SizeStats(s, m, m * (1 - noisy[s] / 100), m * (1 + noisy[s] / 100), 3) for s, m in BASE.items()}
     factors = {4096: 0.9, 65536: 1.04, MiB: 1.04, 64 * MiB: 1.04}
-    v = judge(_const(_scaled(factors), 0.3), base, {s: 1.0 for s in BASE}, min_gain_pct=1.0,
+    v = screen(_const(_scaled(factors), 0.3), base, {s: 1.0 for s in BASE}, min_gain_pct=1.0,
               max_regression_pct=2.0)
     assert v.eligible, v.reason
     assert not v.regressions  # 10% slower at a size that varies by 20% is not a measured regression
     # The noisy size alone cannot make a candidate publishable.
     only_noise = {4096: 1.15, 65536: 1.0, MiB: 1.0, 64 * MiB: 1.0}
-    assert not judge(_const(_scaled(only_noise), 0.3), base, {s: 1.0 for s in BASE}, min_gain_pct=1.0,
+    assert not screen(_const(_scaled(only_noise), 0.3), base, {s: 1.0 for s in BASE}, min_gain_pct=1.0,
                      max_regression_pct=2.0).eligible
 
 
-def test_judge_rejects_a_regression_at_a_quiet_size_even_with_a_big_gain() -> None:
+def test_screen_rejects_a_regression_at_a_quiet_size_even_with_a_big_gain() -> None:
     cand = _const(_scaled({65536: 0.95, MiB: 1.2, 64 * MiB: 1.2}), 0.3)
-    v = judge(cand, _const(BASE, 0.3), {s: 1.0 for s in BASE}, min_gain_pct=1.0, max_regression_pct=2.0)
+    v = screen(cand, _const(BASE, 0.3), {s: 1.0 for s in BASE}, min_gain_pct=1.0, max_regression_pct=2.0)
     assert v.gain_pct > 5
     assert not v.eligible
     assert [size for size, _ratio in v.regressions] == [65536]
@@ -162,31 +161,31 @@ def test_judge_rejects_a_regression_at_a_quiet_size_even_with_a_big_gain() -> No
     assert "1 size(s) slower" in v.reason and "64KiB" in v.reason
 
 
-def test_judge_allows_a_regression_inside_the_noise_or_the_allowance() -> None:
+def test_screen_allows_a_regression_inside_the_noise_or_the_allowance() -> None:
     weights = {s: 1.0 for s in BASE}
     # 5% slower where the defaults vary by 6%: noise, not a regression.
     base = _const(BASE, 0.3)
     base[4096] = SizeStats(4096, 10.0, 9.4, 10.6, 3)
     cand = _const(_scaled({4096: 0.95, MiB: 1.1, 64 * MiB: 1.1}), 0.3)
-    assert judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+    assert screen(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
     # 1.5% slower at a quiet size: within the 2% allowance; 3% is not.
     quiet = _const(BASE, 0.3)
     ok = _const(_scaled({4096: 0.985, MiB: 1.1, 64 * MiB: 1.1}), 0.3)
     bad = _const(_scaled({4096: 0.97, MiB: 1.1, 64 * MiB: 1.1}), 0.3)
-    assert judge(ok, quiet, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
-    assert not judge(bad, quiet, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+    assert screen(ok, quiet, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+    assert not screen(bad, quiet, weights, min_gain_pct=1.0, max_regression_pct=2.0).eligible
 
 
-def test_judge_ignores_sizes_outside_the_profile() -> None:
+def test_screen_ignores_sizes_outside_the_profile() -> None:
     cand = _const(_scaled({4096: 0.8, 64 * MiB: 1.1}), 0.3)
-    v = judge(cand, _const(BASE, 0.3), {4096: 0.0, 65536: 0.0, MiB: 0.0, 64 * MiB: 1.0},
+    v = screen(cand, _const(BASE, 0.3), {4096: 0.0, 65536: 0.0, MiB: 0.0, 64 * MiB: 1.0},
               min_gain_pct=1.0, max_regression_pct=2.0)
     assert v.eligible and v.gain_pct == pytest.approx(10.0)
 
 
-def test_judge_needs_every_weighted_size() -> None:
+def test_screen_needs_every_weighted_size() -> None:
     cand = _const({s: v * 1.1 for s, v in BASE.items() if s != MiB}, 0.3)
-    v = judge(cand, _const(BASE, 0.3), {s: 1.0 for s in BASE}, min_gain_pct=1.0, max_regression_pct=2.0)
+    v = screen(cand, _const(BASE, 0.3), {s: 1.0 for s in BASE}, min_gain_pct=1.0, max_regression_pct=2.0)
     assert not v.eligible and "no result at 1 size(s)" in v.reason
 
 
@@ -194,9 +193,9 @@ def test_no_slower_is_not_evidence_for_any_candidate() -> None:
     """Equal to the defaults is what a backend that ignores NCCL's variables measures for every
     candidate: never published, the topology file alone included."""
     weights = {s: 1.0 for s in BASE}
-    same = judge(_const(BASE, 0.3), _const(BASE, 0.3), weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    same = screen(_const(BASE, 0.3), _const(BASE, 0.3), weights, min_gain_pct=1.0, max_regression_pct=2.0)
     assert not same.eligible and same.reason.startswith("the medians are no faster overall (gain +0.00%)")
-    slower = judge(_const(_scaled(0.9), 0.3), _const(BASE, 0.3), weights, min_gain_pct=1.0, max_regression_pct=2.0)
+    slower = screen(_const(_scaled(0.9), 0.3), _const(BASE, 0.3), weights, min_gain_pct=1.0, max_regression_pct=2.0)
     assert not slower.eligible and len(slower.regressions) == len(BASE)
 
 def test_a_loss_hidden_in_the_noise_of_small_sizes_is_not_published() -> None:
@@ -208,7 +207,7 @@ def test_a_loss_hidden_in_the_noise_of_small_sizes_is_not_published() -> None:
     cand_medians = {4096: 66.0, 65536: 68.0, MiB: 104.0, 16 * MiB: 104.0, 64 * MiB: 104.0, 256 * MiB: 104.0}
     cand = {s: SizeStats(s, m, m * (1 - noise[s] / 100), m * (1 + noise[s] / 100), 3)
             for s, m in cand_medians.items()}
-    v = judge(cand, base, {s: 1.0 for s in LADDER}, min_gain_pct=1.0, max_regression_pct=2.0)
+    v = screen(cand, base, {s: 1.0 for s in LADDER}, min_gain_pct=1.0, max_regression_pct=2.0)
     assert v.robust_gain_pct > 1.0  # the shrunk estimate alone would have published it
     assert v.gain_pct < 0
     assert not v.eligible
@@ -217,7 +216,7 @@ def test_a_loss_hidden_in_the_noise_of_small_sizes_is_not_published() -> None:
     cand_medians.update({4096: 97.0, 65536: 101.0})
     cand = {s: SizeStats(s, m, m * (1 - noise[s] / 100), m * (1 + noise[s] / 100), 3)
             for s, m in cand_medians.items()}
-    assert judge(cand, base, {s: 1.0 for s in LADDER}, min_gain_pct=1.0, max_regression_pct=2.0).eligible
+    assert screen(cand, base, {s: 1.0 for s in LADDER}, min_gain_pct=1.0, max_regression_pct=2.0).eligible
 
 
 # -- the sample-size rule ----------------------------------------------------------------------------
@@ -232,85 +231,9 @@ def test_t_quantiles_and_d2_match_the_tables() -> None:
         t_quantile(0.95, 0)
 
 
-def test_the_bar_per_size_follows_the_numbers_of_runs() -> None:
-    # Equal runs on both sides with the same spread: the bar in standard deviations shrinks from
-    # 2.92 (two runs each) to 1.10 (eight each), as the module docstring says.
-    def bar(n: int) -> float:
-        side = SizeStats(MiB, 100.0, 99.0, 101.0, n, log_sd=0.01)
-        margin = size_margin(side, side)
-        assert margin is not None
-        return margin / 0.01
-
-    assert [round(bar(n), 2) for n in (2, 3, 5, 8)] == [2.92, 2.18, 1.47, 1.10]
-    # One run on either side bounds nothing.
-    one = SizeStats(MiB, 100.0, 100.0, 100.0, 1)
-    assert size_margin(one, SizeStats(MiB, 100.0, 99.0, 101.0, 3)) is None
-    assert size_margin(SizeStats(MiB, 100.0, 99.0, 101.0, 3), one) is None
+def test_a_spread_from_the_range_or_from_the_runs() -> None:
     # Without the runs, the spread comes from the range: ln(high/low) / d2(n).
     ranged = SizeStats(MiB, 100.0, 90.0, 110.0, 3)
     assert ranged.spread_log == pytest.approx(math.log(110 / 90) / 1.693)
     assert size_stats([{MiB: 90.0}, {MiB: 110.0}])[MiB].log_sd == pytest.approx(
         math.log(110 / 90) / math.sqrt(2))
-
-
-def _demo_like() -> tuple[dict[int, SizeStats], dict[int, SizeStats], dict[int, float]]:
-    """The CPU demo's false positive: defaults run 2 + 1 times, one run of the finalist, which
-    happened to land more than twice as fast as the defaults' median at every size."""
-    sizes = [4096, 65536, MiB, 4 * MiB]
-    base_runs = [{s: 1.0 for s in sizes}, {s: 1.5 for s in sizes}, {s: 0.8 for s in sizes}]
-    cand_runs = [{s: 2.6 for s in sizes}]
-    return size_stats(cand_runs), size_stats(base_runs), {s: 1.0 for s in sizes}
-
-
-def test_one_finalist_run_against_three_of_the_defaults_is_not_published() -> None:
-    cand, base, weights = _demo_like()
-    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
-    # What the noise-aware gain alone made of it: +160%, and well beyond the noise.
-    assert v.gain_pct == pytest.approx(160.0)
-    assert v.robust_gain_pct > 70.0
-    assert not v.eligible and v.too_few_runs
-    assert v.supported_gain_pct is None and v.runs == (1, 3)
-    assert v.reason.startswith("1 finalist sample: cannot show a gain beyond noise")
-    # One working run of the defaults is refused the same way, whatever the finalist has.
-    cand2 = size_stats([{s: 2.6 for s in weights}, {s: 2.7 for s in weights}])
-    v = judge(cand2, size_stats([{s: 1.0 for s in weights}]), weights, min_gain_pct=1.0, max_regression_pct=2.0)
-    assert not v.eligible and v.too_few_runs and v.reason.startswith("1 sample of the defaults")
-
-
-def test_a_big_gain_from_two_runs_with_a_wide_spread_is_not_published() -> None:
-    # Two runs of the finalist 20% apart, three of the defaults: the medians say +65% and the
-    # half-ranges leave +40% of it, but two runs give Welch's t one degree of freedom.
-    sizes = [65536, MiB, 4 * MiB]
-    weights = {s: 1.0 for s in sizes}
-    base = size_stats([{s: 1.0 for s in sizes}, {s: 1.1 for s in sizes}, {s: 0.95 for s in sizes}])
-    cand = size_stats([{s: 1.5 for s in sizes}, {s: 1.8 for s in sizes}])
-    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
-    assert v.gain_pct == pytest.approx(65.0) and v.robust_gain_pct > 30.0
-    assert not v.eligible and not v.too_few_runs
-    assert v.supported_gain_pct == pytest.approx(0.0)
-    assert "at 95% confidence with 2 runs against 3 of the defaults" in v.reason
-
-
-def test_a_large_consistent_gain_with_three_runs_is_still_published() -> None:
-    sizes = [65536, MiB, 4 * MiB, 64 * MiB]
-    weights = {s: 1.0 for s in sizes}
-    base = size_stats([{s: v for s in sizes} for v in (100.0, 101.0, 99.5, 100.5, 99.0, 100.2)])
-    cand = size_stats([{s: v for s in sizes} for v in (110.0, 111.0, 109.5)])
-    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
-    assert v.eligible, v.reason
-    assert v.runs == (3, 6)
-    assert v.supported_gain_pct is not None and 8.0 < v.supported_gain_pct < v.gain_pct
-    assert "at 95% confidence with 3 runs against 6 of the defaults" in v.reason
-    # The same gain with only two runs of each is publishable too, at a lower supported gain.
-    small = judge(size_stats([{s: v for s in sizes} for v in (110.0, 111.0)]),
-                  size_stats([{s: v for s in sizes} for v in (100.0, 101.0)]), weights,
-                  min_gain_pct=1.0, max_regression_pct=2.0)
-    assert small.eligible and small.supported_gain_pct is not None
-    assert small.supported_gain_pct < v.supported_gain_pct
-
-
-def test_one_run_of_the_topology_file_alone_is_refused_like_any_candidate() -> None:
-    cand, base, weights = _demo_like()
-    v = judge(cand, base, weights, min_gain_pct=1.0, max_regression_pct=2.0)
-    assert not v.eligible and v.too_few_runs
-

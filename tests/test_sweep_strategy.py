@@ -351,7 +351,7 @@ def test_two_finalist_runs_can_publish_a_consistent_gain() -> None:
     result = search({"NCCL_ALGO": ["Tree"]}, bench, baseline_repeats=2, finalist_repeats=2, max_finalists=1).run()
     assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree"}
     assert result.chosen is not None and result.chosen.verdict is not None
-    assert result.chosen.verdict.runs == (2, 4)
+    assert result.chosen.verdict.pairs == 2
     assert result.notes == []
 
 
@@ -361,4 +361,5 @@ def test_a_finalist_left_with_one_run_by_failures_is_noted() -> None:
     result = search({"NCCL_ALGO": ["Tree"]}, bench, finalist_repeats=2).run()
     assert chosen_env(result) in (None, COMMON)
     assert len(result.notes) == 1
-    assert result.notes[0].startswith("NCCL_ALGO=Tree: 1 finalist sample: cannot show a gain beyond noise")
+    assert result.notes[0].startswith("NCCL_ALGO=Tree: 1 finalist sample paired with the defaults: cannot show a "
+                                      "gain beyond noise")

@@ -195,6 +195,9 @@ class SweepConfig:
     strategy: Strategy = "staged"
     baseline_repeats: int = _setting(3, ge=2, why="the run-to-run noise needs at least two runs")
     finalist_repeats: int = _setting(3, ge=1)
+    # The sequential final check's ceiling: rounds are added up to this many only while a finalist
+    # is undecided (below finalist_repeats: no rounds are added).
+    max_finalist_repeats: int = _setting(8, ge=1)
     max_finalists: int = _setting(3, ge=1)
     pin: dict[str, str] = field(default_factory=dict)
     unpin: list[str] = field(default_factory=list)

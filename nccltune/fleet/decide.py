@@ -28,6 +28,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ from .. import __version__
 from ..errors import InputError, UsageError
 from ..files.inputfile import parse_json, read_input_file
 from ..records import ALL_REDUCE, Measurement
-from ..sweep import profiles
+from ..sweep import decision, profiles
+from ..sweep.decision import Verdict, against_mean, log_ratios
 from ..sweep.pertable import (
     STEERED,
     TRIAL_LABEL,
@@ -50,7 +52,7 @@ from ..sweep.pertable import (
     table_entries,
     table_inputs,
 )
-from ..sweep.select import Key, SizeStats, Verdict, judge, key_label, size_stats
+from ..sweep.select import Key, SizeStats, key_label, size_stats
 from ..sweep.strategy import CARRIED, label_of
 from ..topology.nodeclass import class_id_of, describe_difference
 from .export import EXPORT_KIND
@@ -174,6 +176,8 @@ class _Candidate:
     label: str
     runs: list[dict[Key, float]] = field(default_factory=list)
     nodes: set[str] = field(default_factory=set)
+    # node -> its pairs (each trial with the defaults' run of its round: decision.Evidence's units)
+    units: dict[str, list[dict[Key, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -182,6 +186,7 @@ class _PerSize:
 
     runs: list[list[Measurement]] = field(default_factory=list)
     nodes: set[str] = field(default_factory=set)
+    by_node: dict[str, list[dict[Key, float]]] = field(default_factory=dict)  # node -> its trials' busbw
 
 
 @dataclass
@@ -196,12 +201,26 @@ class Pool:
     baseline_measurements: list[list[Measurement]] = field(default_factory=list)  # what NCCL's log showed
     baseline_channels: list[int] = field(default_factory=list)  # the defaults' channel count, per trial logged
     per_size: dict[SizeCandidate, _PerSize] = field(default_factory=dict)
+    baseline_by_node: dict[str, list[dict[Key, float]]] = field(default_factory=dict)
+
+
+def _round_partner(trials: Sequence[Mapping[str, Any]], i: int) -> int | None:
+    """The index of the defaults' trial that pairs with candidate trial `i` of one run (trials in
+    the run's order): the next ok baseline trial (an interleaved round ends with the defaults),
+    else the last one before it."""
+    after = next((j for j in range(i + 1, len(trials)) if trials[j]["phase"] == "baseline"
+                  and trials[j]["status"] == "ok"), None)
+    if after is not None:
+        return after
+    return next((j for j in range(i - 1, -1, -1) if trials[j]["phase"] == "baseline"
+                 and trials[j]["status"] == "ok"), None)
 
 
 def pool(exports: Sequence[Export]) -> Pool:
     """All ok baseline, finalist and per-size trials of all nodes, the candidates keyed by
     environment, the per-size ones by candidate."""
     base: list[dict[Key, float]] = []
+    base_by_node: dict[str, list[dict[Key, float]]] = {}
     base_measurements: list[list[Measurement]] = []
     base_channels: list[int] = []
     per_size: dict[SizeCandidate, _PerSize] = {}
@@ -218,7 +237,8 @@ def pool(exports: Sequence[Export]) -> Pool:
             backends.add(run["backend"])
             if run["nranks"] is not None:
                 nranks.setdefault(int(run["nranks"]), f"{e.path} run {run['id']}")
-            for t in run["trials"]:
+            trials = sorted(run["trials"], key=lambda t: int(t["seq"]))
+            for i, t in enumerate(trials):
                 if t["status"] != "ok":
                     continue
                 measured = _measurements(t)
@@ -227,6 +247,7 @@ def pool(exports: Sequence[Export]) -> Pool:
                     continue
                 if t["phase"] == "baseline":
                     base.append(values)
+                    base_by_node.setdefault(e.name, []).append(values)
                     base_measurements.append(measured)
                     if t.get("coll_channels"):
                         base_channels.append(int(t["coll_channels"]))
@@ -245,6 +266,7 @@ def pool(exports: Sequence[Export]) -> Pool:
                     got = per_size.setdefault(size_cand, _PerSize())
                     got.runs.append(measured)
                     got.nodes.add(e.name)
+                    got.by_node.setdefault(e.name, []).append(values)
                     n_cand += 1
                 elif t["phase"] in CANDIDATE_PHASES and not any(v in t["env"] for v in TUNER_VARS):
                     env = {k: v for k, v in t["env"].items() if k != TOPO_FILE}
@@ -253,6 +275,11 @@ def pool(exports: Sequence[Export]) -> Pool:
                     cand = cands.setdefault(key, _Candidate(env, topo_file, label_of(t["env"])))
                     cand.runs.append(values)
                     cand.nodes.add(e.name)
+                    partner = _round_partner(trials, i)
+                    pair = log_ratios(values, _busbw(_measurements(trials[partner]))) if partner is not None else {}
+                    cand.units.setdefault(e.name, [])
+                    if pair:
+                        cand.units[e.name].append(pair)
                     n_cand += 1
         per_node.append({"hostname": e.doc["hostname"], "topology_fingerprint": e.doc["topology_fingerprint"],
                          "export": e.path.name, "export_sha256": e.sha256,
@@ -263,7 +290,7 @@ def pool(exports: Sequence[Export]) -> Pool:
                          "do not measure the same job shape", hint="sweep every node with the same bench settings")
     ranks = next(iter(nranks)) if nranks else int(exports[0].doc["node_class"]["facts"]["gpu_count"]) or 1
     return Pool(base, cands, per_node, profiles, backends, ranks, {k: v for k, (v, _) in policy.items()},
-                base_measurements, base_channels, per_size)
+                base_measurements, base_channels, per_size, base_by_node)
 
 
 def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
@@ -369,6 +396,62 @@ def _size_doc(st: SizeStats, base: SizeStats | None = None) -> dict[str, Any]:
     return doc
 
 
+# The outlier rule at decide time: a node whose own defaults are far from its class's is left out
+# of the pool (a broken link, a throttled GPU, a mis-set BIOS: it measures that node, not the class).
+OUTLIER_MIN_NODES = 3  # with two nodes nothing says which one is off
+OUTLIER_MIN_PCT = 10.0  # never flag a node within this of the class's median node ...
+OUTLIER_SPREAD = 4.0  # ... nor within this many robust standard deviations of the class's nodes
+
+
+@dataclass(frozen=True)
+class Outlier:
+    hostname: str
+    export: str
+    ratio: float  # the node's defaults over the class's median node, profile-weighted (geometric)
+    sizes: list[tuple[Key, float]]  # the weighted keys where the node alone is beyond OUTLIER_MIN_PCT
+
+    def doc(self) -> dict[str, Any]:
+        return {"hostname": self.hostname, "export": self.export, "ratio": round(self.ratio, 4),
+                "sizes": [{"collective": c, "size_bytes": sz, "ratio": round(r, 4)} for (c, sz), r in self.sizes]}
+
+
+def find_outliers(exports: Sequence[Export], pooled: Pool, weights: Mapping[Key, float]) -> list[Outlier]:
+    """The nodes far from their class on NCCL's defaults themselves: the profile-weighted geometric
+    mean of a node's median over the class's median node (per key, the median of the nodes' medians)
+    more than OUTLIER_MIN_PCT away and more than OUTLIER_SPREAD robust standard deviations (1.4826
+    times the median absolute deviation of the nodes' log ratios) from the class's median node.
+    Needs OUTLIER_MIN_NODES nodes."""
+    medians = {name: {k: statistics.median(r[k] for r in runs if k in r) for k in {k for r in runs for k in r}}
+               for name, runs in pooled.baseline_by_node.items()}
+    if len(medians) < OUTLIER_MIN_NODES:
+        return []
+    keys = [k for k, w in weights.items() if w > 0]
+    centre = {k: statistics.median(m[k] for m in medians.values() if k in m) for k in keys
+              if any(k in m for m in medians.values())}
+    scores: dict[str, float] = {}
+    for name, m in medians.items():
+        terms = [(weights[k], math.log(m[k] / centre[k])) for k in keys if k in m and k in centre
+                 and m[k] > 0 and centre[k] > 0]
+        total = sum(w for w, _x in terms)
+        if total > 0:
+            scores[name] = sum(w * x for w, x in terms) / total
+    if len(scores) < OUTLIER_MIN_NODES:
+        return []
+    mid = statistics.median(scores.values())
+    spread = 1.4826 * statistics.median(abs(x - mid) for x in scores.values())
+    bar = max(math.log1p(OUTLIER_MIN_PCT / 100.0), OUTLIER_SPREAD * spread)
+    by_name = {e.name: e for e in exports}
+    out = []
+    for name, score in sorted(scores.items()):
+        if abs(score - mid) <= bar:
+            continue
+        e = by_name[name]
+        sizes = [(k, medians[name][k] / centre[k]) for k in keys if k in medians[name] and k in centre
+                 and abs(math.log(medians[name][k] / centre[k])) > math.log1p(OUTLIER_MIN_PCT / 100.0)]
+        out.append(Outlier(str(e.doc["hostname"]), e.path.name, math.exp(score - mid), sorted(sizes)))
+    return out
+
+
 @dataclass(frozen=True)
 class Rules:
     profile: str
@@ -430,7 +513,18 @@ def _table(pooled: Pool, baseline: Mapping[Key, SizeStats], rules: Rules,
         evidence["notes"].append("the exports do not give the defaults' channel count (older exports, or NCCL's "
                                  "log not read): channel candidates are not placed")
     evidence["default_channels"] = default_channels
-    choice = choose_table(table_inputs(collectives, baseline, counted, pooled.baseline_measurements),
+    def pairs(cand: SizeCandidate, collective: str) -> dict[int, decision.Evidence[int]]:
+        """Per size, the candidate's run on each node against that node's runs of the defaults."""
+        def of(runs: Sequence[Mapping[Key, float]]) -> list[dict[int, float]]:
+            return [{sz: v for (c, sz), v in run.items() if c == collective} for run in runs]
+        units: dict[str, tuple[Mapping[int, float], ...]] = {
+            node: against_mean(of(runs), of(pooled.baseline_by_node.get(node, [])))
+            for node, runs in pooled.per_size[cand].by_node.items()}
+        sizes = sorted({sz for blocks in units.values() for b in blocks for sz in b})
+        return {sz: decision.evidence({node: [{sz: b[sz]} for b in blocks if sz in b]
+                                       for node, blocks in units.items()}) for sz in sizes}
+
+    choice = choose_table(table_inputs(collectives, baseline, counted, pooled.baseline_measurements, pairs=pairs),
                           default_channels=default_channels, min_gain_pct=rules.min_gain_pct,
                           max_regression_pct=rules.max_regression_pct, allow_raise=False, no_raise_reason=NO_RAISE,
                           final=True)
@@ -460,22 +554,36 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
     if not pooled.baseline_runs:
         raise InputError(str(exports[0].path), "no ok baseline trial in any export: nothing to compare with",
                          hint="export nodes after a finished sweep")
+    weights = _weights(rules, size_stats(pooled.baseline_runs))
+    outliers = find_outliers(exports, pooled, weights)
+    if outliers:
+        left_out = {o.export for o in outliers}
+        for o in outliers:
+            log.warning("%s: NCCL's defaults at x%.3f of the class's median node: left out of the pool", o.hostname,
+                        o.ratio)
+        exports = [e for e in exports if e.path.name not in left_out]
+        pooled = pool(exports)
     baseline = size_stats(pooled.baseline_runs)
     keys = sorted(baseline)
     weights = _weights(rules, baseline)
     all_nodes = {e.name for e in exports}
+    rule = decision.Rule(rules.min_gain_pct, rules.max_regression_pct)
     judged: list[tuple[_Candidate, Verdict[Key] | None, dict[Key, SizeStats], str]] = []
+    family: dict[str, decision.Evidence[Key]] = {}
+    for key in sorted(pooled.candidates):
+        cand = pooled.candidates[key]
+        if cand.nodes == all_nodes:
+            family[key] = decision.evidence(cand.units)
+    verdicts = decision.holm(family, weights, rule)
     for key in sorted(pooled.candidates):
         cand = pooled.candidates[key]
         stats = size_stats(cand.runs)
-        if cand.nodes != all_nodes:
+        if key not in verdicts:
             judged.append((cand, None, stats, f"measured on {len(cand.nodes)} of {len(all_nodes)} node(s); "
                                               "a class choice needs every node's samples"))
             continue
-        verdict = judge(stats, baseline, weights, min_gain_pct=rules.min_gain_pct,
-                        max_regression_pct=rules.max_regression_pct)
-        judged.append((cand, verdict, stats, verdict.reason))
-    # As the node's own sweep chooses: the best eligible candidate by the gain of its medians (the
+        judged.append((cand, verdicts[key], stats, verdicts[key].reason))
+    # As the node's own sweep chooses: the best eligible candidate by its estimated gain (the
     # topology file alone included: it too is published on a gain only).
     eligible = [(c, v) for c, v, _s, _r in judged if v is not None and v.eligible]
     chosen: tuple[_Candidate, Verdict[Key]] | None = None
@@ -489,6 +597,9 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         verdict_text = "no candidate beat NCCL's defaults on the pooled samples; the class keeps the defaults"
     else:
         verdict_text = f"{chosen[0].label}: {chosen[1].reason}"
+    if outliers:
+        verdict_text += (f" ({len(outliers)} node(s) left out of the pool, far from the class on NCCL's defaults: "
+                         + ", ".join(f"{o.hostname} x{o.ratio:.3f}" for o in outliers) + ")")
     shape = job_shape(exports, pooled.ranks_per_node)
     tuner_table, table_evidence = _table(pooled, baseline, rules, all_nodes, int(shape["measured_nnodes"]))
     if first["demo"]:
@@ -511,6 +622,10 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
                      "exporters": sorted({e.doc["versions"]["nccltune"] for e in exports})},
         "evidence": {
             "node_count": len(pooled.per_node),
+            "outliers": [o.doc() for o in outliers],
+            "outlier_rule": (f"left out: a node whose defaults, profile-weighted, are more than {OUTLIER_MIN_PCT:g}% "
+                             f"and more than {OUTLIER_SPREAD:g} robust standard deviations from the class's median "
+                             f"node (with {OUTLIER_MIN_NODES} nodes or more)"),
             "trials": {"baseline": sum(int(n["baseline_trials"]) for n in pooled.per_node),
                        "candidate": sum(int(n["candidate_trials"]) for n in pooled.per_node)},
             # Names the set of exports decided from, whatever part of it `nodes` lists.
@@ -526,7 +641,10 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
                 {"label": c.label, "env": dict(sorted(c.env.items())), "topology_file": c.topology_file,
                  "nodes": len(c.nodes), "eligible": bool(v and v.eligible), "reason": reason,
                  "gain_pct": None if v is None else round(v.gain_pct, 3),
-                 "robust_gain_pct": None if v is None else round(v.robust_gain_pct, 3),
+                 "lower_gain_pct": None if v is None or v.lower_pct is None else round(v.lower_pct, 3),
+                 "confidence_pct": None if v is None else round(v.confidence_pct, 3),
+                 "pairs": 0 if v is None else v.pairs,
+                 "status": "not judged" if v is None else v.status,
                  "per_size": [_size_doc(st, baseline.get(k)) for k, st in sorted(stats.items())]}
                 for c, v, stats, reason in judged
             ],

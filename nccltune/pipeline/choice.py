@@ -155,6 +155,6 @@ def _verdict_sentence(result: SearchResult, chosen: Finalist | None) -> str:
         return "Nothing beat NCCL's defaults beyond the measured noise: publishing the defaults."
     v = chosen.verdict
     what = "NCCL's defaults with nccltune's topology file" if chosen is result.topo_only else chosen.label
-    gain = (f"{v.gain_pct:+.2f}% ({v.robust_gain_pct:+.2f}% beyond the run-to-run noise at each size; "
-            f"minimum {v.threshold_pct:.2f}%)") if v else ""
+    gain = (f"{v.gain_pct:+.2f}% (at least {v.lower_pct or 0.0:+.2f}% at {v.confidence_pct:.1f}% confidence from "
+            f"{v.pairs} paired run(s); minimum {v.threshold_pct:.2f}%)") if v else ""
     return f"Publishing {what}: weighted gain {gain} over NCCL's defaults."

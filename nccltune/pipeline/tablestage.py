@@ -38,6 +38,7 @@ from ..config import Config
 from ..publish import atomic_write
 from ..records import Measurement, TrialResult
 from ..store import Phase
+from ..sweep import decision
 from ..sweep.pertable import (
     TRIAL_LABEL,
     SizeCandidate,
@@ -51,8 +52,8 @@ from ..sweep.pertable import (
     to_table,
 )
 from ..sweep.plan import Plan
-from ..sweep.select import Key, judge, size_stats
-from ..sweep.strategy import Finalist, SearchResult, label_of
+from ..sweep.select import Key
+from ..sweep.strategy import FinalCheck, Finalist, SearchResult, final_check, label_of
 from ..trials.session import TrialSession
 from ..tuner.build import BuildResult, build_plugin
 from ..tuner.table import TunerTable, render_table
@@ -100,6 +101,7 @@ class TableOutcome:
     env_only: Finalist | None = None
     publication: TablePublication | None = None  # None: nothing of the table is published
     notes: list[str] = field(default_factory=list)
+    final: FinalCheck = field(default_factory=FinalCheck)  # the final check, as it ran
 
     @property
     def active(self) -> bool:
@@ -135,6 +137,7 @@ class TableStage:
         # Every run of NCCL's defaults once the final check ran (the search's and the check's):
         # the defaults' medians the choice judged are those the report and the store show.
         self.baseline_runs: list[dict[Key, float]] | None = None
+        self.final = FinalCheck()
 
     def _trial(self, env: Mapping[str, str], phase: Phase, label: str) -> TrialResult | None:
         result = self.session.trial(env, phase, label)
@@ -202,7 +205,7 @@ class TableStage:
         whole = Finalist(whole_env, WHOLE_LABEL)
         env_only = Finalist(env_part, label_of(env_part))
         whole, env_only = self._final(result, [whole, env_only])
-        out.whole, out.env_only = whole, env_only
+        out.whole, out.env_only, out.final = whole, env_only, self.final
         out.chosen = _pick(whole, env_only)
         if out.chosen is whole:
             out.publication = TablePublication(text, out.build.path, self.fingerprint)
@@ -212,24 +215,25 @@ class TableStage:
         return out
 
     def _final(self, result: SearchResult, finalists: list[Finalist]) -> list[Finalist]:
-        """The final check: the finalists and the defaults, round-robin, judged over the profile."""
+        """The final check: the finalists and the defaults in interleaved rounds, judged over the
+        profile by the one decision rule, rounds added while a finalist is undecided
+        (sweep.strategy.final_check)."""
         base_runs = list(result.baseline_runs)
-        repeats = self.cfg.sweep.finalist_repeats
-        for r in range(repeats):
-            for f in finalists:
-                got = self._trial(f.env, "final", f"{f.label} #{r + 1}")
-                if got is not None:
-                    f.runs.append(got.busbw_by_key())
-            got = self._trial({}, "baseline", f"defaults (final check) #{r + 1}")
-            if got is not None:
+
+        def measure(f: Finalist | None, r: int) -> dict[Key, float] | None:
+            got = (self._trial(f.env, "final", f"{f.label} #{r + 1}") if f is not None else
+                   self._trial({}, "baseline", f"defaults (final check) #{r + 1}"))
+            if got is None:
+                return None
+            if f is None:
                 base_runs.append(got.busbw_by_key())
-        baseline = size_stats(base_runs)
+            return got.busbw_by_key()
+
+        s = self.cfg.sweep
+        self.final = final_check(finalists, measure, result.weights,
+                                 decision.Rule(s.min_gain_pct, s.max_regression_pct),
+                                 first=s.finalist_repeats, last=max(s.finalist_repeats, s.max_finalist_repeats))
         self.baseline_runs = base_runs
-        for f in finalists:
-            if f.runs:
-                f.stats = size_stats(f.runs)
-                f.verdict = judge(f.stats, baseline, result.weights, min_gain_pct=self.cfg.sweep.min_gain_pct,
-                                  max_regression_pct=self.cfg.sweep.max_regression_pct)
         return finalists
 
     def _default_channels(self) -> int | None:

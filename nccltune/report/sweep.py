@@ -268,7 +268,30 @@ def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[s
         "not_published": report.not_published,
         "pruned": pruned_list(report.plan),
         "tuner_table": _table_doc(report),
+        "decision": decision_doc(report),
     }
+
+
+def decision_doc(report: SweepReport) -> dict[str, Any] | None:
+    """How sure the sweep is of what it chose (sweep/decision.py): the chosen candidate's verdict, or
+    where the defaults stay, the best finalist's; the final check's rounds and trials."""
+    table = report.table
+    finalists = [f for f in ([table.whole, table.env_only] if table and table.final.looks else
+                             (report.result.finalists if report.result else [])) if f is not None]
+    final = table.final if table and table.final.looks else report.result.final if report.result else None
+    judged = [f for f in finalists if f.verdict is not None]
+    if not judged or final is None:
+        return None
+    chosen = next((f for f in judged if f.label == report.chosen_label and f.verdict and f.verdict.eligible), None)
+    shown = chosen or max(judged, key=lambda f: f.verdict.lower_pct if f.verdict and f.verdict.lower_pct is not None
+                          else float("-inf"))
+    v = shown.verdict
+    assert v is not None
+    return {"candidate": shown.label, "published": chosen is not None, "status": v.status,
+            "gain_pct": round(v.gain_pct, 3),
+            "lower_gain_pct": None if v.lower_pct is None else round(v.lower_pct, 3),
+            "confidence_pct": round(v.confidence_pct, 3), "pairs": v.pairs, "reason": v.reason,
+            "final_rounds": final.rounds, "final_trials": final.trials, "looks": list(final.looks)}
 
 
 def _table_doc(report: SweepReport) -> dict[str, Any] | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -52,7 +52,8 @@ from ..names import format_size
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..records import Measurement
 from ..tuner.table import TableEntry, TunerTable
-from .select import Key, SizeStats, judge, screen, size_stats
+from . import decision
+from .select import Key, SizeStats, screen, size_stats
 
 # NCCL's spelling in the environment, and the table's spelling (nccltune.tuner.table), per algorithm and protocol.
 ENV_ALGO = {"ring": "Ring", "tree": "Tree", "pat": "PAT", "nvls": "NVLS"}
@@ -314,6 +315,9 @@ class Measured:
     candidate: SizeCandidate
     stats: Mapping[int, SizeStats]
     used: Mapping[int, Seen] = field(default_factory=dict)
+    # Per size, the candidate's runs paired with the defaults on each node (a class decision's
+    # evidence, judged by sweep.decision); empty for a node's screening runs.
+    paired: Mapping[int, decision.Evidence[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -326,12 +330,17 @@ class CollectiveInput:
     default_used: Mapping[int, Seen] = field(default_factory=dict)
 
 
+Pairs = Callable[[SizeCandidate, str], Mapping[int, "decision.Evidence[int]"]]
+
+
 def table_inputs(collectives: Sequence[str], baseline: Mapping[Key, SizeStats],
                  candidates: Sequence[tuple[SizeCandidate, Sequence[Sequence[Measurement]]]],
-                 default_runs: Sequence[Sequence[Measurement]]) -> dict[str, CollectiveInput]:
+                 default_runs: Sequence[Sequence[Measurement]], *,
+                 pairs: Pairs | None = None) -> dict[str, CollectiveInput]:
     """Each steered collective's evidence (collective -> input) from whole trials: the defaults'
-    statistics keyed by (collective, size), each candidate's trials, the defaults' trials. A
-    candidate is evidence only for the collectives it applies to (SizeCandidate.applies_to)."""
+    statistics keyed by (collective, size), each candidate's trials, the defaults' trials, and for a
+    class decision `pairs(candidate, collective)`, its paired evidence per size. A candidate is
+    evidence only for the collectives it applies to (SizeCandidate.applies_to)."""
     out: dict[str, CollectiveInput] = {}
     for name in collectives:
         measured = []
@@ -342,7 +351,7 @@ def table_inputs(collectives: Sequence[str], baseline: Mapping[Key, SizeStats],
                       for run in runs]
             stats = size_stats([v for v in values if v])
             if stats:
-                measured.append(Measured(cand, stats, used_in(runs, name)))
+                measured.append(Measured(cand, stats, used_in(runs, name), pairs(cand, name) if pairs else {}))
         out[name] = CollectiveInput({s: st for (c, s), st in baseline.items() if c == name}, measured,
                                     used_in(default_runs, name))
     return out
@@ -394,29 +403,51 @@ class TableChoice:
         return next((p for p in self.parts if p.collective == collective), None)
 
 
+def _placeable(m: Measured, collective: str, default_channels: int | None) -> bool:
+    # A channel candidate is placed only against a known count: above or below the defaults'?
+    return m.candidate.applies_to(collective) and not (m.candidate.channels and not default_channels)
+
+
+def _class_tests(inputs: Mapping[str, CollectiveInput], default_channels: int | None, rule: decision.Rule
+                 ) -> dict[tuple[str, int, str], decision.Verdict[int]]:
+    """A class decision's test per (collective, size, candidate) on its paired evidence, at alpha."""
+    out: dict[tuple[str, int, str], decision.Verdict[int]] = {}
+    for collective, inp in inputs.items():
+        for size in sorted(inp.baseline):
+            for m in inp.measured:
+                ev = m.paired.get(size)
+                if ev is not None and _placeable(m, collective, default_channels):
+                    out[(collective, size, m.candidate.label)] = decision.judge(ev, {size: 1.0}, rule)
+    return out
+
+
 def _wins(inp: CollectiveInput, collective: str, default_channels: int | None, min_gain_pct: float,
-          max_regression_pct: float, final: bool) -> dict[int, SizeWin]:
-    """Per size, the candidate valid for this collective that beats the defaults by most beyond the
-    noise (on that size alone: select.screen, or select.judge where `final`)."""
-    rule = judge if final else screen
+          max_regression_pct: float, final: dict[tuple[str, int, str], str] | None) -> dict[int, SizeWin]:
+    """Per size, the candidate valid for this collective that beats the defaults by most: beyond the
+    noise of a node's screening run (select.screen; its final check judges the whole table), or,
+    for a class decision (`final`: the findings that stand, (collective, size, label) -> reason),
+    among those the class's paired runs show faster."""
     wins: dict[int, SizeWin] = {}
     for size in sorted(inp.baseline):
         base = inp.baseline[size]
         best: SizeWin | None = None
         for m in inp.measured:
             st = m.stats.get(size)
-            if st is None or base.median <= 0 or not m.candidate.applies_to(collective):
+            if st is None or base.median <= 0 or not _placeable(m, collective, default_channels):
                 continue
-            if m.candidate.channels and not default_channels:
-                continue  # above or below the defaults' count? Unknown, so it cannot be placed
-            # A node's sweep screens (one run per candidate; its final check judges the table with
-            # the bar for its runs); a class decision has no final check, so its pooled samples
-            # must carry that bar themselves.
-            v = rule({size: st}, {size: base}, {size: 1.0}, min_gain_pct=min_gain_pct,
-                     max_regression_pct=max_regression_pct)
+            if final is not None:
+                reason = final.get((collective, size, m.candidate.label))
+                if reason is None:
+                    continue
+            else:
+                v = screen({size: st}, {size: base}, {size: 1.0}, min_gain_pct=min_gain_pct,
+                           max_regression_pct=max_regression_pct)
+                if not v.eligible:
+                    continue
+                reason = v.reason
             ratio = st.median / base.median
-            if v.eligible and (best is None or ratio > best.ratio):
-                best = SizeWin(size, m.candidate, ratio, v.reason)
+            if best is None or ratio > best.ratio:
+                best = SizeWin(size, m.candidate, ratio, reason)
         if best is not None:
             wins[size] = best
     return wins
@@ -430,11 +461,24 @@ def choose_table(inputs: Mapping[str, CollectiveInput], *, default_channels: int
     which cannot carry a single-node part) drops a raise with `no_raise_reason`. `final`: no
     final check follows (a class decision), so each win needs the bar for its number of runs."""
     multi = len(inputs) > 1
+    standing: dict[tuple[str, int, str], str] | None = None
+    class_notes: list[str] = []
+    if final:
+        # Many candidates at many sizes: Benjamini-Hochberg over every test keeps the expected share
+        # of entries that are not really faster at alpha (sweep.decision).
+        tests = _class_tests(inputs, default_channels, decision.Rule(min_gain_pct, max_regression_pct))
+        stand = decision.false_discovery({"\0".join(map(str, k)): v.p_value if v.p_value is not None else 1.0
+                                          for k, v in tests.items()})
+        standing = {k: f"{v.reason} (one of {len(stand)} finding(s) standing among {len(tests)} tests, "
+                       f"Benjamini-Hochberg at {100 * decision.ALPHA:g}%)"
+                    for k, v in tests.items() if "\0".join(map(str, k)) in stand and v.gain_pct > 0}
+        if not tests:
+            class_notes.append("no per-size candidate has paired runs on two nodes or more: no entry can be judged")
     parts = [PerSizeChoice(sorted(inp.baseline),
-                           _wins(inp, name, default_channels, min_gain_pct, max_regression_pct, final), {},
+                           _wins(inp, name, default_channels, min_gain_pct, max_regression_pct, standing), {},
                            default_channels, collective=name)
              for name, inp in inputs.items()]
-    table = TableChoice(parts, default_channels)
+    table = TableChoice(parts, default_channels, notes=class_notes)
     above = {p.collective: [s for s, w in p.wins.items()
                             if default_channels and w.candidate.channels > default_channels] for p in parts}
     raise_to = max((p.wins[s].candidate.channels for p in parts for s in above[p.collective]), default=0)

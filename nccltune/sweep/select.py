@@ -1,45 +1,22 @@
-"""Noise-aware choice: per-size statistics, profile-weighted score, and the publish verdict.
+"""Per-size statistics, profile weights, and the screening verdict.
 
 Scores compare a candidate with NCCL's defaults size by size, as ratios, so that 64 KiB and
-1 GiB count by their profile weight and not by their raw GB/s. A candidate qualifies only when
-its weighted gain beats both the configured minimum and the measured run-to-run noise, the
-weighted gain of the plain medians is positive too, no size the profile cares about got
-slower than the allowed regression (beyond that size's noise), and the gain holds at 95%
-confidence for the number of runs behind it (the sample-size rule below).
+1 GiB count by their profile weight and not by their raw GB/s. What may be published is decided
+by the one decision rule on paired runs (sweep/decision.py); this module holds what that rule and
+the reports share (SizeStats, the t distribution, the profiles' weights) and the screen: is a
+candidate measured once worth measuring again? Screening counts each size's change only beyond
+the defaults' own spread there, refuses a candidate slower than the allowed regression beyond
+that spread at any weighted size, and asks for a weighted gain above the configured minimum;
+every screened winner is measured again, paired with the defaults, in a final check.
 
-The sample-size rule. The spread of a few runs is itself a noisy estimate: two runs of the same
-thing land less than one true standard deviation apart about half of the time, and their
-half-range is below a quarter of it more than one time in four. A bar set from the sample
-spread alone therefore lets noise through exactly when the repeats are fewest. So:
-
-* A candidate measured once is refused outright: one run says nothing about its own spread,
-  and its screening run cannot be reused, since it was picked for looking fast. Likewise when
-  only one run of the defaults worked. Every candidate, nccltune's topology file alone included,
-  is published on a gain and never on "no slower": on a backend that ignores NCCL's variables (the
-  CPU demo) every candidate equals the defaults, and whatever is "no slower" there is noise.
-* Otherwise, at each size, the log ratio of the medians counts only beyond a one-sided 95%
-  bound of Welch's t: t(0.95, df) * sqrt(c(n_d) s_d^2 / n_d + c(n_c) s_c^2 / n_c), where s is
-  each side's standard deviation of the log busbw, n its runs, df Welch's degrees of freedom
-  rounded down and never below the smaller side's n - 1, and c(n) = pi/2 for n >= 3 because
-  a median varies more than a mean (for n <= 2 the median is the mean). The profile-weighted
-  gain of what is left must be positive. Student's t is what accounts for the spread being
-  estimated: with 1 degree of freedom its 95% point is 6.31 standard errors, against 1.64 for
-  a known spread.
-
-  Equal runs on both sides, bar in standard deviations s (t(0.95, 2n-2) * sqrt(2c(n)/n)):
-  n = 2: 2.92 * 1.00 = 2.92 s;  n = 3: 2.13 * 1.02 = 2.18 s;  n = 5: 1.86 * 0.79 = 1.47 s;
-  n = 8: 1.76 * 0.63 = 1.10 s. The staged search's usual case, 3 finalist runs against 6 of
-  the defaults, gives df 4 and 2.13 * 0.89 = 1.89 s; 2 finalist runs against 4 of the defaults
-  (the smallest sweep that can publish a gain) give df 2 and 2.92 * 0.94 = 2.76 s, or df 1
-  (6.31 standard errors) where the finalist's own spread dominates.
-
-Where the runs themselves are not at hand (stats built from a median and a range), s is
-estimated from the range as ln(high / low) / d2(n), d2 being the mean range of n standard
-normal samples (1.128, 1.693, 2.326, 2.847 for n = 2, 3, 5, 8).
+Where the runs themselves are not at hand (stats built from a median and a range), the spread s
+of ln(busbw) is estimated from the range as ln(high / low) / d2(n), d2 being the mean range of n
+standard normal samples (1.128, 1.693, 2.326, 2.847 for n = 2, 3, 5, 8).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,7 +56,6 @@ BUILTIN_PROFILES = {
 # range of n runs into an estimate of their standard deviation.
 _D2 = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078, 3.173, 3.258, 3.336, 3.407, 3.472,
        3.532, 3.588, 3.640, 3.689, 3.735, 3.778, 3.819, 3.858, 3.895, 3.931)
-CONFIDENCE = 0.95  # one-sided, per size: how sure a published gain must be
 
 
 @dataclass(frozen=True)
@@ -151,6 +127,13 @@ def _t_two_sided(t: float, df: int) -> float:
     return math.sin(theta) * acc
 
 
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with an integer df >= 1."""
+    half = 0.5 * _t_two_sided(t, df)
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile (0.5 <= p < 1) of Student's t with df >= 1 degrees of freedom."""
     if not 0.5 <= p < 1.0 or df < 1:
@@ -166,30 +149,6 @@ def t_quantile(p: float, df: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2.0
-
-
-def _median_factor(n: int) -> float:
-    """How much more a median of n runs varies than their mean: 1 up to n = 2 (it is the mean),
-    pi/2 beyond (its large-n limit, and above the exact factor for every small n)."""
-    return 1.0 if n <= 2 else math.pi / 2.0
-
-
-def size_margin(cand: SizeStats, base: SizeStats, confidence: float = CONFIDENCE) -> float | None:
-    """One-sided bound on the noise in ln(cand median / base median): Welch's t at `confidence`.
-
-    None when either side has fewer than two runs: nothing then bounds that side's spread.
-    """
-    if cand.n < 2 or base.n < 2:
-        return None
-    vc = _median_factor(cand.n) * cand.spread_log ** 2 / cand.n
-    vb = _median_factor(base.n) * base.spread_log ** 2 / base.n
-    if vc + vb <= 0:
-        return 0.0
-    # Welch-Satterthwaite, rounded down (fewer degrees of freedom: a wider bound), and never
-    # below what the smaller side alone has.
-    welch = (vc + vb) ** 2 / (vc ** 2 / (cand.n - 1) + vb ** 2 / (base.n - 1))
-    df = max(min(cand.n, base.n) - 1, int(welch + 1e-9))
-    return t_quantile(confidence, df) * math.sqrt(vc + vb)
 
 
 def profile_weights(name: str, sizes: Sequence[int],
@@ -270,71 +229,30 @@ def weighted_noise_pct(base: Mapping[K, SizeStats], weights: Mapping[K, float]) 
     return sum(w * base[s].noise_pct for s, w in weights.items() if s in base and w > 0) / total
 
 
-def supported_gain_pct(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats],
-                       weights: Mapping[K, float], confidence: float = CONFIDENCE) -> float | None:
-    """Weighted gain counting each size's change only beyond its `size_margin`: what the runs
-    support at that confidence, given how many there are. None when a weighted size has fewer
-    than two runs on either side."""
-    terms = []
-    for s, w in weights.items():
-        if w <= 0 or s not in cand or s not in base or cand[s].median <= 0 or base[s].median <= 0:
-            continue
-        margin = size_margin(cand[s], base[s], confidence)
-        if margin is None:
-            return None
-        terms.append((w, _beyond(math.log(cand[s].median / base[s].median), margin)))
-    return _gain_pct(terms)
-
-
-def _fewest_runs(stats: Mapping[K, SizeStats], weights: Mapping[K, float]) -> int:
-    return min((st.n for s, st in stats.items() if weights.get(s, 0.0) > 0), default=0)
-
-
 @dataclass
-class Verdict(Generic[K]):
+class Screening(Generic[K]):
+    """Is a candidate measured once worth measuring again (screen)?"""
+
     gain_pct: float  # weighted gain of the medians
     threshold_pct: float  # the configured minimum gain
     eligible: bool
     regressions: list[tuple[K, float]] = field(default_factory=list)  # (key, ratio), every collective's
     reason: str = ""
     robust_gain_pct: float = 0.0  # weighted gain counting each size only beyond its noise
-    # Weighted gain beyond each size's 95% bound for the runs there; None: too few runs for any.
-    supported_gain_pct: float | None = None
-    runs: tuple[int, int] = (0, 0)  # fewest runs at a weighted size: (candidate, defaults)
-    too_few_runs: bool = False  # refused because the runs cannot support a gain at all
-
-
-def judge(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-          min_gain_pct: float, max_regression_pct: float) -> Verdict[K]:
-    """May this candidate be published instead of NCCL's defaults? Keyed by (collective, size),
-    a regression of any collective at any size it weighs refuses the candidate, and a gain must
-    be beyond the noise and supported by the number of runs on both sides."""
-    return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
-                    require_support=True)
 
 
 def screen(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-           min_gain_pct: float, max_regression_pct: float) -> Verdict[K]:
-    """Is this candidate worth measuring again? The rules of judge() less the bar for the number
-    of runs: screening measures each candidate once (the per-size stage), and every screened
-    winner is measured again in a final check that must pass judge() with it."""
-    return _verdict(cand, base, weights, min_gain_pct=min_gain_pct, max_regression_pct=max_regression_pct,
-                    require_support=False)
-
-
-def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: Mapping[K, float], *,
-             min_gain_pct: float, max_regression_pct: float, require_support: bool) -> Verdict[K]:
+           min_gain_pct: float, max_regression_pct: float) -> Screening[K]:
+    """Is this candidate worth measuring again? Keyed by (collective, size), a regression of any
+    collective at any size it weighs beyond the allowed regression and both sides' spread refuses
+    it; its weighted gain beyond each size's spread must be above the minimum. Screening measures
+    each candidate once (the per-size stage); every screened winner is measured again in a final
+    check that the decision rule (sweep/decision.py) judges."""
     cm = {s: st.median for s, st in cand.items()}
     bm = {s: st.median for s, st in base.items()}
     gain = weighted_gain_pct(cm, bm, weights)
     robust = robust_gain_pct(cand, base, weights)
-    supported = supported_gain_pct(cand, base, weights)
-    runs = (_fewest_runs(cand, weights), _fewest_runs(base, weights))
     threshold = min_gain_pct
-
-    def verdict(eligible: bool, reason: str, too_few: bool = False) -> Verdict[K]:
-        return Verdict(gain, threshold, eligible, regressions, reason, robust, supported, runs, too_few)
-
     regressions: list[tuple[K, float]] = []
     for size, w in sorted(weights.items()):
         if w <= 0 or size not in cm or size not in bm or bm[size] <= 0:
@@ -345,6 +263,10 @@ def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: 
         # what the defaults themselves vary by at that size: small messages vary by 15% and more.
         if slower_pct > max_regression_pct and slower_pct > base[size].noise_pct + cand[size].noise_pct:
             regressions.append((size, ratio))
+
+    def verdict(eligible: bool, reason: str) -> Screening[K]:
+        return Screening(gain, threshold, eligible, regressions, reason, robust)
+
     missing = [s for s, w in weights.items() if w > 0 and s in bm and s not in cm]
     if missing:
         return verdict(False, f"no result at {len(missing)} size(s)")
@@ -352,27 +274,14 @@ def _verdict(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats], weights: 
         worst = min(regressions, key=lambda r: r[1])
         return verdict(False, f"{len(regressions)} size(s) slower than the defaults (worst {key_label(worst[0])}: "
                               f"x{worst[1]:.3f})")
-    if require_support and supported is None:
-        # No bar can be set: one run bounds nothing, and a bar from the other side's spread alone
-        # would assume the candidate varies as the defaults do.
-        who = f"{runs[0]} finalist sample" if runs[0] < 2 else f"{runs[1]} sample of the defaults"
-        return verdict(False, f"{who}: cannot show a gain beyond noise (gain {gain:+.2f}% not judged; "
-                              "sweep.finalist_repeats of 2 or more can)", too_few=True)
     if gain <= 0.0:
-        # Counting each size only beyond its noise can hide a loss at noisy sizes; the medians
-        # themselves saying "slower overall" is evidence enough not to publish.
         overall = "slower" if gain < 0.0 else "no faster"
         return verdict(False, f"the medians are {overall} overall (gain {gain:+.2f}%), {robust:+.2f}% beyond "
                               "the noise at each size")
     if robust <= threshold:
         return verdict(False, f"gain {gain:+.2f}%, of which {robust:+.2f}% beyond the noise at each size: not above "
                               f"the minimum of {threshold:.2f}%")
-    confident = (f"{supported or 0.0:+.2f}% at {100 * CONFIDENCE:.0f}% confidence with {runs[0]} runs against "
-                 f"{runs[1]} of the defaults")
-    if require_support and (supported or 0.0) <= 0.0:
-        return verdict(False, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, but {confident}: "
-                              "too few runs for a spread that large")
-    return verdict(True, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size, {confident}")
+    return verdict(True, f"gain {gain:+.2f}%, {robust:+.2f}% beyond the noise at each size")
 
 
 fmt_size = format_size

@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import decision
+from .decision import Verdict
 from .plan import Plan, prune_channels
-from .select import Key, SizeStats, Verdict, judge, screening_gain_pct, size_stats
+from .select import Key, SizeStats, screening_gain_pct, size_stats
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ Measure = Callable[[Env, str, str], "tuple[dict[Key, float], dict[str, Any]] | N
 class Settings:
     baseline_repeats: int = 3
     finalist_repeats: int = 3
+    # The ceiling of the sequential final check: rounds are added, up to this many, only while a
+    # finalist is still undecided (sweep.decision.looks).
+    max_finalist_repeats: int = 0  # 0: no rounds added
     max_finalists: int = 3
     min_gain_pct: float = 1.0
     max_regression_pct: float = 2.0
@@ -48,6 +53,54 @@ class Finalist:
     runs: list[dict[Key, float]] = field(default_factory=list)
     stats: dict[Key, SizeStats] = field(default_factory=dict)
     verdict: Verdict[Key] | None = None
+    rounds: dict[int, dict[Key, float]] = field(default_factory=dict)  # round of the final check -> its run
+
+
+@dataclass
+class FinalCheck:
+    """What a final check measured: the defaults' run of each round, the rounds done, the trials."""
+
+    base_rounds: dict[int, dict[Key, float]] = field(default_factory=dict)
+    rounds: int = 0
+    trials: int = 0
+    looks: list[int] = field(default_factory=list)
+
+
+def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, int], dict[Key, float] | None],
+                weights: Mapping[Key, float], rule: decision.Rule, *, first: int, last: int) -> FinalCheck:
+    """The finalists and the defaults in interleaved rounds (each finalist still open, then the
+    defaults), judged after each look of sweep.decision.looks(first, last) with that look's share of
+    alpha, Holm over the finalists still open; a finalist that won or cannot win is measured no
+    more. `measure(finalist, round)`, None for the defaults' run of the round, returns busbw per key
+    or None for a failed trial. Each finalist ends with its verdict at its last look."""
+    # Fewer than two rounds asked for: no extension either (one run cannot show a gain, and the
+    # configuration said so).
+    out = FinalCheck(looks=decision.looks(first, last if first >= 2 else first) if first > 0 else [])
+    still = list(finalists)
+    for look, share in zip(out.looks, decision.spent(out.looks, rule.alpha) if out.looks else [], strict=True):
+        while out.rounds < look:
+            for f in still:
+                got = measure(f, out.rounds)
+                out.trials += 1
+                if got:
+                    f.runs.append(got)
+                    f.rounds[out.rounds] = got
+            got = measure(None, out.rounds)
+            out.trials += 1
+            if got:
+                out.base_rounds[out.rounds] = got
+            out.rounds += 1
+        evs = {str(i): decision.Evidence((decision.paired_rounds(f.rounds, out.base_rounds),))
+               for i, f in enumerate(finalists) if any(f is g for g in still)}
+        verdicts = decision.holm(evs, weights, rule, alpha=share)
+        for i, f in enumerate(finalists):
+            if str(i) in verdicts:
+                f.verdict = verdicts[str(i)]
+                f.stats = size_stats(f.runs)
+        still = [f for f in still if f.verdict is not None and f.verdict.status == decision.OPEN]
+        if not still:
+            break
+    return out
 
 
 @dataclass
@@ -60,6 +113,7 @@ class SearchResult:
     topo_only: Finalist | None
     weights: dict[Key, float]
     notes: list[str] = field(default_factory=list)  # what the search says about its own evidence
+    final: FinalCheck = field(default_factory=lambda: FinalCheck())  # the finalist round, as it ran
 
 
 TOPO_ONLY = "topology file only"
@@ -90,6 +144,8 @@ class Search:
         self.common = dict(common)
         self.weights = weights
         self.notes: list[str] = []
+        self.rule = decision.Rule(settings.min_gain_pct, settings.max_regression_pct)
+        self.final = FinalCheck()
 
     def estimate_trials(self) -> int:
         """Trials `run()` makes when every candidate helps in screening: exact then for the
@@ -174,26 +230,24 @@ class Search:
 
         finalists = self._finalists(screened)
         topo_only = next((f for f in finalists if f.env == self.common), None) if self.common else None
-        # Finalists and the defaults again, round-robin, so slow drift affects both alike.
-        for r in range(self.s.finalist_repeats):
-            for f in finalists:
-                got = self.measure(f.env, "final", f"{f.label} #{r + 1}")
-                if got:
-                    f.runs.append(got[0])
-            # Numbered by trial, not by success: after a failed run of the defaults, a count of
-            # successes would give two trials the same label in the history.
-            baseline_trials += 1
-            got = self.measure({}, "baseline", f"defaults #{baseline_trials}")
-            if got:
+        # Finalists and the defaults again, round-robin, so slow drift affects both alike and
+        # each finalist's run pairs with the defaults' run of its round.
+        first_round = baseline_trials
+
+        def measure(f: Finalist | None, r: int) -> dict[Key, float] | None:
+            got = (self.measure(f.env, "final", f"{f.label} #{r + 1}") if f is not None else
+                   self.measure({}, "baseline", f"defaults #{first_round + r + 1}"))
+            if got is None:
+                return None
+            if f is None:
                 base_runs.append(got[0])
+            return got[0]
+
+        check = final_check(finalists, measure, self.weights, self.rule, first=self.s.finalist_repeats,
+                            last=max(self.s.finalist_repeats, self.s.max_finalist_repeats))
+        self.final = check
         baseline = size_stats(base_runs)
         chosen = None
-        for f in finalists:
-            if not f.runs:
-                continue
-            f.stats = size_stats(f.runs)
-            f.verdict = judge(f.stats, baseline, self.weights, min_gain_pct=self.s.min_gain_pct,
-                              max_regression_pct=self.s.max_regression_pct)
         short = [f for f in finalists if f.verdict and f.verdict.too_few_runs]
         if short and self.s.finalist_repeats >= 2:
             # The configured repeats would do; failed runs left too few.
@@ -204,7 +258,7 @@ class Search:
         if eligible:
             chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
-                            self.notes)
+                            self.notes, check)
 
     def _note(self, text: str) -> None:
         log.warning("%s", text)
