@@ -416,6 +416,23 @@ def _class_profile(state: Path, directory: Path, medians: dict[int, tuple[float,
     return path
 
 
+def test_a_class_size_whose_allowed_drop_reaches_100_percent_is_named_not_passed(
+        config: Path, state: Path, tmp_path: Path, fake_python: Path) -> None:
+    """Class numbers with 60% noise at 1 MiB allow a 120% drop there: no measurement can fail it, so
+    the size is left out of the verdict and named, as against the node's own sweep."""
+    from nccltune.fleet.apply import apply_profile
+
+    medians = {262144: (1.0, 1.0), 1 << 20: (4.0, 4.4), 4 << 20: (8.0, 8.0)}
+    noise = {262144: (0.5, 0.5), 1 << 20: (60.0, 60.0), 4 << 20: (0.5, 0.5)}
+    profile = _class_profile(state, tmp_path / "noisy", medians, noise)
+    apply_profile(_cfg(config, state), profile, demo=str(SNAPSHOT))
+    result = _verify_with({262144: 1.0, 1 << 20: 0.1, 4 << 20: 8.0}, config, state, fake_python, threshold_pct=5.0)
+    row = next(r for r in result.rows if r.size_bytes == 1 << 20)
+    assert row.allowed_pct == pytest.approx(120.0) and not row.verifiable
+    assert result.code == "passed" and "not verifiable" in result.reason and "1MiB (allowed -120%)" in result.reason
+    assert "at 2 size(s)" in result.reason
+
+
 def test_with_a_class_profile_verify_compares_the_node_with_its_class(config: Path, state: Path, tmp_path: Path,
                                                                       fake_python: Path) -> None:
     """Hand-worked: at 1 MiB the class's nodes measured 4.0 and 4.4 GB/s (median 4.2, the lowest

@@ -390,9 +390,12 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             exp = expected.get(key)
             if key in class_keys and reference is not None and samples.get(key):
                 verdict = judge_node(samples[key], reference.sizes[key], threshold)
+                # As against the node's own numbers: a size whose allowed drop is 100% or more (a class
+                # whose lowest node was at 0) cannot fail; it is named and left out, never passed.
+                class_ok = verdict.allowed_pct < UNVERIFIABLE_PCT
                 rows.append(VerifyRow(key[1], verdict.measured_gbps, verdict.class_median_gbps, verdict.allowed_pct,
-                                      verdict.drift_pct, not verdict.below, key[0]))
-                if verdict.below:
+                                      verdict.drift_pct, not verdict.below or not class_ok, key[0], class_ok))
+                if verdict.below and class_ok:
                     below_class.append((key, verdict))
                 continue
             got_bw = best.get(key)
