@@ -35,6 +35,7 @@ from ..nccl.debuglog import parse_nccl_log
 from ..nccl.ran import TABLE_VAR, WhatRan, what_ran
 from ..records import TrialResult
 from ..trials.launch.hosts import HOSTID_PREFIX, HostsOnOneGpuLaunch
+from ..trials.mps import Sharing
 from ..trials.nccllog import rank0_log, read_log
 from ..trials.runner import Runner
 from ..tuner.table import TableEntry, TunerTable
@@ -121,9 +122,11 @@ class OneGpuReport:
     quick: bool
     outcomes: list[ShapeOutcome] = field(default_factory=list)
     wall_s: float = 0.0
+    sharing: Sharing = field(default_factory=lambda: Sharing(False, "no rank started"))
 
     def doc(self) -> dict[str, Any]:
-        return {"timed": False, "note": NOT_TIMED, "quick": self.quick, "max_hosts": MAX_HOSTS,
+        return {"timed": False, "note": NOT_TIMED, "gpu_sharing": self.sharing.doc(), "quick": self.quick,
+                "max_hosts": MAX_HOSTS,
                 "holds": self.plan.holds, "table": self.plan.table, "table_problem": self.plan.table_problem,
                 "shapes": [o.doc() for o in self.outcomes], "not_formed": list(self.plan.not_formed),
                 "wall_s": round(self.wall_s, 2)}

@@ -50,7 +50,9 @@ from ..publish import PublishedSet, job_env, read_set
 from ..records import TrialResult
 from ..store import Store
 from ..sweep.select import Key, d2, key_label, t_quantile
+from ..trials.credentials import rank_user
 from ..trials.launch.hosts import HOSTID_VAR
+from ..trials.mps import shared_gpu
 from ..trials.runner import RANK_RECORD, Runner, find_worker_python, reap_leftover_ranks
 from ..trials.session import TrialSession, resolve_engine, start_run
 from ..tuner.table import TunerTable
@@ -540,17 +542,20 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
         try:
             # The worker's interpreter is looked for only where ranks start.
             python = find_worker_python(cfg.bench.python) if plan.shapes else ""
-            ranks = RankSettings(python=python, backend=node.backend, base_env=dict(os.environ),
-                                 work_dir=state / "verify", timeout_s=cfg.bench.trial_timeout_s, gpus=cfg.bench.gpus,
-                                 rank_record=state / RANK_RECORD, user=cfg.bench.user, abort_check=abort_check,
-                                 fork_ranks=cfg.bench.fork_ranks)
-            for seq, check in enumerate(plan.shapes, 1):
-                outcome = run_shape(check, env, table, ranks, quick=quick)
-                report.outcomes.append(outcome)
-                # No measurements: times of ranks that share one GPU are artifacts, never a number.
-                store.add_trial(run_id, seq=seq, phase="verify", label=f"one GPU: {check.label} NCCL hosts",
-                                env=env, status=outcome.result.status, reason=outcome.result.reason,
-                                wall_s=outcome.result.wall_s, nccl=outcome.result.nccl)
+            with shared_gpu(state / "verify", rank_user(cfg.bench.user),
+                            enabled=cfg.bench.mps and bool(plan.shapes) and not node.demo) as sharing:
+                report.sharing = sharing
+                ranks = RankSettings(python=python, backend=node.backend, base_env={**os.environ, **sharing.env},
+                                     work_dir=state / "verify", timeout_s=cfg.bench.trial_timeout_s,
+                                     gpus=cfg.bench.gpus, rank_record=state / RANK_RECORD, user=cfg.bench.user,
+                                     abort_check=abort_check, fork_ranks=cfg.bench.fork_ranks)
+                for seq, check in enumerate(plan.shapes, 1):
+                    outcome = run_shape(check, env, table, ranks, quick=quick)
+                    report.outcomes.append(outcome)
+                    # No measurements: times of ranks that share one GPU are artifacts, never a number.
+                    store.add_trial(run_id, seq=seq, phase="verify", label=f"one GPU: {check.label} NCCL hosts",
+                                    env=env, status=outcome.result.status, reason=outcome.result.reason,
+                                    wall_s=outcome.result.wall_s, nccl=outcome.result.nccl)
         except BaseException:
             store.finish_run(run_id, status="interrupted", summary={"error": "interrupted"})
             raise
@@ -560,7 +565,7 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
         checked = (("quick: " if quick else "")
                    + (f"NCCL's log of rank 0 of N NCCL hosts on the one GPU for {shapes}" if shapes else
                       f"the published set: {plan.holds}")
-                   + f"; {NOT_TIMED}; wall time {report.wall_s:.1f} s")
+                   + f"; {NOT_TIMED}; {report.sharing.label}; wall time {report.wall_s:.1f} s")
         expectation = f"what the published set holds: {plan.holds}"
         nccl_version = next((o.result.nccl_version for o in report.outcomes if o.result.nccl_version), None)
         store.finish_run(run_id, status="ok" if passed else "failed",

@@ -178,6 +178,9 @@ class BenchConfig:
     # Fork each trial's ranks on this node from one process per sweep that has imported torch
     # (trials/rankserver.py), which saves every rank torch's import; false: start each rank by exec.
     fork_ranks: bool = True
+    # Ranks that share one GPU (verify's check on a one-GPU node) run under a CUDA MPS control
+    # daemon nccltune starts for them (trials/mps.py), concurrently instead of time-sliced.
+    mps: bool = True
     # None: every GPU (or every selected one in gpus).
     # 1: one rank per node, for sweeps over several nodes only (the sweep refuses it on one node).
     nranks: int | None = _setting(None, ge=1, why="a rank per node at least")
