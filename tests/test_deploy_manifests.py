@@ -3,26 +3,29 @@ match the config the daemon reads, the security context, cheap probes of the hea
 daemon writes (test_daemon_profile.py runs them on a real one), resources, the profile mount that
 profile.path names, hostPID, no GPU request, and an image that runs `nccltune daemon`; every
 manifest valid against the Kubernetes API's schemas (kubernetes-validate, offline, strict), Pod
-Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler."""
+Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler.
+The image's rank user: its commands run here against an /etc of their own."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from containerfile import CONTAINERFILE, instructions, rank_account, user_db
 
 from nccltune.config import DEFAULT_STATE_DIR, Config, load_config
 from nccltune.daemon.actions import HEARTBEAT_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
-CONTAINERFILE = ROOT / "deploy" / "container" / "Containerfile"
 
 
 @pytest.fixture(scope="module")
@@ -154,19 +157,8 @@ def test_resources_priority_and_updates(docs: dict[str, Any], pod: dict[str, Any
     assert pod["terminationGracePeriodSeconds"] >= 90  # as the systemd unit's TimeoutStopSec
 
 
-def _instructions() -> list[tuple[str, str]]:
-    text = CONTAINERFILE.read_text().replace("\\\n", " ")
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def test_image_runs_the_daemon_as_root_without_torch(container: dict[str, Any]) -> None:
-    ins = _instructions()
+    ins = instructions()
     entry = [rest for word, rest in ins if word == "ENTRYPOINT"]
     assert len(entry) == 1
     argv = json.loads(entry[0])  # exec form: signals reach nccltune, not a shell
@@ -221,6 +213,27 @@ def test_the_cdi_spec_directory_is_the_hosts_and_the_daemon_writes_there(
 
 def test_the_image_has_a_c_compiler_for_the_tuner_plugin() -> None:
     final_stage = CONTAINERFILE.read_text().rsplit("\nFROM ", 1)[1]
-    runs = " ".join(rest for word, rest in _instructions() if word == "RUN")
+    runs = " ".join(rest for word, rest in instructions() if word == "RUN")
     assert re.search(r"apt-get install .*\bgcc\b.*\blibc6-dev\b", runs)
     assert "gcc" in final_stage  # in the image that runs, not only in the build stage
+
+
+# -- rank isolation --------------------------------------------------------------------------------
+
+def test_the_images_user_setup_runs(tmp_path: Path) -> None:
+    """The Containerfile's own groupadd and useradd, run here with --prefix against a base image's
+    /etc: the account they make is the one the tests and the config expect, in no other group."""
+    if os.geteuid() != 0:
+        pytest.skip("shadow's tools write their files as root (CI runs as root)")
+    if shutil.which("useradd") is None or shutil.which("groupadd") is None:
+        pytest.skip("useradd/groupadd are not installed here (Debian/Ubuntu: the passwd package)")
+    account = rank_account()
+    etc = user_db(tmp_path / "image")
+    users = {f[0]: f for f in (line.split(":") for line in (etc / "passwd").read_text().splitlines())}
+    groups = {f[0]: f for f in (line.split(":") for line in (etc / "group").read_text().splitlines())}
+    _, _, uid, gid, _, home, shell = users[account.name]
+    assert (int(uid), int(gid), home) == (account.uid, account.gid, "/nonexistent")
+    assert shell.endswith("nologin")
+    assert int(groups[account.group][2]) == account.gid
+    assert not [g for g, f in groups.items() if account.name in f[3].split(",")]  # its own group only
+    assert not (tmp_path / "image" / "nonexistent").exists()
