@@ -4,7 +4,9 @@ daemon writes (test_daemon_profile.py runs them on a real one), resources, the p
 profile.path names, hostPID, no GPU request, and an image that runs `nccltune daemon`; every
 manifest valid against the Kubernetes API's schemas (kubernetes-validate, offline, strict), Pod
 Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler.
-The image's rank user: its commands run here against an /etc of their own."""
+Rank isolation: the pod keeps exactly the systemd unit's capabilities, the image creates the rank
+user the config names (its commands run here against an /etc of their own), no service account
+token (test_rank_credentials.py runs ranks under this security context)."""
 
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from containerfile import CONTAINERFILE, instructions, rank_account, user_db
+from containerfile import CONTAINERFILE, image_stage, instructions, option, rank_account, user_db
 
 from nccltune.config import DEFAULT_STATE_DIR, Config, load_config
 from nccltune.daemon.actions import HEARTBEAT_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
+UNITS = (ROOT / "systemd" / "nccltune.service", ROOT / "systemd" / "nccltune-sweep.service")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,16 @@ def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return dict(next(v for v in pod["volumes"] if v["name"] == name))
+
+
+def _unit_capabilities() -> set[str]:
+    """The capabilities both systemd units keep (CapabilityBoundingSet=), without CAP_."""
+    found = []
+    for unit in UNITS:
+        (line,) = [ln for ln in unit.read_text().splitlines() if ln.startswith("CapabilityBoundingSet=")]
+        found.append({c.removeprefix("CAP_") for c in line.partition("=")[2].split()})
+    assert found[0] == found[1]
+    return found[0]
 
 
 def test_config_mount_holds_a_config_the_daemon_accepts(docs: dict[str, Any], pod: dict[str, Any],
@@ -122,7 +135,6 @@ def test_security_context(container: dict[str, Any]) -> None:
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert set(sc["capabilities"].get("add", [])) <= {"IPC_LOCK"}
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
     # With a read-only root, everything written has a volume: state, caches, /tmp.
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -220,6 +232,46 @@ def test_the_image_has_a_c_compiler_for_the_tuner_plugin() -> None:
 
 # -- rank isolation --------------------------------------------------------------------------------
 
+# The capabilities Pod Security's baseline level lets a container add.
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def test_the_pod_keeps_exactly_the_units_capabilities(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Read from both files, so that the unit and the DaemonSet cannot drift apart."""
+    caps = container["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    assert len(caps["add"]) == len(set(caps["add"]))
+    assert set(caps["add"]) == _unit_capabilities()
+    # allowPrivilegeEscalation: false, which the API refuses beside privileged or SYS_ADMIN.
+    assert "SYS_ADMIN" not in caps["add"] and container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert set(caps["add"]) <= BASELINE_CAPABILITIES
+    for init in pod.get("initContainers", []):
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}, init["name"]
+
+
+def test_the_image_creates_the_rank_user_the_config_names(docs: dict[str, Any], pod: dict[str, Any],
+                                                          container: dict[str, Any], tmp_path: Path) -> None:
+    account = rank_account()
+    cfg = _daemon_config(docs, pod, container, tmp_path)
+    assert cfg.bench.user == account.name
+    assert account.group == account.name and account.gid == account.uid
+    # A number no account of a node has: not a system or a regular user's, none of systemd's ranges
+    # (homed, nspawn's, dynamic users), not nobody.
+    assert not (account.uid < 60000 or 60001 <= account.uid <= 60577 or 61184 <= account.uid <= 65535)
+    assert {"--system", "--no-create-home"} <= set(account.options)
+    assert option(list(account.options), "--shell", "-s").endswith("nologin")
+    # Every uid the manifest and the README name for the ranks is that one.
+    named = {doc.name: {int(n) for n in re.findall(r"\buid (?:and gid )?(\d{4,})", doc.read_text())}
+             for doc in (MANIFEST, ROOT / "README.md")}
+    assert named[MANIFEST.name] == {account.uid} and named["README.md"] <= {account.uid}, named
+    # The user is made before the image switches back to root for the daemon, which it stays.
+    stage = image_stage()
+    made = next(i for i, (word, rest) in enumerate(stage) if word == "RUN" and "useradd" in rest)
+    users = [(i, rest) for i, (word, rest) in enumerate(stage) if word == "USER"]
+    assert users[-1][1] == "0" and users[-1][0] > made
+
+
 def test_the_images_user_setup_runs(tmp_path: Path) -> None:
     """The Containerfile's own groupadd and useradd, run here with --prefix against a base image's
     /etc: the account they make is the one the tests and the config expect, in no other group."""
@@ -237,3 +289,16 @@ def test_the_images_user_setup_runs(tmp_path: Path) -> None:
     assert int(groups[account.group][2]) == account.gid
     assert not [g for g, f in groups.items() if account.name in f[3].split(",")]  # its own group only
     assert not (tmp_path / "image" / "nonexistent").exists()
+
+
+def test_no_service_account_token_and_no_api_access(docs: dict[str, Any], pod: dict[str, Any]) -> None:
+    """The daemon reads its config and the profiles from mounted files; the pod gets no token (the
+    ranks could read a mounted one), and there is no role to give one a use."""
+    assert pod["automountServiceAccountToken"] is False
+    kinds = {key.partition("/")[0] for key in docs}
+    assert not kinds & {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    for path in sorted((ROOT / "nccltune").rglob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"^\s*(import|from)\s+kubernetes\b", text, re.M), path
+        for marker in ("KUBERNETES_SERVICE_HOST", "/var/run/secrets/kubernetes.io", "serviceaccount/token"):
+            assert marker not in text, (path, marker)

@@ -410,3 +410,125 @@ def test_srun_passes_the_rank_user_to_every_task(tmp_path: Path) -> None:
         str(RANKEXEC), "--slurm", "--user", "ranks", str(WORKER), "--backend", "gloo", "--sizes", "1024"]
     (plain,) = launch.start(TrialSpec(1, tmp_path, worker, {"PATH": "/usr/bin"}, {}, 60))
     assert "--user" not in plain.argv
+
+
+# -- in the DaemonSet's pod --------------------------------------------------------------------------
+
+MANIFEST = REPO / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
+# linux/capability.h, in bit order.
+CAPABILITY_BITS = {name: bit for bit, name in enumerate((
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+    "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
+    "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
+    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
+    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF",
+    "CHECKPOINT_RESTORE"))}
+
+POD_SCRIPT = """
+import json, sys
+from pathlib import Path
+from nccltune.errors import NccltuneError
+from nccltune.trials.runner import Runner, TrialAborted
+python, user, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+env = {"PATH": "/usr/bin:/bin"}
+def status(pid):
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+try:
+    first = Runner(python=python, backend="gloo", nranks=2, base_env=env, work_dir=work, timeout_s=240, user=user)
+except NccltuneError as exc:
+    print(json.dumps({"refused": exc.exit_code, "message": str(exc)}))
+    sys.exit(0)
+ok = first.run({}, [4096], warmup=1, iters=2).status
+record = work / "ranks.running"
+ranks = {}
+def look():
+    out = work / "trial-001" / "rank0.out"
+    if out.exists() and '"event": "start"' in out.read_text():
+        for line in record.read_text().splitlines():
+            ranks[int(line.split()[0])] = status(int(line.split()[0]))
+        return "read"
+    return None
+# The same trial directory again: the ranks' old one is root's to take back and remove.
+held = Runner(python=python, backend="gloo", nranks=2, base_env={**env, "NCCLTUNE_WORKER_FAULT": "hang"},
+              work_dir=work, timeout_s=240, user=user, abort_check=look, rank_record=record)
+try:
+    held.run({}, [4096], warmup=1, iters=2)
+except TrialAborted:
+    pass
+alive = [p for p in ranks if Path(f"/proc/{p}").exists()]
+print(json.dumps({"ok": ok, "ranks": ranks, "alive": alive, "daemon": status("self")}))
+"""
+
+
+@pytest.fixture(scope="module")
+def image_etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's /etc/passwd and /etc/group, made by the Containerfile's own commands."""
+    from containerfile import user_db
+
+    needs_root()
+    for tool in ("useradd", "groupadd", "unshare", "mount", "setpriv"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed here")
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace can be made here")
+    return user_db(tmp_path_factory.mktemp("image"))
+
+
+def in_the_pod(caps: list[str], etc: Path, python: str, user: str, work: Path) -> dict[str, object]:
+    """POD_SCRIPT run as the daemon in the DaemonSet's container: root whose only capabilities are
+    `caps` (the runtime makes them its bounding, permitted and effective sets), under
+    no_new_privs (allowPrivilegeEscalation: false), with the image's /etc/passwd and /etc/group
+    (bound over this machine's in a mount namespace of its own)."""
+    bounding = ",".join(["-all", *("+" + c.lower() for c in caps)])
+    binds = 'mount --bind "$1/passwd" /etc/passwd && mount --bind "$1/group" /etc/group && shift && exec "$@"'
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", binds, "sh", str(etc),
+                           "setpriv", "--no-new-privs", "--bounding-set", bounding, "--inh-caps", "-all",
+                           sys.executable, "-c", POD_SCRIPT, python, user, str(work)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return got
+
+
+def test_the_ranks_run_unprivileged_in_the_pod(image_etc: Path, python: str, tmp_path: Path) -> None:
+    """The shipped securityContext and the image's rank user, bench.user of the shipped config:
+    a trial runs, a reused trial directory is cleared, held ranks are ended; every rank runs as
+    the image's uid with its own group only, no capability and no_new_privs."""
+    from containerfile import rank_account
+
+    account = rank_account()
+    docs = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(MANIFEST.read_text()) if d}
+    (container,) = docs["DaemonSet/nccltune"]["spec"]["template"]["spec"]["containers"]
+    sc = container["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    config = yaml.safe_load(docs["ConfigMap/nccltune-config"]["data"]["config.yaml"])
+    assert config["bench"]["user"] == account.name
+    work = tmp_path / "work"
+    work.mkdir()
+    got = in_the_pod(sc["capabilities"]["add"], image_etc, python, config["bench"]["user"], work)
+    assert got["ok"] == "ok", got
+    ranks = got["ranks"]
+    assert isinstance(ranks, dict) and len(ranks) == 2 and got["alive"] == [], got
+    for status in ranks.values():
+        assert status["Uid"].split() == [str(account.uid)] * 4, status["Uid"]
+        assert status["Gid"].split() == [str(account.gid)] * 4, status["Gid"]
+        assert status["Groups"].split() == [str(account.gid)], status["Groups"]
+        for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+            assert int(status[caps], 16) == 0, (caps, status[caps])
+        assert status["NoNewPrivs"] == "1"
+    daemon = got["daemon"]
+    assert isinstance(daemon, dict) and daemon["NoNewPrivs"] == "1"
+    assert int(daemon["CapEff"], 16) == sum(1 << CAPABILITY_BITS[c] for c in sc["capabilities"]["add"])
+    assert (work / "trial-001" / RANK_DIR).stat().st_uid == account.uid
+
+
+def test_without_the_units_capabilities_the_pod_refuses_every_sweep(image_etc: Path, python: str,
+                                                                    tmp_path: Path) -> None:
+    """What the pod did with all capabilities dropped but IPC_LOCK: once the image has the rank
+    user, root cannot switch to it, and the runner refuses before any trial (exit 78)."""
+    from containerfile import rank_account
+
+    got = in_the_pod(["IPC_LOCK"], image_etc, python, rank_account().name, tmp_path)
+    assert got["refused"] == EXIT_CONFIG, got
+    assert "cannot switch to user" in str(got["message"]), got
