@@ -6,7 +6,8 @@ manifest valid against the Kubernetes API's schemas (kubernetes-validate, offlin
 Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler.
 Rank isolation: the pod keeps exactly the systemd unit's capabilities, the image creates the rank
 user the config names (its commands run here against an /etc of their own), no service account
-token (test_rank_credentials.py runs ranks under this security context)."""
+token, the config and profiles on volumes the trust rule accepts (test_rank_credentials.py runs
+ranks under this security context)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,17 @@ from containerfile import CONTAINERFILE, image_stage, instructions, option, rank
 
 from nccltune.config import DEFAULT_STATE_DIR, Config, load_config
 from nccltune.daemon.actions import HEARTBEAT_FILE
+from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.fleet.apply import ProfileRefused, trusted_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
 UNITS = (ROOT / "systemd" / "nccltune.service", ROOT / "systemd" / "nccltune-sweep.service")
+# The kubelet's modes for a volume's top directory: an emptyDir on disk (and so a configMap
+# volume, which wraps one) is made 0777; a tmpfs (an emptyDir of medium Memory, a projected
+# volume) gets tmpfs's own 1777.
+KUBELET_DISK_DIR_MODE = 0o777
+KUBELET_TMPFS_DIR_MODE = 0o1777
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +69,12 @@ def _volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return dict(next(v for v in pod["volumes"] if v["name"] == name))
 
 
+def _configmap(volume: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap a volume projects: its only source."""
+    (source,) = volume["projected"]["sources"]
+    return dict(source["configMap"])
+
+
 def _unit_capabilities() -> set[str]:
     """The capabilities both systemd units keep (CapabilityBoundingSet=), without CAP_."""
     found = []
@@ -76,7 +91,7 @@ def test_config_mount_holds_a_config_the_daemon_accepts(docs: dict[str, Any], po
     config_path = Path(args[args.index("--config") + 1])
     mount = _mounts(container)[str(config_path.parent)]
     assert mount["readOnly"] is True
-    cm = docs[f"ConfigMap/{_volume(pod, mount['name'])['configMap']['name']}"]
+    cm = docs[f"ConfigMap/{_configmap(_volume(pod, mount['name']))['name']}"]
     text = cm["data"][config_path.name]
     (tmp_path / "config.yaml").write_text(text)
     cfg = load_config(tmp_path / "config.yaml", required=True)  # the daemon's own loader: no unknown key
@@ -98,7 +113,7 @@ def _daemon_config(docs: dict[str, Any], pod: dict[str, Any], container: dict[st
     """The config the daemon reads in the pod, through its own loader."""
     args = container["args"]
     config_path = Path(args[args.index("--config") + 1])
-    cm = docs[f"ConfigMap/{_volume(pod, _mounts(container)[str(config_path.parent)]['name'])['configMap']['name']}"]
+    cm = docs[f"ConfigMap/{_configmap(_volume(pod, _mounts(container)[str(config_path.parent)]['name']))['name']}"]
     (tmp_path / "config.yaml").write_text(cm["data"][config_path.name])
     return load_config(tmp_path / "config.yaml", required=True)
 
@@ -108,9 +123,9 @@ def test_profile_comes_from_a_configmap(docs: dict[str, Any], pod: dict[str, Any
     mount = _mounts(container)["/etc/nccltune/profile"]
     assert mount["readOnly"] is True
     assert "subPath" not in mount  # a subPath mount never sees a ConfigMap update
-    vol = _volume(pod, mount["name"])
-    assert vol["configMap"]["name"] == "nccltune-profile"
-    assert vol["configMap"]["optional"] is True  # a class without a profile still runs
+    source = _configmap(_volume(pod, mount["name"]))
+    assert source["name"] == "nccltune-profile"
+    assert source["optional"] is True  # a class without a profile still runs
     # The daemon's profile.path is that mount: the directory of <class id>.json profiles.
     cfg = _daemon_config(docs, pod, container, tmp_path)
     assert cfg.profile_path == Path(mount["mountPath"])
@@ -302,3 +317,49 @@ def test_no_service_account_token_and_no_api_access(docs: dict[str, Any], pod: d
         assert not re.search(r"^\s*(import|from)\s+kubernetes\b", text, re.M), path
         for marker in ("KUBERNETES_SERVICE_HOST", "/var/run/secrets/kubernetes.io", "serviceaccount/token"):
             assert marker not in text, (path, marker)
+
+
+def _kubelet_volume(top: Path, mode: int, files: dict[str, str]) -> None:
+    """A directory as the kubelet's atomic writer lays out a ConfigMap: the top directory of the
+    volume's `mode`, the files (0644) in a version directory (0755), `..data` naming it, and a link
+    per file through `..data`."""
+    version = top / "..2026_01_01_00_00_00.000000001"
+    version.mkdir(parents=True)
+    version.chmod(0o755)
+    for name, text in files.items():
+        (version / name).write_text(text)
+        (version / name).chmod(0o644)
+        (top / name).symlink_to(f"..data/{name}")
+    (top / "..data").symlink_to(version.name)
+    top.chmod(mode)
+
+
+def test_the_config_and_profiles_are_on_volumes_the_trust_rule_accepts(
+        docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any], tmp_path: Path) -> None:
+    """A configMap volume's top directory is world-writable, and the daemon refuses its config
+    there (exit 78) as it would any; a projected volume's is sticky, as /tmp is, and accepted."""
+    args = container["args"]
+    config_path = Path(args[args.index("--config") + 1])
+    cfg = _daemon_config(docs, pod, container, tmp_path)
+    assert cfg.profile_path is not None
+    for path in (config_path.parent, cfg.profile_path):
+        vol = _volume(pod, _mounts(container)[str(path)]["name"])
+        assert "projected" in vol and "configMap" not in vol, vol["name"]
+    cm = docs[f"ConfigMap/{_configmap(_volume(pod, _mounts(container)[str(config_path.parent)]['name']))['name']}"]
+    files = {config_path.name: cm["data"][config_path.name], "class-0123.json": "{}\n"}
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for kind, mode in (("configMap", KUBELET_DISK_DIR_MODE), ("projected", KUBELET_TMPFS_DIR_MODE)):
+        top = tmp_path / kind
+        _kubelet_volume(top, mode, files)
+        if kind == "configMap":
+            with pytest.raises(InputError, match="world-writable") as refused:
+                load_config(top / config_path.name, required=True)
+            assert refused.value.exit_code == EXIT_CONFIG
+            with pytest.raises(ProfileRefused, match="world-writable"):
+                trusted_profile(top / "class-0123.json")
+        else:
+            assert stat.S_IMODE(top.stat().st_mode) == 0o1777
+            assert load_config(top / config_path.name, required=True).bench.python == cfg.bench.python
+            real = trusted_profile(top / "class-0123.json")
+            assert real.parent.name.startswith("..2026") and real.name == "class-0123.json"
