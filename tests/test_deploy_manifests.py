@@ -6,8 +6,8 @@ manifest valid against the Kubernetes API's schemas (kubernetes-validate, offlin
 Security labels, /dev/shm, memory requested as limited, the CDI spec directory, a C compiler.
 Rank isolation: the pod keeps exactly the systemd unit's capabilities, the image creates the rank
 user the config names (its commands run here against an /etc of their own), no service account
-token, the config and profiles on volumes the trust rule accepts (test_rank_credentials.py runs
-ranks under this security context)."""
+token, the config and profiles on volumes the trust rule accepts, root's caches root's alone
+(test_rank_credentials.py runs ranks under this security context)."""
 
 from __future__ import annotations
 
@@ -363,3 +363,24 @@ def test_the_config_and_profiles_are_on_volumes_the_trust_rule_accepts(
             assert load_config(top / config_path.name, required=True).bench.python == cfg.bench.python
             real = trusted_profile(top / "class-0123.json")
             assert real.parent.name.startswith("..2026") and real.name == "class-0123.json"
+
+
+def test_roots_caches_are_root_only(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Every writable emptyDir on disk comes 0777; the init container makes each 0755 (root owns
+    it, so with no capability) before the daemon and its ranks start. The memory-backed ones are
+    tmpfs, sticky, as /tmp and /dev/shm are on a node."""
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    on_disk = set()
+    for path, mount in _mounts(container).items():
+        vol = _volume(pod, mount["name"])
+        if "emptyDir" in vol and not mount.get("readOnly", False) and vol["emptyDir"].get("medium") != "Memory":
+            on_disk.add(path)
+    assert on_disk == {env["XDG_CACHE_HOME"]}
+    (init,) = pod["initContainers"]
+    assert init["image"] == container["image"]
+    assert init["command"][:2] == ["/bin/chmod", "0755"] and set(init["command"][2:]) == on_disk
+    assert {m["mountPath"]: m["name"] for m in init["volumeMounts"]} == {
+        p: _mounts(container)[p]["name"] for p in on_disk}
+    sc = init["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
