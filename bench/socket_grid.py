@@ -64,7 +64,7 @@ def main() -> int:
     values = args.values.split(",")
     points: list[dict[str, str]] = [{}]
     for t, n in itertools.product(values, values):
-        if int(t) * int(n) <= MAX_SOCKETS and (t, n) != ("1", "1"):
+        if int(t) * int(n) <= MAX_SOCKETS:
             points.append({KNOBS[0]: t, KNOBS[1]: n})
     also = [dict(kv.split("=", 1) for kv in a.split()) for a in args.also]
     for env in also:
