@@ -20,6 +20,14 @@ holding link targets are checked too):
 - files nccltune writes are opened without following a symlink (O_NOFOLLOW), nothing is
   inherited by children (O_CLOEXEC).
 
+One walk does it (``walk_trusted``), on the path as it was given (a flag, the config, a default),
+never on a string resolved beforehand, which would hide the links on its way. A path that does not
+exist yet (a state directory, a metrics directory, a file about to be written) is walked as far
+as it exists, and refused before anything is created; ``ensure_dir`` then creates the rest one
+directory at a time, each checked as it appears. Every other function here is a use of that walk:
+``check_dir``, ``ensure_dir``, ``trusted_file``, ``check_file`` and ``trusted_target`` (a file
+about to be written or replaced).
+
 Directories nccltune creates get mode 0755 whatever the umask. A violation is an InputError
 (exit 78) that names the path, the offending component, its owner uid and its mode.
 """
@@ -32,6 +40,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import InputError
 
@@ -75,9 +84,17 @@ def writable_word(mode: int) -> str | None:
     return None
 
 
-def _refuse(path: Path | str, what: str, why: str, component: str | None = None) -> InputError:
-    where = "" if component is None or component == str(path) else f"{component} on its way is "
-    return InputError(str(path), f"refusing the {what}: {where or 'it is '}{why}", hint=HINT)
+def _refuse(path: Path | str, what: str, why: str, component: str | None = None, *,
+            leads: bool = False) -> InputError:
+    """The refusal of ``path``: ``component`` is what failed (None or the path itself: the path),
+    ``leads``: the component is where the path's links lead, not a directory on its way."""
+    if component is None or component == str(path):
+        where = "it is "
+    elif leads:
+        where = f"it leads to {component}, which is "
+    else:
+        where = f"{component} on its way is "
+    return InputError(str(path), f"refusing the {what}: {where}{why}", hint=HINT)
 
 
 def check_stat(path: Path | str, st: os.stat_result, what: str) -> None:
@@ -87,25 +104,39 @@ def check_stat(path: Path | str, st: os.stat_result, what: str) -> None:
         raise _refuse(path, what, why)
 
 
-def resolve_trusted(path: Path | str, what: str, *, follow_last: bool = True) -> tuple[Path, os.stat_result]:
-    """Walk ``path`` from ``/`` as the kernel would and check every component on the way: each
-    directory, each symlink (its own owner) and, through every link, the directories its target
-    names. Returns the final target's real path and its lstat. With ``follow_last`` false a
-    symlink as the last component is refused instead of followed (a file nccltune opens with
-    O_NOFOLLOW).
+class Walk(NamedTuple):
+    """Where a walk under the rule ended: the deepest component that exists, by its real path, with
+    its lstat, and the names below it that do not exist yet (empty: the whole path exists)."""
 
-    A relative path starts at the working directory, whose own chain is walked too.
+    real: Path
+    st: os.stat_result
+    missing: tuple[str, ...]
+
+
+def walk_trusted(path: Path | str, what: str, *, follow_last: bool = True, replace_last: bool = False) -> Walk:
+    """THE walk: ``path`` from ``/`` as the kernel would resolve it, every component checked on
+    the way: each directory, each symlink (its own owner) and, through every link, the directories
+    its target names. The walk stops at the first name that does not exist: what exists so far
+    has passed, and nothing has been created. With ``follow_last`` false a symlink as the last
+    component is refused instead of followed (a file nccltune opens with O_NOFOLLOW). With
+    ``replace_last`` the last name is not looked at: it is returned as missing, for a file that
+    a rename will replace whatever is there (a link at the name replaced, never followed).
+
+    A relative path starts at the working directory, whose own chain is walked too. A directory
+    with names still below it, existing or not, is checked as one passed through (a sticky one
+    passes); the target, when it exists, as the target (a sticky directory is refused there).
 
     Raises:
         InputError: a component may not be trusted, or the last one is a symlink not to be
             followed, or there are more than MAX_LINKS links (exit 78).
-        OSError: a component is missing or cannot be read (the caller words it); NotADirectoryError
-            when a component on the way is not a directory.
+        OSError: a component cannot be read (the caller words it); NotADirectoryError when a
+            component on the way is not a directory; FileNotFoundError when a link's target
+            climbs (``..``) out of a directory that does not exist.
     """
     shown = str(path)
     pending = [p for p in os.path.abspath(os.fspath(path)).split("/") if p]
     current = "/"
-    st = os.lstat(current)
+    current_st = st = os.lstat(current)
     why = problem(st, on_the_way=bool(pending))
     if why is not None:
         raise _refuse(shown, what, why, current)
@@ -116,9 +147,18 @@ def resolve_trusted(path: Path | str, what: str, *, follow_last: bool = True) ->
             continue
         if name == "..":
             current = os.path.dirname(current)  # already resolved and checked
+            current_st = os.lstat(current)
             continue
+        if replace_last and not pending:
+            return Walk(Path(current), current_st, (name,))
         candidate = os.path.join(current, name)
-        st = os.lstat(candidate)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            rest = [name, *(p for p in pending if p != ".")]
+            if ".." in rest:
+                raise
+            return Walk(Path(current), current_st, tuple(rest))
         if stat.S_ISLNK(st.st_mode):
             why = problem(st)
             if why is not None:
@@ -132,18 +172,33 @@ def resolve_trusted(path: Path | str, what: str, *, follow_last: bool = True) ->
             target = os.readlink(candidate)
             if target.startswith("/"):
                 current = "/"
+                current_st = os.lstat(current)
             pending[:0] = [p for p in target.split("/") if p]
             continue
         if pending and not stat.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), candidate)
         if not pending and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             # A device, FIFO or socket: the caller refuses it for what it is (/dev/null is 0666).
-            return Path(candidate), st
+            return Walk(Path(candidate), st, ())
         why = problem(st, on_the_way=bool(pending))
         if why is not None:
-            raise _refuse(shown, what, why, candidate)
-        current = candidate
-    return Path(current), st
+            final = not pending
+            raise _refuse(shown, what, why, None if final and not links else candidate, leads=final)
+        current, current_st = candidate, st
+    return Walk(Path(current), current_st, ())
+
+
+def resolve_trusted(path: Path | str, what: str, *, follow_last: bool = True) -> tuple[Path, os.stat_result]:
+    """``walk_trusted`` over a path that must exist: its final target's real path and lstat.
+
+    Raises:
+        InputError: a component may not be trusted (see walk_trusted; exit 78).
+        OSError: a component is missing (FileNotFoundError naming it) or cannot be read.
+    """
+    real, st, missing = walk_trusted(path, what, follow_last=follow_last)
+    if missing:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(real / missing[0]))
+    return real, st
 
 
 def trusted_file(path: Path | str, what: str) -> Path:
@@ -177,27 +232,77 @@ def check_dir(path: Path | str, what: str = "directory") -> None:
 def ensure_dir(path: Path | str, what: str = "directory") -> Path:
     """Create ``path`` (and missing parents) with mode 0755 whatever the umask, then check it.
 
+    The path is walked first (``walk_trusted``): a component on its way that may not be trusted
+    is refused before anything is created. The missing directories are then made one at a time
+    at the real path the walk found, each checked as it appears (a name another user made first
+    in a sticky directory, a directory or a link, is refused, and nothing is made below it).
     Only directories created here get their mode set; an existing one is checked, never changed.
 
     Raises:
-        InputError: it exists but is not a directory or may not be trusted (exit 78).
+        InputError: it exists but is not a directory, or a component may not be trusted (exit 78).
         OSError: it cannot be created (the caller words it: EACCES, EROFS, ENOSPC ...).
     """
-    path = Path(path)
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
+    real, _, missing = walk_trusted(path, what)
+    for name in missing:
+        real = real / name
         try:
-            os.mkdir(directory, DIR_MODE)
+            os.mkdir(real, DIR_MODE)
         except FileExistsError:
-            continue
-        # mkdir's mode is cut by the umask; chmod is not.
-        os.chmod(directory, DIR_MODE, follow_symlinks=False)
+            pass  # made since the walk, by whoever: checked below like any other
+        else:
+            # mkdir's mode is cut by the umask; chmod is not.
+            os.chmod(real, DIR_MODE, follow_symlinks=False)
+        st = os.lstat(real)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise InputError(str(path), f"refusing the {what}: {real} on its way appeared while it was being "
+                             f"created, {kind} (owner uid {st.st_uid})", hint=f"remove {real}, then run again")
+        why = problem(st, on_the_way=True)
+        if why is not None:
+            raise _refuse(path, what, why, str(real))
     check_dir(path, what)
-    return path
+    return Path(path)
+
+
+def trusted_target(path: Path | str, what: str, *, follow_last: bool = True) -> Path:
+    """Where a file nccltune is about to write (create or replace) at ``path`` lies, after the
+    rule (``walk_trusted``, over the whole chain as far as it exists): its directory exists, and
+    the real path to write is returned: write that, not ``path``.
+
+    ``follow_last``: a symlink at the name is followed, each link checked, and its target is what
+    is edited (an NCCL conf file kept by configuration management); the file, when it exists, is
+    a regular file that passes, and its directory passes as the final directory (not a sticky
+    one: the file is read and its mode and owner kept). False: the name is replaced by the rename
+    of a temporary file made O_EXCL|O_NOFOLLOW (files/atomicfile.py), whatever is there now (a
+    link replaced, never followed), so only its directory's chain counts, the directory passed
+    through like any other (a sticky one passes: no name in it is trusted or opened).
+
+    Raises:
+        InputError: a component or the file may not be trusted, or the file is not a regular
+            file (exit 78).
+        OSError: its directory does not exist (FileNotFoundError naming what is missing) or
+            cannot be read.
+    """
+    real, st, missing = walk_trusted(path, what, replace_last=not follow_last)
+    if len(missing) > 1:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(real / missing[0]))
+    if not follow_last:
+        if not missing:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(real))
+        return real / missing[0]
+    if missing:
+        directory, target = real, real / missing[0]
+    elif stat.S_ISDIR(st.st_mode):
+        raise InputError(str(path), f"is a directory, not a {what}")
+    elif not stat.S_ISREG(st.st_mode):
+        raise InputError(str(path), f"refusing the {what}: it is not a regular file")
+    else:
+        directory, target = real.parent, real
+        st = os.lstat(directory)
+    why = problem(st)  # the directory the file is edited in: a sticky one is refused here
+    if why is not None:
+        raise _refuse(path, what, why, str(directory))
+    return target
 
 
 def open_file(path: Path | str, flags: int, what: str, mode: int = 0o644) -> int:
