@@ -273,6 +273,6 @@ def test_join_refuses_a_state_directory_linked_to_one_of_another_user(tmp_path: 
     state.symlink_to(hers)
     give(state, mallory)
     got = nccltune("sweep", "--join", "127.0.0.1:9", "--state-dir", state, cwd=tmp_path)
-    # The configured state directory is resolved on reading the config: her directory is named.
-    refused(got, str(hers), "refusing the state directory", f"owned by uid {mallory}")
+    # The state directory is walked as given: her link is named.
+    refused(got, f"{state}: refusing the state directory: it is a symlink owned by uid {mallory}")
     assert secret.read_text() == "root's own\n"

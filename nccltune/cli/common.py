@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -58,10 +59,9 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
 
     cfg = load_config(Path(args.config) if args.config else DEFAULT_CONFIG_PATH, required=bool(args.config))
     overrides: dict[str, object] = {}
-    if args.state_dir:
-        overrides["state_dir"] = str(Path(args.state_dir).resolve())
-    elif demo:
-        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
+    state_dir = state_dir_flag(args, demo=demo)
+    if state_dir is not None:
+        overrides["state_dir"] = state_dir
     if getattr(args, "python", None):
         overrides["bench.python"] = args.python
     if getattr(args, "profile", None):
@@ -80,6 +80,20 @@ def load_cfg(args: argparse.Namespace, *, demo: bool = False) -> Config:
     return with_overrides(cfg, **overrides) if overrides else cfg
 
 
+def absolute(path: str | Path) -> Path:
+    """``path`` made absolute against the working directory, its links kept: the trust rule
+    (files/trust.py) walks them where the path is used, which a resolved string would hide."""
+    return Path(os.path.abspath(path))
+
+
+def state_dir_flag(args: argparse.Namespace, *, demo: bool = False) -> str | None:
+    """The state directory the command line names: `--state-dir`, else with `demo` the demo's
+    ./nccltune-demo, absolute and unresolved (see `absolute`); None: the config's."""
+    if args.state_dir:
+        return str(absolute(args.state_dir))
+    return str(absolute(DEMO_STATE_DIR)) if demo else None
+
+
 def reading_cfg(args: argparse.Namespace) -> Config:
     """The config of a command that only reads the state (history, report, env, topo's fallback).
 
@@ -92,7 +106,7 @@ def reading_cfg(args: argparse.Namespace) -> Config:
     cfg = load_cfg(args, demo=demo)
     if demo or args.state_dir:
         return cfg
-    demo_dir = Path(DEMO_STATE_DIR).resolve()
+    demo_dir = absolute(DEMO_STATE_DIR)
     if not cfg.state_path("history.db").exists() and (demo_dir / "history.db").exists():
         note(f"no history in {cfg.state_dir}; reading the CPU demo's state in {demo_dir} "
              "(--state-dir DIR to choose another)")

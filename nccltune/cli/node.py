@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..config import Config
 
 from . import common
-from .common import DEMO_STATE_DIR, load_cfg, out, setup_logging
+from .common import load_cfg, out, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +24,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from ..daemon import Daemon, DaemonOptions
 
     overrides: dict[str, object] = {}
-    if args.state_dir:
-        overrides["state_dir"] = str(Path(args.state_dir).resolve())
-    elif args.demo:
-        overrides["state_dir"] = str(Path(DEMO_STATE_DIR).resolve())
+    state_dir = common.state_dir_flag(args, demo=bool(args.demo))
+    if state_dir is not None:
+        overrides["state_dir"] = state_dir
     opts = DaemonOptions(config_path=Path(args.config) if args.config else None, overrides=overrides,
                          demo=args.demo, python=args.python, max_polls=args.max_polls,
                          poll_interval_s=args.poll_interval)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, NccltuneError, UnavailableError
-from .common import DEMO_STATE_DIR, load_cfg, note, out
+from .common import DEMO_STATE_DIR, absolute, load_cfg, note, out
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _demo_snapshot() -> str | None:
     """The recorded topology the newest run in ./nccltune-demo was measured on, if there is one."""
     from ..store import Store
 
-    path = Path(DEMO_STATE_DIR).resolve() / "history.db"
+    path = absolute(DEMO_STATE_DIR) / "history.db"
     if not path.exists():
         return None
     try:
