@@ -162,7 +162,7 @@ def test_conf_link_to_a_file_another_user_owns_is_not_written(open_dir: Path) ->
     os.chown(theirs, NOBODY, NOBODY)
     link = open_dir / "nccl.conf"
     link.symlink_to(theirs)
-    expected = f"is a link to {theirs}: refusing the NCCL conf file: it is owned by uid {NOBODY}"
+    expected = f"{link}: refusing the NCCL conf file: it leads to {theirs}, which is owned by uid {NOBODY}"
     with pytest.raises(InputError, match=expected):
         update_nccl_conf(link, {"NCCL_ALGO": "Ring"}, prov())
     assert theirs.read_text() == "NCCL_DEBUG=WARN\n"

@@ -124,28 +124,24 @@ def _write_conf(target: Path, data: bytes, st: os.stat_result | None) -> None:
 
 
 def _conf_target(path: Path) -> Path:
-    """The file to edit for ``path``, after the trust rule.
+    """The file to edit for ``path``, after the trust rule (``trust.trusted_target``).
 
     /etc/nccl.conf is often a symlink managed by configuration management: edit the file it points
     to and keep the link, rather than replacing the link with a regular file. But root appends its
-    block only where nobody else could have pointed it: the real file (when it exists) and its
-    directory must pass the trust rule, or nothing is written.
+    block, or creates the file, only where nobody else could have pointed it: every link on the
+    way (its own owner), every directory and the file (when it exists) must pass the trust rule,
+    walked from the path as configured, or nothing is written.
 
     Raises:
-        InputError: the target or its directory is owned or writable by another user (exit 78).
+        InputError: a link, a directory or the file is owned or writable by another user (exit 78).
+        PublishError: the file's directory does not exist or cannot be read (exit 1).
     """
-    target = Path(os.path.realpath(path))
     try:
-        trust.check_dir(target.parent, "NCCL conf file's directory")
-        if os.path.lexists(target):
-            trust.check_file(target, "NCCL conf file")
-    except FileNotFoundError:
-        pass  # reading or writing it names what is missing
-    except InputError as exc:
-        if target != Path(path):
-            raise InputError(str(path), f"is a link to {exc.message}") from exc
+        return trust.trusted_target(path, "NCCL conf file")
+    except InputError:
         raise
-    return target
+    except OSError as exc:
+        raise PublishError(path, exc, action="cannot reach its directory") from exc
 
 
 def update_nccl_conf(path: Path, env: Mapping[str, str], prov: Provenance) -> None:
