@@ -23,12 +23,12 @@ from ..checks.verify import VerifyCode, run_verify
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
 from ..errors import BusyError, NccltuneError, UnavailableError
 from ..files.lock import SweepLock
-from ..files.trust import ensure_dir
+from ..files.trust import ensure_dir, trusted_target
 from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
 from ..fleet.node import fleet_node_of
 from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
-from ..publish import Provenance, Setting, atomic_write, publish_setting, read_published
+from ..publish import Provenance, PublishError, Setting, atomic_write, publish_setting, read_published
 from ..publish.setting import DECIDED_STATES
 from ..store import Store
 from ..topology.ncclxml import render_xml
@@ -199,7 +199,12 @@ def refresh_topology_file(cfg: Config, node: Node) -> None:
         return  # the start-up check reports it and schedules the sweep that replaces it
     if not published.exists or published.topology_fingerprint != node.fingerprint:
         return
-    atomic_write(path, text)
+    try:
+        # Replaced by a rename, in a directory walked under the trust rule first (as publishing does).
+        target = trusted_target(path, "topology file copy", follow_last=False)
+    except OSError as exc:
+        raise PublishError(path, exc) from exc
+    atomic_write(target, text)
 
 
 def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at: _dt.datetime) -> int:

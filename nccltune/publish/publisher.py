@@ -5,8 +5,8 @@ Every decider (the sweep, the one-GPU node, a class profile, the daemon's safe r
 under the trust rule where missing, the set as one generation (generations.py; NCCL_TOPO_FILE
 names the generation's own topology file; a class profile's document is a file of it), the
 stable copy of the topology file (``publish.topology_file``, for site scripts that name one
-path), the state directory's copy of the class profile in force (``<state_dir>/class-profile.json``)
-and the managed nccl.conf block when one is configured.
+path; its directory under the trust rule), the state directory's copy of the class profile in
+force (``<state_dir>/class-profile.json``) and the managed nccl.conf block when one is configured.
 
 Everything that could be refused is checked before the first byte is written; the state
 directory's copies follow the switch to the new generation, so a refusal or a failure leaves the
@@ -21,12 +21,12 @@ from ..config import Config
 from ..delivery.cdi import prepare_dir, write_spec
 from ..errors import InputError
 from ..files.atomicfile import atomic_write
-from ..files.trust import ensure_dir
+from ..files.trust import ensure_dir, trusted_target
 from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
 from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
-from .setting import Setting
+from .setting import PublishError, Setting
 
 # The class profile in force: in the generation it was published with (the copy that switches
 # with the set) and, once that generation is current, in the state directory.
@@ -56,9 +56,18 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
         ensure_dir(state, "state directory")
     except OSError as exc:
         raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
-    published = publish_generation(cfg.publish_dir, setting)
+    topology_copy = None
     if setting.topology_xml is not None:
-        atomic_write(cfg.topology_file, setting.topology_xml)
+        try:
+            # Replaced by a rename: a link at the name is replaced, its directory's chain must pass.
+            topology_copy = trusted_target(cfg.topology_file, "topology file copy", follow_last=False)
+        except InputError:
+            raise
+        except OSError as exc:
+            raise PublishError(cfg.topology_file, exc, action="cannot reach its directory") from exc
+    published = publish_generation(cfg.publish_dir, setting)
+    if topology_copy is not None and setting.topology_xml is not None:
+        atomic_write(topology_copy, setting.topology_xml)
     if setting.class_profile is not None:
         atomic_write(state / PROFILE_IN_FORCE, setting.class_profile)
     if cfg.nccl_conf is not None:
