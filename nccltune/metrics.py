@@ -35,7 +35,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .compare import upgrade_check
-from .errors import InputError, NccltuneError
+from .errors import NccltuneError
+from .files.trust import ensure_dir
 from .publish import read_published
 from .store import RunKind, RunRecord, RunStatus, Store
 
@@ -419,12 +420,15 @@ def write_snapshot(directory: Path, snap: Snapshot) -> Path:
 
     node_exporter often runs as another user, hence mode 0644 whatever the umask.
 
+    The directory is created where missing under the trust rule (trust.ensure_dir): the temporary
+    file's name is predictable (`nccltune.prom.<pid>.<thread>`), so a directory another user could
+    write in, or reach through a link, would have it written through a link of theirs.
+
     Raises:
-        InputError: running as root, and the directory is one another user could plant a link in.
+        InputError: the directory, or a component on its way, may not be trusted (exit 78).
         OSError: a file cannot be written.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    _check_directory(directory)
+    ensure_dir(directory, "metrics directory")
     path = directory / FILENAME
     for name, daemon in ((FILENAME, False), (DAEMON_FILENAME, True)):
         if daemon and snap.live is None:
@@ -434,17 +438,6 @@ def write_snapshot(directory: Path, snap: Snapshot) -> Path:
         if (target.stat().st_mode & 0o777) != 0o644:
             os.chmod(target, 0o644)
     return path
-
-
-def _check_directory(directory: Path) -> None:
-    """As root, refuse a directory another user can write to: the temporary file's name is predictable
-    (`nccltune.prom.<pid>.<thread>`), so a link planted there would be written through as root."""
-    if os.geteuid() != 0:
-        return
-    st = directory.stat()
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        raise InputError(str(directory), "the metrics directory is writable by another user; not writing there "
-                         "as root", hint=f"chown root {directory} && chmod go-w {directory}")
 
 
 def write_metrics_from_store(directory: Path, store: Store, *, fingerprint: str, node_class: str | None = None,
