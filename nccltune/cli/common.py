@@ -94,6 +94,27 @@ def state_dir_flag(args: argparse.Namespace, *, demo: bool = False) -> str | Non
     return str(absolute(DEMO_STATE_DIR)) if demo else None
 
 
+def output_file(path: str | Path, what: str) -> Path:
+    """Where a command's `--out FILE` is written, checked before any work (files/trust.py's
+    trusted_target: every directory and link on its way; the name itself is replaced by a rename).
+    Write the path returned.
+
+    Raises:
+        InputError: a component on its way may not be trusted (exit 78).
+        FileError: its directory does not exist or cannot be read (exit 1).
+    """
+    from ..errors import InputError
+    from ..files.atomicfile import FileError
+    from ..files.trust import trusted_target
+
+    try:
+        return trusted_target(absolute(path), what, follow_last=False)
+    except InputError:
+        raise
+    except OSError as exc:
+        raise FileError(path, exc, action="cannot write") from None
+
+
 def reading_cfg(args: argparse.Namespace) -> Config:
     """The config of a command that only reads the state (history, report, env, topo's fallback).
 

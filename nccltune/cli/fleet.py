@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import EXIT_OK
-from .common import load_cfg, out
+from .common import load_cfg, out, output_file
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -15,13 +15,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from ..fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
 
     cfg = load_cfg(args)
+    target = output_file(args.out, "class profile")
     exports = load_exports([Path(p) for p in args.exports])
     # The weights per collective and size a node's sweep uses for the same profile.
     custom = {name: profile_collectives(p) for name, p in cfg.sweep.profiles.items()}
     rules = rules_from(args.profile, pool(exports).profiles, min_gain_pct=cfg.sweep.min_gain_pct,
                        max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
     doc = decide(exports, rules)
-    atomic_write(Path(args.out), dumps_profile(doc))
+    atomic_write(target, dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")
     out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..store import RunRecord, TrialRecord
 
-from .common import load_cfg, note, open_history, out, reading_cfg
+from .common import load_cfg, note, open_history, out, output_file, reading_cfg
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -66,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.plot:
         from ..report.plot import plot_run
 
-        plot_run(run, trials, Path(args.plot))
+        plot_run(run, trials, output_file(args.plot, "plot"))
     if fmt == "json":
         out(dumps(report_doc(run, trials, plot=args.plot)))
     else:
@@ -195,12 +195,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..fleet.node import load_fleet_node
 
     cfg = load_cfg(args, demo=bool(args.demo))
+    target = output_file(args.out, "export file") if args.out else None
     node = load_fleet_node(cfg, args.demo)
     with open_history(_with_state(args, cfg)) as store:
         doc = build_export(store, node_identity(node), args.run)
     text = dumps_export(doc)
-    if args.out:
-        atomic_write(Path(args.out), text)
+    if target is not None:
+        atomic_write(target, text)
         print(f"nccltune: exported {len(doc['runs'])} run(s) of {doc['hostname']} to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

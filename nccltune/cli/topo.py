@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, NccltuneError, UnavailableError
-from .common import DEMO_STATE_DIR, absolute, load_cfg, note, out
+from .common import DEMO_STATE_DIR, absolute, load_cfg, note, out, output_file
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.xml:
         from ..topology.ncclxml import write_xml
 
-        write_xml(topo, Path(args.xml))
+        write_xml(topo, output_file(args.xml, "topology XML"))
         log.info("wrote %s", args.xml)
     if args.json:
         doc = topology_doc(topo, paths, with_nics=not args.no_nics)
@@ -99,8 +99,9 @@ def _demo_snapshot() -> str | None:
 def cmd_topo_record(args: argparse.Namespace) -> int:
     from ..topology.snapshot import record_snapshot, save_snapshot
 
+    target = output_file(args.out, "snapshot file")
     snap = record_snapshot(description=args.description)
-    save_snapshot(snap, Path(args.out))
+    save_snapshot(snap, target)
     out(f"Recorded {len(snap.nvml.gpus)} GPU(s), {len(snap.sysfs.pci)} PCI device(s) and "
         f"{len(snap.sysfs.nics)} network device(s) into {args.out}")
     return EXIT_OK
@@ -140,6 +141,6 @@ def cmd_topo_check(args: argparse.Namespace) -> int:
 
     bench = load_cfg(args).bench
     check = check_topology_file(Path(args.xml), python=bench.python, bench_user=bench.user,
-                                keep_dump=Path(args.dump) if args.dump else None)
+                                keep_dump=output_file(args.dump, "topology re-dump") if args.dump else None)
     out(dumps(topocheck_doc(check)) if args.json else topocheck_text(check))
     return EXIT_OK if check.passed else 1
