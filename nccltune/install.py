@@ -26,6 +26,7 @@ import os
 import pwd
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from .errors import InputError, NccltuneError, UnavailableError
 from .files.atomicfile import atomic_write
-from .files.trust import check_file
+from .files.trust import check_file, ensure_dir, trusted_target, walk_trusted
 from .trials.credentials import DEFAULT_USER
 
 log = logging.getLogger(__name__)
@@ -143,9 +144,66 @@ def rank_user_commands(name: str = DEFAULT_USER, groups: list[str] | None = None
     return [["usermod", "--append", "--groups", ",".join(missing), name]] if missing else []
 
 
+def check_prefix(prefix: Path) -> Path:
+    """The real directory ``prefix`` names, after the trust rule (files/trust.py): every component
+    that exists, and every link on its way, is root's (or the installing user's) and writable by
+    nobody else, so that nothing install writes below it goes where another user chose. Creates
+    nothing.
+
+    Raises:
+        InputError: a component may not be trusted, or is not a directory (exit 78).
+    """
+    try:
+        real, st, missing = walk_trusted(prefix, "install prefix")
+    except NotADirectoryError as exc:
+        raise InputError(str(prefix), f"refusing the install prefix: {exc.filename} is not a directory") from None
+    if not missing and not stat.S_ISDIR(st.st_mode):
+        raise InputError(str(prefix), "refusing the install prefix: it is not a directory")
+    return real.joinpath(*missing)
+
+
+def check_binary(exe: str) -> None:
+    """ExecStart runs ``exe`` as root: it, and the interpreter its ``#!`` line names, must pass the
+    trust rule as far as they exist here (a missing one may only appear where root alone could put
+    it; with ``--prefix`` the executable may be the target system's).
+
+    Raises:
+        InputError: a component may not be trusted, or the executable is not a regular file (exit 78).
+    """
+    what = "nccltune executable (ExecStart)"
+    try:
+        real, st, missing = walk_trusted(exe, what)
+    except NotADirectoryError as exc:
+        raise InputError(exe, f"refusing the {what}: {exc.filename} is not a directory") from None
+    if missing:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(exe, f"refusing the {what}: it is not a regular file")
+    try:
+        with open(real, "rb") as fh:
+            first = fh.readline(4096)
+    except OSError as exc:
+        raise InputError(exe, f"cannot read the {what}: {exc.strerror}") from None
+    words = first[2:].split() if first.startswith(b"#!") else []
+    if words:
+        interpreter = os.fsdecode(words[0])
+        try:
+            walk_trusted(interpreter, f"interpreter of the {what}, {exe}")
+        except NotADirectoryError as exc:
+            raise InputError(interpreter, f"refusing the interpreter of {exe}: {exc.filename} "
+                             "is not a directory") from None
+
+
 def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True) -> InstallPlan:
-    """What install writes and runs; writes nothing."""
+    """What install writes and runs, after the trust rule for the prefix and the executable;
+    writes nothing.
+
+    Raises:
+        InputError: the prefix or the executable may not be trusted (exit 78).
+    """
     exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
+    real_prefix = check_prefix(prefix)
+    check_binary(exe)
     plan = InstallPlan()
     target = prefix / "etc/systemd/system"
     for name in UNITS:
@@ -160,7 +218,7 @@ def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True
     prolog = prefix / LAUNCHERS[1][1]
     plan.notes.append(f"for Slurm: TaskProlog=/{LAUNCHERS[1][1]} in slurm.conf (one TaskProlog per node: "
                       f"call {prolog.name} from an existing one)")
-    if prefix.resolve() == Path("/"):
+    if real_prefix == Path("/"):
         plan.commands.extend(rank_user_commands())
     else:
         plan.notes.append(f"on the target, create the user the benchmark ranks run as (bench.user): "
@@ -210,10 +268,12 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
     manifest = _read_manifest(prefix)
     done = []
     for w in plan.writes:
-        w.path.parent.mkdir(parents=True, exist_ok=True)
+        # Each directory walked under the trust rule before anything is made in it.
+        ensure_dir(w.path.parent, "install directory")
         atomic_write(w.path, w.text, w.mode)
         manifest[str(w.path)] = sha256(w.text)
         done.append(f"installed {w.path} {w.note}".rstrip())
+    ensure_dir((prefix / MANIFEST).parent, "install directory")
     atomic_write(prefix / MANIFEST, json.dumps({"files": manifest}, indent=1, sort_keys=True) + "\n")
     done.extend(f"then: {n}" for n in plan.notes)
     for cmd in plan.commands:
@@ -225,6 +285,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
 def uninstall(prefix: Path, *, disable: bool = True, dry_run: bool = False) -> list[str]:
     """Remove what install wrote, by its manifest: a file whose content changed since is kept and
     named. The state directory (history, published settings) is never touched."""
+    check_prefix(prefix)
     manifest = _read_manifest(prefix)
     if not manifest:
         return [f"nothing to uninstall: no {prefix / MANIFEST}"]
@@ -238,6 +299,12 @@ def uninstall(prefix: Path, *, disable: bool = True, dry_run: bool = False) -> l
             done.append(" ".join(DISABLE))
     for name, digest in sorted(manifest.items()):
         path = Path(name)
+        try:
+            # Removed by name, in a directory nobody else could have switched.
+            trusted_target(path, "installed file", follow_last=False)
+        except OSError:  # its directory is gone, or is no directory
+            done.append(f"{path}: already gone")
+            continue
         if not path.is_file() or path.is_symlink():
             done.append(f"{path}: already gone")
             continue
