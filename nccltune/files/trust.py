@@ -273,7 +273,7 @@ def trusted_target(path: Path | str, what: str, *, follow_last: bool = True) -> 
     is edited (an NCCL conf file kept by configuration management); the file, when it exists, is
     a regular file that passes, and its directory passes as the final directory (not a sticky
     one: the file is read and its mode and owner kept). False: the name is replaced by the rename
-    of a temporary file made O_EXCL|O_NOFOLLOW (files/atomicfile.py), whatever is there now (a
+    of a temporary file made O_EXCL|O_NOFOLLOW (files/atomicfile.py), whatever is at the name (a
     link replaced, never followed), so only its directory's chain counts, the directory passed
     through like any other (a sticky one passes: no name in it is trusted or opened).
 
