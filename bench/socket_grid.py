@@ -71,8 +71,8 @@ def main() -> int:
         if env not in points:
             points.append(env)
     work = Path(tempfile.mkdtemp(prefix="socket-grid-"))
-    runner = Runner(python=args.python, backend=args.backend, nranks=args.hosts, base_env=dict(os.environ), work_dir=work,
-                    timeout_s=600, launch=HostsOnOneGpuLaunch(args.hosts))
+    runner = Runner(python=args.python, backend=args.backend, nranks=args.hosts, base_env=dict(os.environ),
+                    work_dir=work, timeout_s=600, launch=HostsOnOneGpuLaunch(args.hosts))
     busbw: dict[str, dict[int, list[float]]] = {label(p): {} for p in points}
     rng = random.Random(1)
     print(f"{args.hosts} NCCL hosts on one GPU, {len(points)} points x {args.repeats} rounds, sizes "

@@ -145,7 +145,7 @@ def test_holm_tests_the_best_at_alpha_over_k_and_stops_at_the_first_failure() ->
     evs = {"a": one_node(1.05, 4, seed=1), "b": one_node(1.0, 4, seed=2), "c": one_node(1.05, 4, seed=3)}
     got = decision.holm(evs, W, RULE)
     assert got["a"].eligible and got["c"].eligible and not got["b"].eligible
-    first = min((v.alpha for v in got.values()))
+    first = min(v.alpha for v in got.values())
     assert first == pytest.approx(0.05 / 3)
     assert sorted(round(v.alpha, 4) for v in got.values()) == [round(0.05 / 3, 4), 0.025, 0.05]
 
