@@ -83,6 +83,7 @@ except ValueError:
 print("chosen:", d.get("chosen"), "| trials:", d.get("trials"), "| wall:", d.get("wall_s"))
 print("summary:", d.get("summary"))
 print("not published:", d.get("not_published"))
+print("decision:", json.dumps(d.get("decision"), indent=1))
 for r in d.get("sizes", []):
     print(f"  {r['collective']:>10} {r['size_bytes']:>11} B  defaults {r['default_busbw_gbps']} GB/s "
           f"(noise {r['default_noise_pct']}%)  chosen {r['tuned_busbw_gbps']} GB/s  x{r['ratio']}")
@@ -90,7 +91,7 @@ env = dict(t.split("=", 1) for t in str(d.get("chosen") or "").split() if t.spli
 open(sys.argv[2], "w").write(" ".join(f"{k}={v}" for k, v in sorted(env.items())))
 EOF
 CHOSEN=$(cat "$W/chosen.env" 2>/dev/null)
-echo "the sweep's choice of the socket knobs: ${CHOSEN:-NCCL's defaults}"
+echo "the sweep's choice of the socket knobs: ${CHOSEN:-none (the defaults)}"
 
 step "export and fleet decide: the class profile it would publish [$NOTE]"
 $PY -m nccltune export --config "$CFG" --state-dir "$W/host0" --out "$W/export-host0.json" 2> "$LOGS/export.err" \
