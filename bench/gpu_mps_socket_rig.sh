@@ -34,6 +34,7 @@ exec > >(tee "$OUT/summary-${HOSTS}x1.txt") 2>&1
 status=0
 fail() { echo "FAILED: $*"; status=1; }
 mps_start "$W/mps"
+trap mps_stop EXIT  # an MPS server left running holds the GPU: the next sweep would find it busy
 NOTE="$SHARING; loopback, not a NIC: never a node's tuning"
 echo "rig: $HOSTS NCCL hosts on one GPU; $NOTE; work directory $W"
 
@@ -109,6 +110,5 @@ ALSO=()
 [ -n "$CHOSEN" ] && ALSO=(--also "$CHOSEN")
 $PY bench/socket_grid.py --hosts "$HOSTS" --repeats "$REPEATS" --python "$(command -v "$PY")" "${ALSO[@]}" \
   --json "$OUT/grid-${HOSTS}x1.json" || fail "grid"
-mps_stop
 echo "NOTE: $NOTE"
 exit $status
