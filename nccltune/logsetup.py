@@ -4,18 +4,44 @@ Under journald, lines carry the syslog priority prefix "<N>" that journald parse
 service's stderr (SyslogLevelPrefix=, on by default), so `journalctl -p warning -u nccltune`
 filters by level; journald stamps entries itself, so no timestamp is written there. Anywhere
 else (a terminal, a file, a pipe) lines start with an ISO 8601 timestamp.
+
+Text that comes from a less trusted process (a rank, the rank server, another node, NCCL's log
+the ranks write) reaches the log only through `escaped`: one line, no terminal escape, so it can
+neither forge a log line nor act on the terminal that shows it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TextIO
 
 LOGGER_NAME = "nccltune"
+
+# What a message from a less trusted process keeps of its text, before escaping: a reason, a line
+# of stderr, a peer's refusal. The longest nccltune's own messages quote (a JSON line's first 80
+# characters, a rank's last line's 200) fit.
+ESCAPED_CHARS = 500
+_NOT_PLAIN = re.compile(r"[^\x20-\x7e]")
+
+
+def escaped(text: object, limit: int | None = ESCAPED_CHARS) -> str:
+    """`text` (str() of it) as one line that is safe in a log and on a terminal: every character
+    that is not printable (newline, CR, tab, the C0 and C1 controls with ESC among them, the line
+    and paragraph separators, bidirectional overrides) written as Python writes it escaped
+    (\\n, \\x1b, \\u2028); cut to its first `limit` characters (None: whole), "..." saying so."""
+    text = str(text)
+    cut = limit is not None and len(text) > limit
+    if cut:
+        text = text[:limit]
+    if _NOT_PLAIN.search(text) is not None:
+        text = _NOT_PLAIN.sub(lambda m: m[0] if m[0].isprintable() else ascii(m[0])[1:-1], text)
+    return text + "..." if cut else text
+
 
 # sd-daemon(3) levels; logging has no NOTICE, so 5 is never written.
 _PRIORITIES = (

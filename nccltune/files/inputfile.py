@@ -1,11 +1,14 @@
 """Reading an input file (config, snapshot, NCCL XML, JSON documents) without hanging, exhausting
-memory or believing a file another user controls; parsing JSON strictly."""
+memory or believing a file another user controls; parsing JSON strictly. And reading what a less
+trusted process wrote (a rank's output, NCCL's log) within a bound (`read_bounded`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,59 @@ def read_input_file(path: Path, max_bytes: int, what: str, *, trusted: bool = Fa
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """What `read_bounded` kept of a file: `data`, from its start or its end, and `size`, how
+    long the file was (at least) when it was read."""
+
+    data: bytes
+    size: int
+    tail: bool = False
+
+    @property
+    def cut(self) -> bool:
+        """The file held more than `data`."""
+        return self.size > len(self.data)
+
+    def lines(self) -> list[str]:
+        """`data` as text lines (undecodable bytes replaced), less the line cut in two at the edge
+        where the file was cut."""
+        lines = self.data.decode(errors="replace").splitlines()
+        if self.cut and lines:
+            lines = lines[1:] if self.tail else lines[:-1]
+        return lines
+
+
+def read_bounded(path: Path, limit: int, *, tail: bool = False) -> Bounded:
+    """The first `limit` bytes of a file another process wrote (with `tail`: its last `limit`
+    bytes), never more whatever the file does meanwhile: only a regular file, a symlink at its
+    last component not followed, opened non-blocking (a FIFO cannot hold the reader).
+
+    Raises:
+        OSError: it cannot be opened (ELOOP for a symlink), or is not a regular file (EINVAL).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        start = max(0, st.st_size - limit) if tail else 0
+        chunks: list[bytes] = []
+        got = 0
+        want = limit if tail else limit + 1  # one byte more says whether the file goes on
+        while got < want:
+            chunk = os.pread(fd, min(1 << 20, want - got), start + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    size = max(st.st_size, start + len(data))
+    return Bounded(data[:limit], size, tail)
 
 
 # Deeper than any document nccltune reads or writes (a profile nests 6 levels), far below where

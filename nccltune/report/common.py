@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..logsetup import escaped
 from ..records import ReportRow
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
@@ -74,4 +75,4 @@ def fmt_bw(gbps: float) -> str:
 def shown(value: str) -> str:
     """A value from the environment or a config as one terminal-safe line: a newline or an escape
     sequence is printed escaped (\\n, \\x1b), never acted on by the terminal."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in value)
+    return escaped(value, None)
