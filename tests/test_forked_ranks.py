@@ -1,7 +1,8 @@
 """Ranks forked from the rank server (bench.fork_ranks, the default) held to the rules of ranks
 started by exec (test_runner.py): fresh processes for every trial, the candidate over the base
 environment in every rank, the timeout, the abort and the kill; and what happens when the server
-cannot fork: ranks start by exec, and a pid the server names is acted on only when it is its own.
+cannot fork: ranks start by exec, and a pid the server names is acted on only when it is its own,
+and only through its pidfd (one the server reaps and the kernel hands again is never signalled).
 
 Real worker processes: torch gloo on the CPU, two ranks, tiny sizes. What a forked rank saw is
 shown by the worker's fault switch, which acts only when the rank's environment holds a value.
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from nccltune.hw.procfs import parent_pids
+from nccltune.trials.forkedranks import EXIT_REPORT_S
 from nccltune.trials.runner import SERVER_LOG, Runner, TrialAborted, TrialResult
 from nccltune.trials.worker import FAULT_VAR
+from tests.pidns import run_in_pid_namespace
 
 pytest.importorskip("torch")
 
@@ -266,3 +269,61 @@ def test_a_rank_the_server_says_has_ended_counts_as_running_while_it_runs(tmp_pa
     assert result.status == "timeout", result.reason
     assert len(watch.forked) == 2 and _gone(watch.forked)
     runner.close()
+
+
+_REAPED_AND_HANDED_AGAIN = '''
+import json, os, sys
+from pathlib import Path
+from nccltune.hw.procfs import parent_pids
+from nccltune.trials.runner import Runner
+
+python, work, timeout_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL")}
+named, given = set(), []
+
+def watch():
+    server = runner.rank_server_pid
+    if server is not None:
+        named.update(pid for pid, parent in parent_pids().items() if parent == server)
+    # A rank the server reaped without a word: its pid goes to a process group of someone else's.
+    for pid in sorted(named):
+        if not given and not os.path.exists(f"/proc/{pid}"):
+            given.append(give_pid(pid, ["sleep", "60"]))
+    return None
+
+runner = Runner(python=python, backend="gloo", nranks=2, base_env=env, work_dir=work / "work",
+                timeout_s=timeout_s, abort_check=watch)
+result = runner.run({}, [4096], warmup=1, iters=2, label="reaped")
+alive = [p.poll() is None for p in given]
+for p in given:
+    p.kill()
+runner.close()
+print(json.dumps({"status": result.status, "reason": result.reason, "named": sorted(named),
+                  "given": [p.pid for p in given], "alive": alive}))
+'''
+
+
+@pytest.mark.parametrize("timeout_s", [3.0, 30.0])
+def test_a_rank_the_server_reaps_unsaid_ends_the_trial_and_its_pid_is_never_signalled(
+        tmp_path: Path, timeout_s: float) -> None:
+    """A server (any process of the rank user may do this) that forks each rank, names it, and
+    reaps it without a word when it ends; meanwhile the kernel hands the pid to another process
+    group. The trial ends by the timeout's kill (3 s) or by the rank's pidfd (30 s: the rank ended
+    and the server said nothing of it within EXIT_REPORT_S); neither signals the new process."""
+    python = _python_with_liar(tmp_path,
+                               "    import signal\n"
+                               "    signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+                               "    pid = os.fork()\n"
+                               "    if pid == 0:\n"
+                               "        os.setsid()\n"
+                               "        time.sleep(0.5)\n"
+                               "        os._exit(0)\n"
+                               "    s.send(json.dumps({'started': pid}).encode())\n")
+    got = run_in_pid_namespace(_REAPED_AND_HANDED_AGAIN, python, str(tmp_path), str(timeout_s))
+    assert len(got["named"]) == 2 and len(got["given"]) == 1 and got["given"][0] in got["named"]
+    assert got["alive"] == [True], "a kill meant for the reaped rank reached the process that got its pid"
+    if timeout_s < EXIT_REPORT_S:
+        assert got["status"] == "timeout", got
+    else:
+        assert got["status"] == "crashed", got
+        assert "ended, and the rank server did not say how" in got["reason"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.hw.procfs import start_time_ticks
+from nccltune.hw.procfs import boot_id, start_time_ticks
 from nccltune.trials.runner import reap_leftover_ranks
 from nccltune.trials.worker import FAULT_VAR
 
@@ -84,10 +84,14 @@ def test_a_leftover_rank_is_ended_from_the_record(tmp_path: Path) -> None:
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         record = tmp_path / "ranks.running"
-        started = start_time_ticks(leftover.pid)
-        assert started is not None
+        started, boot = start_time_ticks(leftover.pid), boot_id()
+        assert started is not None and boot is not None
         # The bystander's pid with another start time: a pid reused since the record was written.
-        record.write_text(f"{leftover.pid} {started}\n{bystander.pid} {started - 1}\n")
+        # Its own start time in another boot, or without a boot: a record from before a reboot.
+        bystanders = [f"{bystander.pid} {started - 1} {boot}", f"{bystander.pid} {start_time_ticks(bystander.pid)} "
+                      f"{boot.replace(boot[0], 'f' if boot[0] != 'f' else '0', 1)}",
+                      f"{bystander.pid} {start_time_ticks(bystander.pid)}"]
+        record.write_text("".join(f"{line}\n" for line in [f"{leftover.pid} {started} {boot}", *bystanders]))
         assert reap_leftover_ranks(record) == [leftover.pid]
         assert leftover.wait(timeout=10) == -signal.SIGKILL
         assert bystander.poll() is None

@@ -2,8 +2,8 @@
 
 - Which processes descend from a given one: the daemon must not count its own trial ranks as a
   job on the GPUs; those ranks are its descendants, found from each process's parent pid.
-- When a process started: (pid, start time) names one process for the life of the machine, so a
-  record of running ranks is never fooled by a reused pid.
+- When a process started: (pid, start time) names one process for the life of the machine (one
+  boot: `boot_id` tells boots apart), so a record of running ranks is never fooled by a reused pid.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | 
     """The process's start time (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
     when there is no such process."""
     return _stat_of(pid, root, 22)
+
+
+def boot_id(root: str | os.PathLike[str] = "/proc") -> str | None:
+    """This boot's id (/proc/sys/kernel/random/boot_id), or None where it cannot be read."""
+    try:
+        text = (Path(root) / "sys" / "kernel" / "random" / "boot_id").read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return text if text and all(c in "0123456789abcdef-" for c in text) else None
 
 
 def parent_pid(pid: int, root: str | os.PathLike[str] = "/proc") -> int | None:

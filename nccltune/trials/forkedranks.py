@@ -5,8 +5,10 @@ rank user and dying with the runner, like every rank. A forked rank (`ForkedRank
 the runner handles the Popen of a rank it starts by exec: its pid, `poll`, `wait`, its process
 group killed. The server runs as the rank user, so what it says is checked before root acts on
 it: a pid it names must be a child of the server when the runner first sees it (/proc), and is
-then held by a pidfd, so that a signal never reaches another process that got the pid later; a
-rank counts as ended when its pidfd says so, whatever the server says; the server's messages are
+then held by a pidfd (trials.held), so that a signal never reaches another process that got the
+pid later; a rank is over when its pidfd says so, whatever the server says: a rank the server
+says has ended while it runs still runs, and one that ended without the server saying how
+within EXIT_REPORT_S is over all the same (the server has failed); the server's messages are
 bounded in size and in number per look.
 
 Anything that goes wrong with the server (torch fails to import, it dies, it answers nonsense)
@@ -31,12 +33,20 @@ from ..files import trust
 from ..hw.procfs import parent_pid
 from . import rankserver
 from .credentials import RankUser, rank_preexec
+from .held import Child, Held
 
 log = logging.getLogger(__name__)
 
 SERVER = Path(rankserver.__file__)
 REPLY_S = 30.0  # a fork and its answer; the server's own start waits for torch's import instead
 DRAIN_MAX = 1024  # messages read at one look: a server that floods the socket cannot hold the runner
+# From a rank's end (its pidfd) to the server's word on how it ended: the server waits on its
+# children as each ends, so this is only a loaded machine's delay, and a server silent this long
+# has failed. The runner's kill waits 10 s for a killed rank (Runner.kill), longer than this.
+EXIT_REPORT_S = 5.0
+# The exit status of a rank that ended without the server saying how: no status can be it
+# (an exit status is 0-255, a signal negative).
+UNREPORTED = 256
 
 
 class ServerFailed(Exception):
@@ -45,19 +55,20 @@ class ServerFailed(Exception):
 
 class ForkedRank:
     """One rank forked by the server, with what the runner uses of a Popen: pid, returncode,
-    poll() and wait()."""
+    poll() and wait(); `held`, its pidfd."""
 
-    def __init__(self, server: RankServer, pid: int, pidfd: int) -> None:
+    def __init__(self, server: RankServer, held: Held) -> None:
         self.server = server
-        self.pid = pid
-        self.pidfd = pidfd
+        self.held = held
+        self.pid = held.pid
         self.returncode: int | None = None
+        self.ended_at: float | None = None  # when its pidfd first said it had ended
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self.server.exit_code(self)
             if self.returncode is not None:
-                os.close(self.pidfd)
+                self.held.close()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -70,20 +81,15 @@ class ForkedRank:
         return self.returncode
 
     def kill(self) -> None:
-        """SIGKILL the process group it leads (the server makes each rank a session of its own)
-        and the process itself, by its pidfd: a process the server failed to give a group of
-        its own is ended too."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        """SIGKILL the process group it leads (the server makes each rank a session of its own),
+        only while its pidfd says the rank is not reaped (Held.signal_group), and the process
+        itself through its pidfd: a process the server failed to give a group of its own is
+        ended too, and a pid the server reaped is never signalled, whoever has it now."""
+        self.held.kill()
 
     def alive(self) -> bool:
         """The process still runs (its pidfd is not readable yet)."""
-        if self.returncode is not None:
-            return False
-        readable, _, _ = select.select([self.pidfd], [], [], 0)
-        return not readable
+        return self.returncode is None and not self.held.ended()
 
 
 class RankServer:
@@ -106,7 +112,7 @@ class RankServer:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
         out = os.open(err, flags, 0o644)
         try:
-            self._proc = subprocess.Popen(
+            self._proc = Child(
                 [*trust.python_argv(python, str(SERVER)), str(theirs.fileno())], env=self.env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(theirs.fileno(),),
                 start_new_session=True, cwd=cwd, preexec_fn=rank_preexec(os.getpid(), user))
@@ -149,30 +155,40 @@ class RankServer:
         # and may not point root at anyone else's process.
         if parent_pid(pid) != self.pid:
             raise ServerFailed(f"pid {pid}, which it named, is not a rank of its own")
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:
-            raise ServerFailed(f"pid {pid}, which it named, cannot be held: {exc.strerror}") from exc
-        if parent_pid(pid) != self.pid:
-            os.close(pidfd)
+        held = Held.open(pid)
+        if held is None:
+            raise ServerFailed(f"pid {pid}, which it named, cannot be held: no such process")
+        # Its parent read after the pidfd was opened, and the pidfd's process not reaped after
+        # that: the parent read is that process's own (trials.held.below says why).
+        if parent_pid(pid) != self.pid or not held.exists():
+            held.close()
             raise ServerFailed(f"pid {pid}, which it named, is not a rank of its own")
         self._forked.add(pid)
-        return ForkedRank(self, pid, pidfd)
+        return ForkedRank(self, held)
 
     def exit_code(self, rank: ForkedRank) -> int | None:
-        """The rank's exit status (negative: the signal) once it has ended, else None. The server's
-        word counts once the rank's pidfd shows it ended too; a rank of a server that died died
-        with it (SIGKILL)."""
+        """The rank's exit status (negative: the signal) once its pidfd says it has ended, else
+        None, whatever the server says. The status is the server's word; a rank of a server that
+        died died with it (SIGKILL); a rank the server says nothing of within EXIT_REPORT_S of its
+        end is UNREPORTED, and the server has failed."""
         try:
             self._drain()
         except ServerFailed as exc:
             self.fail(str(exc))
-        if rank.pid in self._exits and not rank.alive():
+        if not rank.held.ended():
+            return None
+        if rank.pid in self._exits:
             self._forked.discard(rank.pid)
             return self._exits.pop(rank.pid)
-        if self._proc.poll() is not None and not rank.alive():
+        if self._proc.poll() is not None:
             return -signal.SIGKILL
-        return None
+        now = time.monotonic()
+        rank.ended_at = rank.ended_at or now
+        if now - rank.ended_at < EXIT_REPORT_S:
+            return None
+        self._forked.discard(rank.pid)
+        self.fail(f"it did not say how rank {rank.pid} ended within {EXIT_REPORT_S:g} s")
+        return UNREPORTED
 
     def close(self) -> None:
         """End the server (it exits when its socket closes; its ranks die with it)."""
@@ -181,8 +197,7 @@ class RankServer:
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.kill_group()
             self._proc.wait(timeout=10)
 
     def fail(self, why: str) -> None:
@@ -192,8 +207,7 @@ class RankServer:
             log.warning("the rank server %d failed (%s): ending it; ranks start by exec from now on", self.pid, why)
             with contextlib.suppress(OSError):
                 self._sock.close()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.kill_group()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
 

@@ -4,9 +4,10 @@ NCCL caches most of its variables per process (NCCL_PARAM in include/param.h), s
 candidate environment gets new processes: forked from the runner's rank server where they may be
 (trials.forkedranks: torch imported once per sweep, not once per rank), else started by exec.
 All ranks of a trial run in their own process groups; on a timeout, a crash of any rank, Ctrl-C
-or an abort request, every group is killed. A failed trial is reported with its reason and the
-caller goes on. This is the only module that starts rank processes (through the rank server,
-which only forks what this module asks for).
+or an abort request, every group is killed, each through the pidfd of its leader, held from the
+rank's start (trials.held): never by a number alone. A failed trial is reported with its reason
+and the caller goes on. This is the only module that starts rank processes (through the rank
+server, which only forks what this module asks for).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
 from ..files.atomicfile import atomic_write
 from ..files.trust import ensure_dir
-from ..hw.procfs import start_time_ticks
+from ..hw.procfs import boot_id, start_time_ticks
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from . import nccltests, rankexec, rankserver
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
-from .forkedranks import SERVER, ForkedRank, RankServer, ServerFailed
+from .forkedranks import SERVER, UNREPORTED, ForkedRank, RankServer, ServerFailed
+from .held import Child, Held
 from .launch import Launch, TrialSpec, worker_args
 from .launch.local import LocalLaunch
 from .nccllog import rank0_log, read_log
@@ -54,8 +56,12 @@ SERVER_LOG = "rankserver.err"  # the rank server's output, in the runner's work 
 def reap_leftover_ranks(record: Path) -> list[int]:
     """End the ranks an earlier sweep left running, as its rank record lists them; return their pids.
 
-    A pid counts only if its start time still matches the record, so a reused pid is never hit.
-    Call it holding the sweep lock: then no live sweep owns those ranks. The record is emptied.
+    Each line is "pid start_time boot_id". A pid counts only in the boot that wrote it and while
+    the process that has it started at the recorded time: it is held by a pidfd first, then its
+    start time read, then the pidfd checked to hold a process not yet reaped, so the start time
+    read was that process's own; it is then ended through the pidfd (trials.held), and a reused
+    pid is never hit. Call it holding the sweep lock: then no live sweep owns those ranks. The
+    record is emptied.
 
     Raises:
         InputError: the record may not be trusted (a symlink, another owner), exit 78.
@@ -72,18 +78,20 @@ def reap_leftover_ranks(record: Path) -> list[int]:
     finally:
         os.close(fd)
     killed: list[int] = []
+    boot = boot_id()
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or boot is None or parts[2] != boot:
             continue
         pid, started = int(parts[0]), int(parts[1])
-        if pid <= 1 or start_time_ticks(pid) != started:
+        held = Held.open(pid) if pid > 1 else None
+        if held is None:
             continue
-        log.warning("ending rank process %d left running by an earlier sweep", pid)
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(pid, signal.SIGKILL)
-        killed.append(pid)
+        if start_time_ticks(pid) == started and held.exists():
+            log.warning("ending rank process %d left running by an earlier sweep", pid)
+            held.kill()
+            killed.append(pid)
+        held.close()
     atomic_write(record, "")
     return killed
 
@@ -177,6 +185,8 @@ def exit_status(who: str, code: int | None, what: str = "", said: str = "") -> t
     tail = f": {said}" if said else ""
     if code is None:
         return "crashed", f"{who}: {what}{tail}"
+    if code == UNREPORTED:
+        return "crashed", f"{who} ended, and the rank server did not say how{tail}"
     if code == _EXIT_WRONG_RESULT:
         return "wrong_result", f"{who} found a wrong all-reduce result"
     if code < 0:
@@ -240,7 +250,7 @@ class Runner:
         self.fork_ranks = fork_ranks and nccl_tests is None
         self._server: RankServer | None = None
         self._names: list[str] = []
-        self._procs: list[subprocess.Popen[bytes] | ForkedRank] = []
+        self._procs: list[Child | ForkedRank] = []
         self._seq = 0
 
     def recorded(self, candidate: Mapping[str, str]) -> dict[str, str]:
@@ -323,12 +333,12 @@ class Runner:
                 # srun runs as the caller; its tasks switch in rankexec (SrunLaunch, TrialSpec.user).
                 switch = None if self.launch.runs_as_caller else self.rank_user
                 server = self._rank_server(env) if forkable else None
-                proc: subprocess.Popen[bytes] | ForkedRank | None
+                proc: Child | ForkedRank | None
                 proc = self._fork(server, cmd, env, trial_dir / RANK_DIR, out, err) if server else None
                 if proc is None:
-                    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, cwd=trial_dir / RANK_DIR,
-                                            preexec_fn=rank_preexec(os.getpid(), switch))
+                    proc = Child(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=trial_dir / RANK_DIR,
+                                 preexec_fn=rank_preexec(os.getpid(), switch))
             except OSError as exc:
                 # Not an interpreter after all (exec format error, no permission): the setting is wrong.
                 raise InputError("bench.python (--python)", f"{cmd[0]} cannot be run: {exc.strerror}") from exc
@@ -396,15 +406,18 @@ class Runner:
             self._server = None
 
     def _record_ranks(self) -> None:
-        """Rewrite the rank record: one "pid start_time" line per live rank of this runner."""
+        """Rewrite the rank record: one "pid start_time boot_id" line per live rank of this runner
+        (see reap_leftover_ranks); a start time counts only when the rank's pidfd shows it
+        unreaped after it was read, so it is the rank's own."""
         if self.rank_record is None:
             return
         lines = []
+        boot = boot_id() or "-"
         for p in self._procs:
             if p.poll() is None:
                 started = start_time_ticks(p.pid)
-                if started is not None:
-                    lines.append(f"{p.pid} {started}\n")
+                if started is not None and p.held.exists():
+                    lines.append(f"{p.pid} {started} {boot}\n")
         atomic_write(self.rank_record, "".join(lines))
 
     def _run_nccl_tests(self, trial_dir: Path, env: dict[str, str], sizes: Sequence[int], warmup: int,
@@ -483,16 +496,16 @@ class Runner:
             time.sleep(0.05)
 
     def kill(self) -> None:
-        """Kill every rank's process group, reap them and empty the rank record."""
+        """Kill every rank and its process group through the pidfd the runner holds (trials.held:
+        a group only while its leader is not reaped), reap them and empty the rank record."""
         # What a launch stops is what it started itself (forked ranks are the worker's own, handed on unchanged).
-        self.launch.stop([p for p in self._procs if isinstance(p, subprocess.Popen)])
+        self.launch.stop([p for p in self._procs if isinstance(p, Child)])
         for p in self._procs:
             if p.poll() is None:
                 if isinstance(p, ForkedRank):
                     p.kill()
-                    continue
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill_group()
         for p in self._procs:
             try:
                 p.wait(timeout=10)

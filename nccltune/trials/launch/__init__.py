@@ -63,7 +63,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +72,7 @@ from ...errors import UsageError
 from ...files.trust import without_python_paths
 from ...publish import resolve_topology
 from ...sweep.plan import JobShape
+from ..held import Child
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,9 @@ class Launch:
         """Why the trial failed on another node, once it has; None while nothing is known."""
         return None
 
-    def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
-        """Before the runner SIGKILLs its process groups: end the trial everywhere."""
+    def stop(self, procs: Sequence[Child]) -> None:
+        """Before the runner SIGKILLs its process groups: end the trial everywhere (`procs`: what
+        the runner started by exec here, held by their pidfds)."""
 
     def finish(self, trial_dir: Path) -> None:
         """After the wait: leave rank 0's JSON lines in trial_dir/rank0.out."""

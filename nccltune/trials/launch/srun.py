@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import shutil
 import signal
@@ -17,6 +16,7 @@ from ...errors import UnavailableError, UsageError
 from ...files.trust import python_argv
 from ...publish import validate_env
 from .. import nccllog
+from ..held import Child
 from . import (
     KILL_GRACE_S,
     RANKEXEC,
@@ -256,14 +256,13 @@ class SrunLaunch(Launch):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it for each task from its binding
         return [ProcSpec("srun", self.command(trial, names), env, "srun")]
 
-    def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    def stop(self, procs: Sequence[Child]) -> None:
         # srun does not pass SIGTERM on: it SIGKILLs every task of the step on every node ("forcing
         # job termination") and waits up to KillWait + 2 s for them to go; the runner's SIGKILL to
         # srun follows KILL_GRACE_S later.
         for proc in procs:
             if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)  # through its pidfd (trials.held)
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=KILL_GRACE_S)

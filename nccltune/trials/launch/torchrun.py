@@ -10,15 +10,15 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
 from ...files.trust import ensure_dir, python_argv
-from ...hw.procfs import descendants
 from ...publish import OWN_TOPOLOGY, TOPO_FILE_VAR, validate_env
 from .. import credentials, nccllog, rankexec
+from ..held import Child, Held, below
 from ..trialenv import RankSide, TrialEnv
 from . import (
     KILL_GRACE_S,
@@ -76,31 +76,32 @@ def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, endpoint: tu
     return [*argv, str(RANKEXEC), str(WORKER), *args]
 
 
-def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+def stop_tree(proc: Child, grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM `proc` (a torchrun agent or srun, in its own session), SIGKILL it and everything
-    below it after `grace_s`. The tree is read first: once the agent dies its workers are orphans."""
+    below it after `grace_s`. The tree is read first, every process in it held by a pidfd
+    (trials.held.below): once the agent dies its workers are orphans, no longer found below it,
+    and a held worker is signalled through its pidfd or not at all. An agent already reaped has
+    nothing below it to find (its workers were given to another parent as it died, and die with
+    it: rankexec.die_with_parent)."""
     if proc.poll() is not None:
-        below = descendants(proc.pid)
-        _kill_all(below)
         return
-    below = descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(proc.pid, signal.SIGTERM)
+    tree = below(proc.held)
+    proc.send_signal(signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
     # Workers started after the first look (a rendezvous finishing meanwhile) are below it too.
-    below |= descendants(proc.pid)
-    _kill_all([proc.pid, *below])
+    if proc.poll() is None:
+        seen = {h.pid for h in tree}
+        tree += [h for h in below(proc.held) if h.pid not in seen]
+    _kill_all([proc.held, *tree])
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 
 
-def _kill_all(pids: Iterable[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # a worker leads its own session, so its pid is its group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+def _kill_all(tree: Sequence[Held]) -> None:
+    # A worker leads its own session, so its pid is its group: Held.kill ends both.
+    for held in tree:
+        held.kill()
 
 
 class TorchrunLaunch(Launch):
@@ -156,7 +157,7 @@ class TorchrunLaunch(Launch):
     def poll(self) -> str | None:
         return self._control.failure() if self._control is not None else None
 
-    def stop(self, procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    def stop(self, procs: Sequence[Child]) -> None:
         if self._control is not None:
             self._control.kill()
         for proc in procs:
@@ -298,9 +299,8 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
         # The agent dies with this process (as the runner's ranks do with theirs), its workers with it;
         # it runs as the rank user, as the runner's do.
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=rank_dir,
-                                preexec_fn=credentials.rank_preexec(os.getpid(), rank))
+        proc = Child(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                     cwd=rank_dir, preexec_fn=credentials.rank_preexec(os.getpid(), rank))
     log.info("trial %d: agent %d started", seq, proc.pid)
     try:
         deadline = started + timeout_s + KILL_GRACE_S
@@ -318,7 +318,6 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
         stop_tree(proc)
         raise
     code = proc.wait()
-    _kill_all(descendants(proc.pid))
     err_lines = _tail(trial_dir / "agent.err", 64 << 10).strip().splitlines()
     rank0_out = _head(trial_dir / "agent.out", MAX_RANK0_OUT_CHARS)
     report: dict[str, Any] = {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
