@@ -210,6 +210,28 @@ def test_an_imposter_coordinator_is_refused_and_nothing_runs(tmp_path: Path, con
     assert not list((tmp_path / "joiner").glob("join/trial-*"))
 
 
+def test_a_refusal_from_a_coordinator_reaches_the_joiners_message_escaped(key_file: Path) -> None:
+    """Anyone may answer on the control port before the handshake: what it says is escaped."""
+    port = port_pair()
+    listener = socket.create_server(("127.0.0.1", port + 1))
+
+    def refuse() -> None:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rwb") as stream:
+            stream.readline()
+            stream.write(json.dumps({"refuse": "no\n2026 ERROR nccltune: forged\x1b[2J"}).encode() + b"\n")
+            stream.flush()
+
+    thread, _ = _in_thread(refuse)
+    with pytest.raises(UnavailableError) as caught:
+        join_session(socket.create_connection(("127.0.0.1", port + 1), timeout=10), "the coordinator",
+                     load_key(key_file), str(key_file))
+    thread.join(30)
+    listener.close()
+    said = str(caught.value).splitlines()[0]  # the hint follows on a line of nccltune's own
+    assert said.isprintable() and said.endswith("refused this node: no\\n2026 ERROR nccltune: forged\\x1b[2J")
+
+
 def test_a_joiner_without_the_key_is_refused_before_any_trial(tmp_path: Path, coordinator: tuple[ControlServer, int],
                                                                caplog: pytest.LogCaptureFixture) -> None:
     server, port = coordinator

@@ -327,3 +327,17 @@ def test_a_rank_the_server_reaps_unsaid_ends_the_trial_and_its_pid_is_never_sign
     else:
         assert got["status"] == "crashed", got
         assert "ended, and the rank server did not say how" in got["reason"]
+
+
+def test_what_a_server_says_reaches_the_log_escaped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server whose refusal holds a forged log line and a terminal escape: the runner says it
+    failed in one line of its own, the server's words escaped, and starts the ranks by exec."""
+    refusal = "'no\\n2026 WARNING nccltune: forged\\x1b[2J'"
+    python = _python_with_liar(tmp_path, f"    s.send(json.dumps({{'refused': {refusal}}}).encode())\n")
+    runner, watch = _watched(tmp_path, python=python)
+    result = _run(runner)
+    assert result.status == "ok", result.reason
+    assert len(watch.by_exec) == 2
+    (said,) = [r.getMessage() for r in caplog.records if "rank server" in r.getMessage()]
+    assert said.isprintable() and "it did not fork the rank: no\\n2026 WARNING nccltune: forged\\x1b[2J" in said
+    runner.close()

@@ -192,6 +192,61 @@ def test_each_trial_gets_its_own_directory(wrapper: Path, tmp_path: Path) -> Non
     assert Path(first.log_dir or "").name == "trial-001" and Path(second.log_dir or "").name == "trial-002"
 
 
+_HOSTILE_RANK = """
+import json, os, sys
+if os.environ["RANK"] != "0":
+    sys.exit(0)
+how = os.environ["NCCLTUNE_TEST_HOSTILE"]
+print(json.dumps({"event": "start", "pid": os.getpid(), "backend": "gloo",
+                  "torch_version": "2.9\\n2026-01-01T00:00:00 ERROR nccltune: forged\\x1b[2J",
+                  "nested": {"key\\x1b[31m": ["value\\r\\n"]}}), flush=True)
+if how == "flood":
+    # Done, then 40 GiB more of stdout and of stderr (sparse: no disk, and no end to reading them whole).
+    print(json.dumps({"event": "done"}), flush=True)
+    os.ftruncate(1, 40 << 30)
+    os.ftruncate(2, 40 << 30)
+    sys.exit(0)
+print(json.dumps({"event": "not_measured", "collective": "all\\x1b[31m", "reason": "none\\nWARNING forged"}))
+sys.stderr.write("noise\\n\\x1b[2J the last\\x1b[31m line\\x9b2J\\x07 forged\\n")
+sys.exit(4)
+"""
+
+
+def _hostile_runner(tmp_path: Path) -> Runner:
+    """Ranks by exec whose rank 0 is not the worker but `_HOSTILE_RANK`, as a rank user's process may be."""
+    rank = tmp_path / "hostile_rank.py"
+    rank.write_text(_HOSTILE_RANK)
+    python = tmp_path / "python-hostile"
+    python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I {shlex.quote(str(rank))}\n")
+    python.chmod(0o755)
+    return Runner(python=str(python), backend="gloo", nranks=2, base_env=_base_env(), work_dir=tmp_path / "work",
+                  timeout_s=60, fork_ranks=False)
+
+
+def test_a_rank_that_prints_without_end_costs_root_a_bounded_read(tmp_path: Path) -> None:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    result = _hostile_runner(tmp_path).run({"NCCLTUNE_TEST_HOSTILE": "flood"}, SIZES, warmup=1, iters=2)
+    # 16 MiB of rank 0's stdout and 1 MiB of its stderr read, not 40 GiB of each.
+    assert time.monotonic() - started < 30
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 200
+    assert result.status == "error" and result.reason == f"worker printed over {16 << 20} bytes on its stdout"
+
+
+def test_what_a_rank_says_is_kept_escaped(tmp_path: Path) -> None:
+    result = _hostile_runner(tmp_path).run({"NCCLTUNE_TEST_HOSTILE": "forge"}, SIZES, warmup=1, iters=2)
+    assert result.status == "error"
+    # The reason quotes the rank's own last line of stderr, escaped: one line, no terminal escape.
+    assert result.reason == ("rank 0 could not set up (see its log): "
+                             "\\x1b[2J the last\\x1b[31m line\\x9b2J\\x07 forged")
+    assert result.start["torch_version"] == "2.9\\n2026-01-01T00:00:00 ERROR nccltune: forged\\x1b[2J"
+    assert result.start["nested"] == {"key\\x1b[31m": ["value\\r\\n"]}
+    assert result.not_measured == {"all\\x1b[31m": "none\\nWARNING forged"}
+    assert result.torch_version is not None and result.torch_version.isprintable()
+
+
 def test_a_missing_interpreter_is_unavailable() -> None:
     with pytest.raises(UnavailableError, match="/nonexistent") as err:
         find_worker_python("/nonexistent")

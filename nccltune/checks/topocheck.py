@@ -24,7 +24,7 @@ from ..records import TrialResult
 from ..topology.diff import Change, TopoDiff, diff_trees
 from ..topology.ncclxml import load_xml
 from ..trials.credentials import RANK_DIR
-from ..trials.nccllog import LOG_GLOB, read_log
+from ..trials.nccllog import MAX_LOG_BYTES, rank_logs, read_log
 from ..trials.runner import Runner, find_worker_python
 
 CHECK_SIZES = (1 << 20, 64 << 20)
@@ -79,6 +79,22 @@ ONE_RANK_NOTE = ("one GPU: NCCL ran with one rank; it loads the topology file fo
                  "one-rank all-reduce moves nothing between GPUs (bus bandwidth 0)")
 
 
+def _rank_logs_text(trial_dir: Path) -> str:
+    """Every rank's NCCL log of the check, as one text of at most nccllog.MAX_LOG_BYTES (the ranks
+    wrote them: a log that is no regular file of theirs is left out)."""
+    parts: list[bytes] = []
+    left = MAX_LOG_BYTES
+    for path in rank_logs(trial_dir):
+        if left <= 0:
+            break
+        try:
+            parts.append(read_log(path)[:left])
+        except OSError:
+            continue
+        left -= len(parts[-1])
+    return b"\n".join(parts).decode(errors="replace")
+
+
 def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: float = 180.0,
                         keep_dump: Path | None = None, env: dict[str, str] | None = None,
                         gpu_count: int | None = None, bench_user: str | None = None) -> TopoCheck:
@@ -108,9 +124,7 @@ def check_topology_file(xml: Path, *, python: str | None = None, timeout_s: floa
         redump = None
     if redump is not None:
         atomic_write(dump, redump)
-    logs = sorted((Path(result.log_dir or work) / RANK_DIR).glob(LOG_GLOB))
-    text = "".join(read_log(p).decode(errors="replace") for p in logs)
-    log = parse_nccl_log(text)
+    log = parse_nccl_log(_rank_logs_text(Path(result.log_dir or work)))
     dump_diff = None
     if dump.exists():
         try:

@@ -68,9 +68,9 @@ class Bounded:
 
     def lines(self) -> list[str]:
         """`data` as text lines (undecodable bytes replaced), less the line cut in two at the edge
-        where the file was cut."""
+        where the file was cut, unless it is the only one."""
         lines = self.data.decode(errors="replace").splitlines()
-        if self.cut and lines:
+        if self.cut and len(lines) > 1:
             lines = lines[1:] if self.tail else lines[:-1]
         return lines
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..collectives import COLLECTIVES
+from ..logsetup import escaped
 
 # Not "log": that is the name of the parsed-log parameter of the public functions below.
 logger = logging.getLogger(__name__)
@@ -266,6 +267,22 @@ def _is_failure(warning: str) -> bool:
     return any(r.search(warning) for r in _FAILURE_WARN_RES)
 
 
+# The ranks write the log, so what it holds is bounded where it is kept: a line longer than
+# MAX_LINE_CHARS is no line of NCCL's (its longest, a GPU's path line on a big node, is a few
+# hundred characters) and is skipped; every other line is escaped as it is read
+# (logsetup.escaped: no newline, no terminal escape reaches a report or a log); each kept message
+# (a warning, an error, a hint, a tuner note, an ignored element) is cut to MAX_MESSAGE_CHARS, and
+# at most MAX_KEPT_MESSAGES of each kind are kept: a real log has a handful.
+MAX_LINE_CHARS = 16 << 10
+MAX_MESSAGE_CHARS = 500
+MAX_KEPT_MESSAGES = 200
+
+
+def _keep(into: list[str], msg: str) -> None:
+    if len(into) < MAX_KEPT_MESSAGES:
+        into.append(msg[:MAX_MESSAGE_CHARS])
+
+
 class _Builder:
     """Mutable accumulator; frozen into an :class:`NcclLog` at the end."""
 
@@ -298,6 +315,9 @@ class _Builder:
         self.tuner_notes: list[str] = []
 
     def line(self, line: str) -> None:
+        if len(line) > MAX_LINE_CHARS:
+            return
+        line = escaped(line, None)
         if self.version is None:
             self._version(line)
         # When two processes' writes collide on one line, the tag that comes last starts the
@@ -317,11 +337,11 @@ class _Builder:
         self.cuda_version = f"{cuda_major}.{cuda_minor}"
 
     def _warn(self, msg: str) -> None:
-        self.warnings.append(msg)
+        _keep(self.warnings, msg)
         if msg.startswith(TUNER_NOTE_PREFIX):
-            self.tuner_notes.append(msg[len(TUNER_NOTE_PREFIX):])
+            _keep(self.tuner_notes, msg[len(TUNER_NOTE_PREFIX):])
         if _is_failure(msg):
-            self.errors.append(msg)
+            _keep(self.errors, msg)
         # Releases before 2.2x printed these topology messages as WARN, not INFO.
         self._topology(msg)
         m = _P2P_DISABLED_RE.search(msg)
@@ -347,7 +367,7 @@ class _Builder:
             self._env(m.group(1), m.group(2))
             return
         if msg.startswith(TUNER_NOTE_PREFIX):
-            self.tuner_notes.append(msg[len(TUNER_NOTE_PREFIX):])
+            _keep(self.tuner_notes, msg[len(TUNER_NOTE_PREFIX):])
             return
         m = _TUNER_RE.match(msg)
         if m is not None:
@@ -412,14 +432,14 @@ class _Builder:
             return True
         m = _TOPO_OPEN_ERROR_RE.match(msg)
         if m is not None:
-            self.topo_open_error = m.group(2).strip()
+            self.topo_open_error = m.group(2).strip()[:MAX_MESSAGE_CHARS]
             return True
         if _TOPO_HINT_RE.match(msg):
-            self.topo_hints.append(msg)
+            _keep(self.topo_hints, msg)
             return True
         m = _IGNORED_ELEMENT_RE.match(msg)
         if m is not None:
-            self.ignored_elements.append(m.group(1))
+            _keep(self.ignored_elements, m.group(1))
             return True
         return False
 
@@ -497,7 +517,8 @@ def parse_nccl_log(text: str) -> NcclLog:
     """Parse the text of an ``NCCL_DEBUG=INFO`` log (one rank, or several interleaved).
 
     Lines that are not NCCL's, or that are cut short or garbled, are skipped; the parser never
-    raises on content. CRLF and lone CR line ends are accepted.
+    raises on content. CRLF and lone CR line ends are accepted. What it keeps as text is escaped
+    and bounded (MAX_MESSAGE_CHARS, MAX_KEPT_MESSAGES): the ranks wrote the log.
     """
     builder = _Builder()
     for line in text.splitlines():

@@ -9,7 +9,8 @@ then held by a pidfd (trials.held), so that a signal never reaches another proce
 pid later; a rank is over when its pidfd says so, whatever the server says: a rank the server
 says has ended while it runs still runs, and one that ended without the server saying how
 within EXIT_REPORT_S is over all the same (the server has failed); the server's messages are
-bounded in size and in number per look.
+bounded in size and in number per look, and their text is escaped (logsetup.escaped) wherever it
+goes.
 
 Anything that goes wrong with the server (torch fails to import, it dies, it answers nonsense)
 is said once in the log and the runner starts its ranks by exec from then on.
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from ..files import trust
 from ..hw.procfs import parent_pid
+from ..logsetup import escaped
 from . import rankserver
 from .credentials import RankUser, rank_preexec
 from .held import Child, Held
@@ -50,7 +52,11 @@ UNREPORTED = 256
 
 
 class ServerFailed(Exception):
-    """The rank server cannot fork ranks (the message says why); start them by exec."""
+    """The rank server cannot fork ranks (the message says why, escaped: its text may be the
+    server's); start them by exec."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(escaped(why))
 
 
 class ForkedRank:
@@ -204,7 +210,8 @@ class RankServer:
         """Stop talking to a server that failed (`why`): it is ended, its ranks with it, and said so once."""
         if self.broken is None:
             self.broken = why
-            log.warning("the rank server %d failed (%s): ending it; ranks start by exec from now on", self.pid, why)
+            log.warning("the rank server %d failed (%s): ending it; ranks start by exec from now on", self.pid,
+                        escaped(why))
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._proc.kill_group()

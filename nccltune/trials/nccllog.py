@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
+import itertools
 import logging
 import os
-import stat
 import zlib
 from pathlib import Path
 
+from ..files.inputfile import read_bounded
+from ..logsetup import escaped
 from .credentials import RANK_DIR
 
 log = logging.getLogger(__name__)
@@ -29,7 +32,14 @@ log = logging.getLogger(__name__)
 NCCL_DEBUG_SUBSYS = "INIT,ENV,GRAPH,TUNING,NET,P2P,SHM"
 LOG_GLOB = "nccl.*.log"  # NCCL expands %p of NCCL_DEBUG_FILE to the process id
 RANK0_LOG = "nccl-rank0.log"  # rank 0's log, sent by the node it ran on (outside LOG_GLOB)
-MAX_LOG_BYTES = 256 << 20  # a log read or unpacked beyond this is cut (the parser reads it whole)
+# What root reads of one NCCL log (the ranks write it): a log read or unpacked beyond this is
+# cut, with a warning. Rank 0 logs one TUNING line (about 90 bytes) per collective launch, so a
+# trial at the defaults (5 + 20 iterations per block) logs a small part of this. Read and parsed
+# whole, 64 MiB cost 7.3 s and 440 MiB of memory on a shared 2-core machine (bench/nccl_log_parse.py).
+MAX_LOG_BYTES = 64 << 20
+# Entries of a rank directory looked at for the logs in it: the ranks may fill it with names; a
+# trial's own are a log per rank process, a cache directory and a few files.
+MAX_DIR_ENTRIES = 4096
 
 
 def debug_env(trial_dir: Path) -> dict[str, str]:
@@ -44,11 +54,22 @@ def rank0_log(trial_dir: Path, rank0_pid: object) -> Path | None:
     shipped = trial_dir / RANK0_LOG
     if shipped.is_file():
         return shipped
-    logs = sorted((trial_dir / RANK_DIR).glob(LOG_GLOB))
+    logs = rank_logs(trial_dir)
     own = trial_dir / RANK_DIR / f"nccl.{rank0_pid}.log" if rank0_pid else None
     if own is not None and own in logs:
         return own
     return logs[0] if logs else None
+
+
+def rank_logs(trial_dir: Path) -> list[Path]:
+    """The NCCL logs (LOG_GLOB) in `trial_dir`'s rank directory, sorted, from a look at its first
+    MAX_DIR_ENTRIES entries."""
+    try:
+        with os.scandir(trial_dir / RANK_DIR) as entries:
+            names = [e.name for e in itertools.islice(entries, MAX_DIR_ENTRIES)]
+    except OSError:
+        return []
+    return sorted(trial_dir / RANK_DIR / name for name in names if fnmatch.fnmatchcase(name, LOG_GLOB))
 
 
 def read_log(path: Path) -> bytes:
@@ -58,15 +79,11 @@ def read_log(path: Path) -> bytes:
     Raises:
         OSError: it cannot be opened, or is not a regular file (ELOOP for a symlink).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        data = fh.read(MAX_LOG_BYTES + 1)
-    if len(data) > MAX_LOG_BYTES:
-        log.warning("%s: over %d bytes; reading the first %d only", path, MAX_LOG_BYTES, MAX_LOG_BYTES)
-        data = data[:MAX_LOG_BYTES]
-    return data
+    got = read_bounded(path, MAX_LOG_BYTES)
+    if got.cut:
+        # The name is the ranks' (nccl.<pid>.log as they expanded it): escaped.
+        log.warning("%s: over %d bytes; reading the first %d only", escaped(path), MAX_LOG_BYTES, MAX_LOG_BYTES)
+    return got.data
 
 
 def pack(data: bytes) -> str:

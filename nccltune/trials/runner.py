@@ -8,12 +8,17 @@ or an abort request, every group is killed, each through the pidfd of its leader
 rank's start (trials.held): never by a number alone. A failed trial is reported with its reason
 and the caller goes on. This is the only module that starts rank processes (through the rank
 server, which only forks what this module asks for).
+
+The ranks run as the rank user: what they print is read within bounds (the JSON lines of rank 0's
+stdout from its first MAX_OUT_BYTES, at most MAX_WORKER_LINES of them; the last line of its stderr
+from its last ERR_TAIL_BYTES; NCCL's log to nccllog.MAX_LOG_BYTES), and every text of theirs the
+result keeps (its reason, the start record's fields, why a collective was not measured) is
+escaped (logsetup.escaped).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -30,15 +35,17 @@ from ..collectives import COLLECTIVES
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
 from ..files.atomicfile import atomic_write
+from ..files.inputfile import Bounded, loads_strict, read_bounded
 from ..files.trust import ensure_dir
 from ..hw.procfs import boot_id, start_time_ticks
+from ..logsetup import escaped
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from . import nccltests, rankexec, rankserver
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
 from .forkedranks import SERVER, UNREPORTED, ForkedRank, RankServer, ServerFailed
 from .held import Child, Held
-from .launch import Launch, TrialSpec, worker_args
+from .launch import ERR_TAIL_BYTES, MAX_OUT_BYTES, Launch, TrialSpec, worker_args
 from .launch.local import LocalLaunch
 from .nccllog import rank0_log, read_log
 from .trialenv import RankSide, TrialEnv
@@ -51,6 +58,10 @@ _EXIT_SETUP = 4
 # The rank record's name in the state directory (see reap_leftover_ranks).
 RANK_RECORD = "ranks.running"
 SERVER_LOG = "rankserver.err"  # the rank server's output, in the runner's work directory
+# Rank 0's JSON lines read at most (within MAX_OUT_BYTES): the worker prints one per collective and
+# size, and a start and a done line; 256 sizes of every collective are under 2500.
+MAX_WORKER_LINES = 65536
+SAID_CHARS = 200  # what a failed trial's reason quotes of a rank's own last line
 
 
 def reap_leftover_ranks(record: Path) -> list[int]:
@@ -139,8 +150,38 @@ def _log_text(path: Path) -> str | None:
     try:
         return read_log(path).decode(errors="replace")
     except OSError as exc:
-        log.warning("not reading NCCL's log %s: %s", path, exc)
+        log.warning("not reading NCCL's log %s: %s", escaped(path), escaped(exc))
         return None
+
+
+def _read_out(path: Path) -> Bounded:
+    """What a rank printed on its stdout (the first MAX_OUT_BYTES); nothing where it left no file
+    of its own (trials.launch.read_text's rule)."""
+    try:
+        return read_bounded(path, MAX_OUT_BYTES)
+    except OSError:
+        return Bounded(b"", 0)
+
+
+def _last_line(path: Path) -> str:
+    """The last line a rank printed on its stderr (read from its last ERR_TAIL_BYTES), "" for none."""
+    try:
+        lines = read_bounded(path, ERR_TAIL_BYTES, tail=True).lines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
+def _escaped_doc(value: Any) -> Any:
+    """A document a rank printed with each of its texts escaped (keys too), numbers and the rest
+    as they are."""
+    if isinstance(value, str):
+        return escaped(value)
+    if isinstance(value, dict):
+        return {escaped(k, 64): _escaped_doc(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escaped_doc(v) for v in value]
+    return value
 
 
 def find_worker_python(configured: str | None) -> str:
@@ -447,7 +488,10 @@ class Runner:
             except BaseException:
                 self.kill()
                 raise
-            rows, seen = nccltests.parse_output((trial_dir / f"{out_name}.out").read_text(errors="replace"))
+            out = _read_out(trial_dir / f"{out_name}.out")
+            rows, seen = nccltests.parse_output("\n".join(out.lines()))
+            if out.cut and status == "ok":
+                status, reason = "error", f"{perf} printed over {MAX_OUT_BYTES} bytes"
             version = version or seen
             got = [Measurement(r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, correct=r.correct,
                                collective=name) for r in rows if r.size_bytes in wanted or not wanted]
@@ -460,6 +504,8 @@ class Runner:
                 reason = reason if reason and perf in reason else f"{perf}: {reason or status}"
                 break
         wall = time.monotonic() - started
+        reason = escaped(reason) if reason else reason
+        version = escaped(version, 64) if version else version
         result = TrialResult(status=status, reason=reason, sizes=results, wall_s=round(wall, 2),
                              start={"engine": "nccl-tests", "nccl_version": version, "binaries": binaries,
                                     "pid": pids.get(collectives[0]) if collectives else None, "pids": pids},
@@ -519,13 +565,18 @@ class Runner:
         start: dict[str, Any] = {}
         not_measured: dict[str, str] = {}
         done = False
-        text = (trial_dir / "rank0.out").read_text(errors="replace")
-        for line in text.splitlines():
+        out = _read_out(trial_dir / "rank0.out")
+        lines = out.lines()
+        if out.cut and status == "ok":
+            status, reason = "error", f"worker printed over {MAX_OUT_BYTES} bytes on its stdout"
+        if len(lines) > MAX_WORKER_LINES and status == "ok":
+            status, reason = "error", f"worker printed over {MAX_WORKER_LINES} lines on its stdout"
+        for line in lines[:MAX_WORKER_LINES]:
             if not line.strip():
                 continue
             try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:
+                doc = loads_strict(line)
+            except ValueError:
                 if status == "ok":
                     status, reason = "error", f"worker printed something that is not JSON: {line[:80]!r}"
                 continue
@@ -533,14 +584,14 @@ class Runner:
                 continue
             event = doc.get("event")
             if event == "start":
-                start = doc
+                start = _escaped_doc(doc)
             elif event == "size":
                 try:
                     sizes.append(Measurement.from_doc(doc))
                 except (KeyError, TypeError, ValueError):
                     status, reason = "error", f"malformed size record from the worker: {line[:80]!r}"
             elif event == "not_measured":
-                not_measured[str(doc.get("collective"))] = str(doc.get("reason"))
+                not_measured[escaped(doc.get("collective"), 64)] = escaped(doc.get("reason"))
             elif event == "done":
                 done = True
             elif event == "error":
@@ -559,12 +610,13 @@ class Runner:
         self._attach_nccl_log(trial_dir, result)
         status, reason = result.status, result.reason
         if status != "ok" and reason and "see its log" in reason:
-            err = (trial_dir / "rank0.err").read_text(errors="replace").strip().splitlines()
+            err = _last_line(trial_dir / "rank0.err")
             if err:
-                reason += f": {err[-1][:200]}"
+                reason += f": {err[:SAID_CHARS]}"
         if status in ("crashed", "error", "timeout") and not reason:
             reason = status
-        result.status, result.reason = status, reason
+        # Every text of the reason may be the ranks' (their records, their stderr, NCCL's log).
+        result.status, result.reason = status, escaped(reason) if reason else reason
         return result
 
     @staticmethod

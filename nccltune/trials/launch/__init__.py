@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
+from ...files.inputfile import read_bounded
 from ...files.trust import without_python_paths
 from ...publish import resolve_topology
 from ...sweep.plan import JobShape
@@ -81,6 +82,13 @@ WORKER = Path(__file__).parent.parent / "worker.py"
 LAUNCHERS = ("auto", "local", "torchrun", "srun")
 DEFAULT_RDZV_PORT = 29400  # torchrun's own default for c10d
 KILL_GRACE_S = 5.0  # SIGTERM to SIGKILL, for an agent or srun
+# What root reads of what a trial's processes print (they run as the rank user and may print
+# anything, without end). Their stdout from its start: rank 0's JSON lines, one per collective and
+# size of a few hundred bytes (256 sizes of every collective are under 1 MiB), and srun's or an
+# agent's few lines of its own; 16 times that. Their stderr from its end: what is kept of it is
+# its last lines (a failing rank's own last line, srun's account of the task that failed).
+MAX_OUT_BYTES = 16 << 20
+ERR_TAIL_BYTES = 1 << 20
 # Rank variables of an enclosing launch must not reach a trial's ranks: the launch sets its own.
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
              "TORCHELASTIC_RUN_ID")
@@ -248,11 +256,16 @@ def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     return without_python_paths({k: v for k, v in env.items() if k not in RANK_VARS})
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, *, tail: bool = False) -> str:
+    """The output a trial's process wrote to `path` as text, "" where there is none: its first
+    MAX_OUT_BYTES (with `tail`: its last ERR_TAIL_BYTES, from a whole line on)."""
     try:
-        return path.read_text(errors="replace")
+        got = read_bounded(path, ERR_TAIL_BYTES if tail else MAX_OUT_BYTES, tail=tail)
     except OSError:
         return ""
+    if tail and got.cut:
+        return "".join(f"{line}\n" for line in got.lines())
+    return got.data.decode(errors="replace")
 
 
 # -- choosing one ----------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ from ...config import MAX_MESSAGE_BYTES as MAX_SIZE_BYTES
 from ...config import MultinodeConfig
 from ...errors import InputError, UnavailableError
 from ...files import trust
+from ...logsetup import escaped
 from ...publish import PATH_VARIABLES, TOPO_FILE_VAR, validate_env
 from .. import nccllog
 from . import host_port
@@ -309,7 +310,7 @@ class Peer:
                 continue
             if set(doc) == {"refuse"} and isinstance(doc["refuse"], str) and self.received == 0:
                 # Refused in the handshake: the other end has no session to seal it with.
-                self.refused = doc["refuse"][:MAX_TAIL_CHARS]
+                self.refused = escaped(doc["refuse"], MAX_TAIL_CHARS)
                 self.close()
                 break
             body = self._open(doc)
@@ -494,7 +495,8 @@ class ControlServer:
         proof = doc.get("proof")
         if not _is_mac(proof) or not hmac.compare_digest(str(proof), _mac(self.key, "joiner", hs.nonce,
                                                                             hs.joiner_nonce)):
-            log.error("%s (calling itself %r): refused, it does not hold the multi-node key", hs.addr, hs.host[:64])
+            log.error("%s (calling itself %s): refused, it does not hold the multi-node key", hs.addr,
+                      escaped(hs.host, 64))
             _send_small(hs.sock, {"refuse": "authentication failed: this node does not hold the coordinator's "
                                             "multi-node key"})
             self._drop(hs)
@@ -502,8 +504,8 @@ class ControlServer:
         self.pending.remove(hs)
         hs.sock.setblocking(True)
         hs.sock.settimeout(SEND_TIMEOUT_S)
-        peer = Peer(hs.sock, f"node {hs.host[:64]} ({hs.addr})", _session_key(self.key, hs.nonce, hs.joiner_nonce),
-                    outgoing="to-joiner", incoming="to-coordinator")
+        peer = Peer(hs.sock, f"node {escaped(hs.host, 64)} ({hs.addr})",
+                    _session_key(self.key, hs.nonce, hs.joiner_nonce), outgoing="to-joiner", incoming="to-coordinator")
         if hs.buf:
             peer.fail("a message before its welcome")
             return
@@ -627,7 +629,7 @@ def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> t
     doc = reply[0] if reply else {}
     if isinstance(doc.get("refuse"), str):
         plain.close()
-        raise UnavailableError(f"{name} refused this node: {doc['refuse'][:MAX_TAIL_CHARS]}", hint=hint)
+        raise UnavailableError(f"{name} refused this node: {escaped(doc['refuse'], MAX_TAIL_CHARS)}", hint=hint)
     challenge, proof = doc.get("challenge"), doc.get("proof")
     if not _is_nonce(challenge) or not _is_mac(proof) or not hmac.compare_digest(
             str(proof), _mac(key, "coordinator", nonce, str(challenge))):
@@ -646,7 +648,7 @@ def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> t
     first = welcome[0] if welcome else {}
     if peer.refused or "refuse" in first:
         peer.close()
-        raise UnavailableError(f"{name} refused this node: {peer.refused or str(first['refuse'])[:MAX_TAIL_CHARS]}",
+        raise UnavailableError(f"{name} refused this node: {peer.refused or escaped(first['refuse'], MAX_TAIL_CHARS)}",
                                hint=hint)
     if "welcome" not in first:
         peer.close()

@@ -268,10 +268,10 @@ class SrunLaunch(Launch):
                 proc.wait(timeout=KILL_GRACE_S)
 
     def finish(self, trial_dir: Path) -> None:
-        out, err = read_text(trial_dir / "srun.out"), read_text(trial_dir / "srun.err")
+        out, err = read_text(trial_dir / "srun.out"), read_text(trial_dir / "srun.err", tail=True)
         (trial_dir / "rank0.out").write_text("".join(f"{line}\n" for line in task_lines(out, 0)))
         (trial_dir / "rank0.err").write_text("".join(f"{line}\n" for line in task_lines(err, 0)))
 
     def failed_rank(self, trial_dir: Path) -> RankFailure | None:
         # srun's own exit status is 143 (a task it terminated), whichever task failed and how.
-        return first_failure(read_text(trial_dir / "srun.err"))
+        return first_failure(read_text(trial_dir / "srun.err", tail=True))

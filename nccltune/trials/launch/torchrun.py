@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
+from ...files.inputfile import read_bounded
 from ...files.trust import ensure_dir, python_argv
+from ...logsetup import escaped
 from ...publish import OWN_TOPOLOGY, TOPO_FILE_VAR, validate_env
 from .. import credentials, nccllog, rankexec
 from ..held import Child, Held, below
@@ -175,7 +177,7 @@ class TorchrunLaunch(Launch):
             if rank0 is not None:
                 _write_rank0_log(trial_dir, rank0)
         (trial_dir / "rank0.out").write_text(text)
-        (trial_dir / "rank0.err").write_text(read_text(trial_dir / "agent.err"))
+        (trial_dir / "rank0.err").write_text(read_text(trial_dir / "agent.err", tail=True))
 
     def close(self) -> None:
         if self._control is not None:
@@ -195,7 +197,7 @@ def _write_rank0_log(trial_dir: Path, report: Mapping[str, Any]) -> None:
             log.warning("trial %s: rank 0's NCCL log from the other node is unreadable: %s", trial_dir.name, exc)
     if report.get("nccl_log_missing"):
         log.warning("trial %s: rank 0 ran on another node, whose NCCL log did not come: %s", trial_dir.name,
-                    report["nccl_log_missing"])
+                    escaped(report["nccl_log_missing"]))
 
 
 def _file_payload(trial: TrialSpec) -> dict[str, str]:
@@ -272,9 +274,9 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     try:
         order = check_trial(msg)
     except NccltuneError as exc:
-        log.error("%s", exc)
+        log.error("%s", escaped(exc))
         return {"result": seq, "exit": EXIT_CONFIG,
-                "err_tail": f"the joining node refused the trial: {exc}"[:MAX_TAIL_CHARS]}
+                "err_tail": f"the joining node refused the trial: {escaped(exc)}"[:MAX_TAIL_CHARS]}
     trial_dir = work_dir / f"trial-{seq:03d}"
     ensure_dir(trial_dir, "trial directory")
     candidate, nccl_debug, timeout_s, rdzv_id, args = (dict(order.env), order.nccl_debug, order.timeout_s,
@@ -318,7 +320,7 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
         stop_tree(proc)
         raise
     code = proc.wait()
-    err_lines = _tail(trial_dir / "agent.err", 64 << 10).strip().splitlines()
+    err_lines = read_text(trial_dir / "agent.err", tail=True).strip().splitlines()
     rank0_out = _head(trial_dir / "agent.out", MAX_RANK0_OUT_CHARS)
     report: dict[str, Any] = {"result": seq, "exit": code, "wall_s": round(time.monotonic() - started, 2),
                               "rank0_out": rank0_out, "err_tail": err_lines[-1][:MAX_TAIL_CHARS] if err_lines else ""}
@@ -353,17 +355,7 @@ def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
 def _head(path: Path, limit: int) -> str:
     """The first `limit` characters of a file (what a report carries), "" when there is none."""
     try:
-        with open(path, errors="replace") as fh:
-            return fh.read(limit)
-    except OSError:
-        return ""
-
-
-def _tail(path: Path, limit: int) -> str:
-    """The last `limit` bytes of a file, as text."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
-            return fh.read(limit).decode(errors="replace")
+        # A character is at most 4 bytes of UTF-8.
+        return read_bounded(path, 4 * limit).data.decode(errors="replace")[:limit]
     except OSError:
         return ""
