@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,23 @@ import yaml
 from nccltune.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, InputError, UnavailableError, UsageError
 from nccltune.trials.launch import LaunchShape, make_launch
 from nccltune.trials.launch.channel import (
+    HANDSHAKE_S,
     MAX_LINE_BYTES,
+    MAX_LOGGED,
+    MAX_PENDING,
+    MAX_PENDING_PER_PEER,
     REFUSED_VARIABLES,
     ControlServer,
     Peer,
+    Unanswered,
     check_trial,
     check_welcome,
     fit_report,
+    handshake,
+    job_addresses,
     join_session,
     load_key,
+    peer_of,
     write_key,
 )
 from tests.twonodes import node_env, port_pair
@@ -270,8 +279,9 @@ def test_a_joiner_without_the_key_is_refused_before_any_trial(tmp_path: Path, co
 def test_idle_and_slow_connections_do_not_hold_up_a_real_joiner(key_file: Path,
                                                                 coordinator: tuple[ControlServer, int]) -> None:
     server, port = coordinator
-    idle = [socket.create_connection(("127.0.0.1", port + 1), timeout=10) for _ in range(5)]
-    slow = socket.create_connection(("127.0.0.1", port + 1), timeout=10)
+    # From addresses of their own: one address holds a few handshakes only (see below).
+    idle = [_from(f"127.0.4.{i}", port + 1) for i in range(1, 6)]
+    slow = _from("127.0.4.6", port + 1)
     slow.sendall(b'{"hello": "slow", ')  # half a line, and then nothing
     peer = _session(server, port, load_key(key_file), key_file)
     # Admitted while every idle connection was still waiting out its own handshake deadline.
@@ -279,6 +289,134 @@ def test_idle_and_slow_connections_do_not_hold_up_a_real_joiner(key_file: Path,
     peer.close()
     for sock in [*idle, slow]:
         sock.close()
+
+
+# -- admission ---------------------------------------------------------------------------------------------
+
+
+def _from(address: str, port: int) -> socket.socket:
+    """A connection to the control channel on 127.0.0.1:port from `address` (any of 127/8 is this host)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _hello() -> bytes:
+    return json.dumps({"hello": "flood", "version": "0", "nonce": "ab" * 16}).encode() + b"\n"
+
+
+def _closed(sock: socket.socket, within_s: float = 0.0) -> bool:
+    """The coordinator closed `sock` (what it sent before, a challenge, read and dropped)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        try:
+            if not sock.recv(1 << 16):
+                return True
+        except OSError:
+            return True
+
+
+def test_unauthenticated_connections_cannot_keep_a_real_joiner_out(key_file: Path, caplog: pytest.LogCaptureFixture,
+                                                                   coordinator: tuple[ControlServer, int]) -> None:
+    """Every handshake slot held, by connections from as many addresses that each said a good
+    hello (the most a connection without the key can do), and more from one address: a real
+    joiner still gets in at once, one address holds its share only, and the log says it in a
+    few lines."""
+    server, port = coordinator
+    thread, box = _in_thread(server.admit)
+    flood = [_from(f"127.0.1.{i}", port + 1) for i in range(1, MAX_PENDING + 1)]
+    for sock in flood:
+        sock.sendall(_hello())
+    for sock in flood:  # each challenged: all of them hold a slot, hello said
+        assert b"challenge" in sock.recv(4096)
+    one_peer = [_from("127.0.2.1", port + 1) for _ in range(4 * MAX_PENDING_PER_PEER)]
+    started = time.monotonic()
+    peer, nnodes, _ = handshake("127.0.0.1", port + 1, 30, "the coordinator", load_key(key_file), str(key_file))
+    thread.join(30)
+    assert box == [None] and len(server.peers) == 1 and nnodes == 2
+    assert time.monotonic() - started < HANDSHAKE_S
+    # One address keeps at most its share; the rest were closed at once.
+    assert sum(_closed(sock, 1.0) for sock in one_peer) >= 3 * MAX_PENDING_PER_PEER
+    assert len(server.pending) <= MAX_PENDING
+    turned = [r.getMessage() for r in caplog.records if "closed" in r.getMessage()]
+    assert len(turned) <= 2 * MAX_LOGGED + 1
+    assert any(m.startswith("closed ") and "did not complete a handshake" in m for m in turned)
+    peer.close()
+    for sock in [*flood, *one_peer]:
+        sock.close()
+
+
+def test_the_jobs_own_peers_keep_their_slots(key_file: Path) -> None:
+    """A handshake from one of the job's own nodes is never closed for another connection, however
+    many come; theirs are closed for each other, oldest first."""
+    port = port_pair()
+    server = ControlServer("127.0.0.1", port + 1, key=load_key(key_file), joiners=1, nproc_per_node=1,
+                           join_wait_s=60, job_peers=job_addresses(["127.0.0.1"]))
+    try:
+        thread, box = _in_thread(server.admit)
+        ours = _from("127.0.0.1", port + 1)
+        flood = [_from(f"127.0.3.{i}", port + 1) for i in range(1, 3 * MAX_PENDING)]
+        time.sleep(0.5)  # every connection accepted
+        assert not _closed(ours) and len(server.pending) == MAX_PENDING
+        assert _closed(flood[0], 1.0) and not _closed(flood[-1])
+        peer, _, _ = join_session(ours, "the coordinator", server.key, str(key_file))
+        thread.join(30)
+        assert box == [None] and len(server.peers) == 1 and not peer.closed
+        for sock in flood:
+            sock.close()
+    finally:
+        server.close()
+
+
+def test_a_connection_that_says_nothing_is_closed_at_the_pre_auth_deadline(coordinator: tuple[ControlServer, int]
+                                                                          ) -> None:
+    server, port = coordinator
+    _in_thread(server.admit)
+    idle = _from("127.0.0.1", port + 1)
+    started = time.monotonic()
+    assert _closed(idle, HANDSHAKE_S + 5)
+    assert HANDSHAKE_S - 0.5 <= time.monotonic() - started <= HANDSHAKE_S + 2
+    idle.close()
+
+
+def test_a_joiner_closed_unanswered_connects_again(key_file: Path, coordinator: tuple[ControlServer, int]) -> None:
+    server, port = coordinator
+    key = load_key(key_file)
+    joining, box = _in_thread(lambda: handshake("127.0.0.1", port + 1, 30, "the coordinator", key, str(key_file)))
+    # Its first connection closed before any answer, as a coordinator without a slot for it does.
+    assert select.select([server.server], [], [], 10)[0]
+    first, _ = server.server.accept()
+    first.close()
+    admitting, admitted = _in_thread(server.admit)
+    joining.join(30)
+    admitting.join(30)
+    assert admitted == [None] and len(server.peers) == 1 and isinstance(box[0][0], Peer)
+    # A coordinator that closes every connection unanswered: exit 69 once the wait is over.
+    listener = socket.create_server(("127.0.0.1", 0))
+    _in_thread(lambda: [listener.accept()[0].close() for _ in range(100)])
+    started = time.monotonic()
+    with pytest.raises(Unanswered, match="closed the connection before it answered"):
+        handshake("127.0.0.1", listener.getsockname()[1], 2, "the coordinator", key, str(key_file))
+    assert time.monotonic() - started < 10
+    listener.close()
+
+
+@pytest.mark.parametrize(("address", "peer"), [
+    ("10.1.2.3", "10.1.2.3"), ("::ffff:10.1.2.3", "10.1.2.3"), ("fd00:1:2:3:4:5:6:7", "fd00:1:2:3::/64"),
+    ("fd00:1:2:3:ffff::1", "fd00:1:2:3::/64"), ("fe80::1%eth0", "fe80::/64"), ("not an address", "not an address"),
+])
+def test_one_peer_is_an_address_or_an_ipv6_64(address: str, peer: str) -> None:
+    assert peer_of(address) == peer
+
+
+def test_the_jobs_own_peers_are_its_nodes_addresses() -> None:
+    assert job_addresses(["127.0.0.1", "localhost", "no-such-node.invalid"]) >= {"127.0.0.1"}
+    assert job_addresses([]) == frozenset()
 
 
 # -- sealed messages ---------------------------------------------------------------------------------------

@@ -307,7 +307,7 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     """
     from .channel import KEY_FILE
     from .local import LocalLaunch
-    from .srun import srun_launch
+    from .srun import allocation_hosts, srun_launch
     from .torchrun import TorchrunLaunch
 
     env = os.environ if env is None else env
@@ -326,7 +326,8 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
                              "there, on PORT and PORT+1)")
         ep = endpoint or ("127.0.0.1", DEFAULT_RDZV_PORT)
         return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, ep, node_class=node_class,
-                              key_file=key_file or KEY_FILE)
+                              key_file=key_file or KEY_FILE,
+                              job_hosts=allocation_hosts(env) if shape.nnodes > 1 else ())
     return srun_launch(shape, endpoint[1] if endpoint else None, env, gpus=gpus, node_class=node_class)
 
 

@@ -38,11 +38,30 @@ makes, with sizes, iterations and timeouts within the config's bounds; no NaN, i
 non-integer where an integer belongs. A refused trial is reported as exit 78 with the reason.
 
 Bounds: a line is at most MAX_LINE_BYTES (a longer one closes the connection); a joiner's report
-fits in one line (rank 0's output and NCCL log are cut to fit). Admission never waits on one
-connection: each handshake has HANDSHAKE_S, and the accept loop serves every pending connection
-and new ones meanwhile. A joiner runs nothing but its own worker.py, with argument lists, never a
-shell. torch's c10d store on HOST:PORT has no authentication of its own: it carries only the
-rendezvous, and both ports should still be reachable from the job's nodes only.
+fits in one line (rank 0's output and NCCL log are cut to fit). Text a peer sends is escaped
+(logsetup.escaped) before it reaches a log or a message.
+
+Admission cannot be starved by connections that never authenticate:
+- each connection has HANDSHAKE_S from its accept to its proof (a joiner sends its hello at once
+  and its proof one round trip after the challenge), and the accept loop serves every pending
+  connection, checking what has arrived before it accepts more (at most ACCEPT_BATCH a turn);
+- one peer (an IPv4 address, an IPv6 /64, which one host may hold whole) holds at most
+  MAX_PENDING_PER_PEER of the MAX_PENDING handshakes; a connection over its peer's share is
+  closed at once;
+- the job's own peers come first: the addresses of the allocation's nodes when the sweep runs in
+  a Slurm allocation (`job_addresses`), and of every node admitted before in this sweep. Their
+  handshakes are never closed for another's. When every slot is held, a new connection takes the
+  slot of a handshake from another address: of the peer holding most slots, one that has not said
+  hello yet before one that has, the oldest first; a new connection that finds only the job's own
+  peers' handshakes is closed;
+- a joining node whose connection is closed before the coordinator answered (a slot it did not
+  get) connects again (`handshake`), until its own wait for the coordinator is over;
+- what is turned away is logged a few times per kind and then counted, in one line when
+  admission ends: a flood of connections cannot flood the log either.
+
+A joiner runs nothing but its own worker.py, with argument lists, never a shell. torch's c10d
+store on HOST:PORT has no authentication of its own: it carries only the rendezvous, and both
+ports should still be reachable from the job's nodes only.
 """
 
 from __future__ import annotations
@@ -50,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -60,7 +80,8 @@ import select
 import socket
 import stat
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,8 +103,14 @@ KEY_BYTES = 32
 CONTROL_PORT_OFFSET = 1  # the control channel listens next to the rendezvous port
 MAX_LINE_BYTES = 1 << 20
 MAX_HELLO_BYTES = 4096  # a handshake line
-MAX_PENDING = 64  # connections in their handshake at once; more are closed at once
-HANDSHAKE_S = 10.0  # for the coordinator to hear a hello and a proof on one connection
+# Admission (see the module's description). A joining node needs one connection, and a second
+# while its first is being closed; a few more leave room for nodes behind one address.
+MAX_PENDING = 64  # handshakes at once
+MAX_PENDING_PER_PEER = 4  # of them from one peer
+ACCEPT_BATCH = 16  # new connections accepted per turn of the loop, after what has arrived is served
+HANDSHAKE_S = 3.0  # from a connection's accept to its proof: two round trips on the job's network
+MAX_LOGGED = 3  # connections turned away that are logged one by one, per kind, per admission
+RETRY_S = 0.5  # a joining node's wait before it connects again, after a connection closed unanswered
 REPLY_WAIT_S = 60.0  # for a joiner to hear the coordinator's challenge and welcome
 SEND_TIMEOUT_S = 30.0  # a peer that stops reading cannot hold the other end longer
 NONCE_BYTES = 16
@@ -354,13 +381,45 @@ class Peer:
 # -- the coordinator's end --------------------------------------------------------------------------------
 
 
+def peer_of(address: str) -> str:
+    """The peer a connection from `address` counts against: the IPv4 address (an IPv4-mapped IPv6
+    address as its IPv4 one), or an IPv6 address's /64."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+def job_addresses(hosts: Iterable[str]) -> frozenset[str]:
+    """The addresses `hosts` (the job's nodes, by name or address) resolve to here, each as
+    `peer_of` writes it; a name that does not resolve is left out."""
+    out: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            log.debug("the job's node %s does not resolve here; not counted among the job's own peers", host)
+            continue
+        out.update(peer_of(str(info[4][0])) for info in infos)
+    return frozenset(out)
+
+
 @dataclass
 class _Handshake:
-    """A connection the coordinator has not admitted yet."""
+    """A connection the coordinator has not admitted yet: `peer` (peer_of its address), `ours`
+    (one of the job's own peers), `since` (its accept)."""
 
     sock: socket.socket
     addr: str
     deadline: float
+    peer: str = ""
+    ours: bool = False
+    since: float = 0.0
     buf: bytes = b""
     host: str = ""
     version: str = ""
@@ -372,11 +431,15 @@ class ControlServer:
     """The coordinator's end: joiners connect and authenticate, get each trial, report its end."""
 
     def __init__(self, host: str, port: int, *, key: bytes, joiners: int, nproc_per_node: int,
-                 join_wait_s: float = 600.0) -> None:
+                 join_wait_s: float = 600.0, job_peers: Iterable[str] = ()) -> None:
+        """`job_peers`: the job's own peers, as peer_of writes them (job_addresses), admitted first;
+        every node admitted joins them."""
         self.key = key
         self.want = joiners
         self.nproc_per_node = nproc_per_node
         self.join_wait_s = join_wait_s
+        self.job_peers = set(job_peers)
+        self.turned_away: Counter[str] = Counter()  # why connections were closed unadmitted, this admission
         try:
             # Exactly the address given: the channel is for the job's nodes, reached as they reach it.
             self.server = socket.create_server((host, port), reuse_port=False)
@@ -401,6 +464,16 @@ class ControlServer:
             UnavailableError: not every node joined within join_wait_s (exit 69).
         """
         self.peers = [p for p in self.peers if not p.closed]
+        self.turned_away.clear()
+        try:
+            self._admit()
+        finally:
+            if self.turned_away:
+                said = ", ".join(f"{n} {why}" for why, n in self.turned_away.most_common())
+                log.warning("closed %d connection(s) to the control channel that did not complete a handshake: %s",
+                            sum(self.turned_away.values()), said)
+
+    def _admit(self) -> None:
         deadline = time.monotonic() + self.join_wait_s
         while len(self.peers) < self.want:
             now = time.monotonic()
@@ -418,19 +491,28 @@ class ControlServer:
                                             max(0.0, min(wait, 1.0)))
             except (OSError, ValueError):
                 ready = []
+            # What has arrived first (a proof waiting is checked before new connections can take
+            # its slot), then new connections.
+            for hs in list(self.pending):
+                if hs.sock in ready and hs in self.pending:
+                    self._serve(hs)
             if self.server in ready:
                 self._accept()
-            for hs in list(self.pending):
-                if hs.sock in ready:
-                    self._serve(hs)
             now = time.monotonic()
             for hs in list(self.pending):
                 if hs in self.pending and now > hs.deadline:
-                    log.warning("%s: no handshake within %g s; closed", hs.addr, HANDSHAKE_S)
+                    self._turn_away(hs.addr, f"no handshake within {HANDSHAKE_S:g} s")
                     self._drop(hs)
 
+    def _turn_away(self, addr: str, why: str, level: int = logging.WARNING) -> None:
+        """Say why a connection is closed unadmitted: logged the first MAX_LOGGED times per reason
+        in an admission, counted always."""
+        self.turned_away[why] += 1
+        if self.turned_away[why] <= MAX_LOGGED:
+            log.log(level, "%s: %s; closed", addr, why)
+
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, addr = self.server.accept()
             except (BlockingIOError, InterruptedError):
@@ -439,12 +521,30 @@ class ControlServer:
                 log.warning("accepting a joining node: %s", exc)
                 return
             name = host_port(str(addr[0]), int(addr[1]))
-            if len(self.pending) >= MAX_PENDING:
-                log.warning("%s: %d connections are in their handshake already; closed", name, MAX_PENDING)
+            peer = peer_of(str(addr[0]))
+            if sum(1 for hs in self.pending if hs.peer == peer) >= MAX_PENDING_PER_PEER:
+                self._turn_away(name, f"its peer holds {MAX_PENDING_PER_PEER} handshakes already")
                 _close(sock)
                 continue
+            if len(self.pending) >= MAX_PENDING:
+                victim = self._victim()
+                if victim is None:
+                    self._turn_away(name, f"{MAX_PENDING} handshakes of the job's own nodes are under way")
+                    _close(sock)
+                    continue
+                self._turn_away(victim.addr, "its slot went to a newer connection")
+                self._drop(victim)
             sock.setblocking(False)
-            self.pending.append(_Handshake(sock, name, time.monotonic() + HANDSHAKE_S))
+            now = time.monotonic()
+            self.pending.append(_Handshake(sock, name, now + HANDSHAKE_S, peer=peer, ours=peer in self.job_peers,
+                                           since=now))
+
+    def _victim(self) -> _Handshake | None:
+        """The handshake whose slot a new connection takes: never one of the job's own peers; of
+        the peer holding most slots, one without a hello before one with, the oldest first."""
+        held = Counter(hs.peer for hs in self.pending)
+        others = [hs for hs in self.pending if not hs.ours]
+        return max(others, key=lambda hs: (held[hs.peer], not hs.nonce, -hs.since), default=None)
 
     def _drop(self, hs: _Handshake) -> None:
         self.pending.remove(hs)
@@ -463,7 +563,7 @@ class ControlServer:
         hs.buf += data
         if b"\n" not in hs.buf:
             if len(hs.buf) > MAX_HELLO_BYTES:
-                log.warning("%s: a handshake line over %d bytes; closed", hs.addr, MAX_HELLO_BYTES)
+                self._turn_away(hs.addr, f"a handshake line over {MAX_HELLO_BYTES} bytes")
                 self._drop(hs)
             return
         line, hs.buf = hs.buf.split(b"\n", 1)
@@ -472,7 +572,7 @@ class ControlServer:
         except ValueError:
             doc = None
         if not isinstance(doc, dict):
-            log.warning("%s: not a handshake message; closed", hs.addr)
+            self._turn_away(hs.addr, "not a handshake message")
             self._drop(hs)
         elif not hs.nonce:
             self._hello(hs, doc)
@@ -483,7 +583,7 @@ class ControlServer:
         host, version, nonce = doc.get("hello"), doc.get("version"), doc.get("nonce")
         if not (isinstance(host, str) and 0 < len(host) <= 255 and isinstance(version, str) and len(version) <= 64
                 and _is_nonce(nonce)):
-            log.warning("%s: not a joining node's hello; closed", hs.addr)
+            self._turn_away(hs.addr, "not a joining node's hello")
             self._drop(hs)
             return
         hs.host, hs.version, hs.joiner_nonce, hs.nonce = host, version, str(nonce), _nonce()
@@ -495,8 +595,8 @@ class ControlServer:
         proof = doc.get("proof")
         if not _is_mac(proof) or not hmac.compare_digest(str(proof), _mac(self.key, "joiner", hs.nonce,
                                                                             hs.joiner_nonce)):
-            log.error("%s (calling itself %s): refused, it does not hold the multi-node key", hs.addr,
-                      escaped(hs.host, 64))
+            self._turn_away(f"{hs.addr} (calling itself {escaped(hs.host, 64)})",
+                            "refused, it does not hold the multi-node key", logging.ERROR)
             _send_small(hs.sock, {"refuse": "authentication failed: this node does not hold the coordinator's "
                                             "multi-node key"})
             self._drop(hs)
@@ -509,6 +609,7 @@ class ControlServer:
         if hs.buf:
             peer.fail("a message before its welcome")
             return
+        self.job_peers.add(hs.peer)  # a node that proved it holds the key: one of the job's own
         from ... import __version__
 
         if hs.version != __version__:
@@ -611,6 +712,30 @@ def check_result(doc: Mapping[str, Any], who: str) -> dict[str, Any]:
 # -- a joining node's end ----------------------------------------------------------------------------------
 
 
+class Unanswered(UnavailableError):
+    """The coordinator closed the connection before it answered: it had no slot for it (exit 69
+    once the joining node's wait is over)."""
+
+
+def handshake(host: str, port: int, wait_s: float, name: str, key: bytes, key_file: str) -> tuple[Peer, int, int]:
+    """Connect to the coordinator's control channel at host:port and go through join_session,
+    connecting again RETRY_S after a connection it closed unanswered, for up to `wait_s`.
+
+    Raises:
+        UnavailableError: as join_session, or no connection within `wait_s` (exit 69).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        sock = connect(host, port, max(0.0, deadline - time.monotonic()))
+        try:
+            return join_session(sock, name, key, key_file)
+        except Unanswered:
+            if time.monotonic() + RETRY_S > deadline:
+                raise
+            log.debug("%s closed the connection unanswered; connecting again", name)
+            time.sleep(RETRY_S)
+
+
 def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> tuple[Peer, int, int]:
     """The joiner's handshake on a connected socket: the peer, and the welcome's node count and
     ranks per node (not yet checked against this node: check_welcome).
@@ -627,6 +752,8 @@ def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> t
     plain.send({"hello": socket.gethostname(), "version": version(), "nonce": nonce})
     reply = plain.read(REPLY_WAIT_S)
     doc = reply[0] if reply else {}
+    if not reply and plain.closed and plain.failure is None:
+        raise Unanswered(f"{name} closed the connection before it answered: nothing was run", hint=hint)
     if isinstance(doc.get("refuse"), str):
         plain.close()
         raise UnavailableError(f"{name} refused this node: {escaped(doc['refuse'], MAX_TAIL_CHARS)}", hint=hint)

@@ -57,6 +57,18 @@ def slurm_nodes(env: Mapping[str, str], scontrol: str = "scontrol") -> list[str]
     return hosts
 
 
+def allocation_hosts(env: Mapping[str, str]) -> list[str]:
+    """The nodes of the Slurm allocation this runs in, by name; [] outside one, or where scontrol
+    cannot name them (said at debug level: they only order admission, trials.launch.channel)."""
+    if not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
+        return []
+    try:
+        return slurm_nodes(env)
+    except UnavailableError as exc:
+        log.debug("the allocation's nodes are not known here: %s", exc)
+        return []
+
+
 def slurm_node_count(env: Mapping[str, str]) -> int:
     """Nodes of the enclosing allocation; 0 outside one."""
     if not env.get("SLURM_JOB_ID"):

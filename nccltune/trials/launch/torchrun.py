@@ -48,9 +48,9 @@ from .channel import (
     Peer,
     check_trial,
     check_welcome,
-    connect,
     fit_report,
-    join_session,
+    handshake,
+    job_addresses,
     load_key,
     trial_seq,
 )
@@ -113,10 +113,13 @@ class TorchrunLaunch(Launch):
 
     def __init__(self, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], *,
                  node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0,
-                 key_file: str = KEY_FILE) -> None:
+                 key_file: str = KEY_FILE, job_hosts: Sequence[str] = ()) -> None:
+        """`job_hosts`: the job's nodes where they are known (a Slurm allocation's), whose
+        connections the control channel admits first (channel.job_addresses)."""
         super().__init__(LaunchShape(nnodes, nproc_per_node), node_class)
         self.endpoint = endpoint
         self.key_file = key_file
+        self.job_hosts = list(job_hosts)
         self.local_addr = local_addr if local_addr else ("127.0.0.1" if is_loopback(endpoint[0]) else None)
         self.join_wait_s = join_wait_s
         self._token = secrets.token_hex(4)
@@ -132,7 +135,7 @@ class TorchrunLaunch(Launch):
             host, port = self.endpoint
             self._control = ControlServer(host, port + CONTROL_PORT_OFFSET, key=load_key(self.key_file),
                                           joiners=self.shape.nnodes - 1, nproc_per_node=self.shape.ranks_per_node,
-                                          join_wait_s=self.join_wait_s)
+                                          join_wait_s=self.join_wait_s, job_peers=job_addresses(self.job_hosts))
         return self._control
 
     def prepare(self) -> None:
@@ -236,8 +239,8 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
     host, port = endpoint
     local_addr = "127.0.0.1" if is_loopback(host) else None
     name = f"the coordinator at {host_port(host, port)}"
-    peer, nnodes, nproc_per_node = join_session(connect(host, port + CONTROL_PORT_OFFSET, connect_wait_s), name,
-                                                key, str(key_file))
+    peer, nnodes, nproc_per_node = handshake(host, port + CONTROL_PORT_OFFSET, connect_wait_s, name, key,
+                                             str(key_file))
     pending = peer.pending
     trials = 0
     try:
