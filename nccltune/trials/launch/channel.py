@@ -46,8 +46,9 @@ Admission cannot be starved by connections that never authenticate:
   and its proof one round trip after the challenge), and the accept loop serves every pending
   connection, checking what has arrived before it accepts more (at most ACCEPT_BATCH a turn);
 - one peer (an IPv4 address, an IPv6 /64, which one host may hold whole) holds at most
-  MAX_PENDING_PER_PEER of the MAX_PENDING handshakes; a connection over its peer's share is
-  closed at once;
+  MAX_PENDING_PER_PEER of the MAX_PENDING handshakes: a new connection from a peer at its share
+  takes the slot of that peer's own oldest handshake (one without a hello first), so a peer can
+  crowd out no one but itself;
 - the job's own peers come first: the addresses of the allocation's nodes when the sweep runs in
   a Slurm allocation (`job_addresses`), and of every node admitted before in this sweep. Their
   handshakes are never closed for another's. When every slot is held, a new connection takes the
@@ -522,11 +523,12 @@ class ControlServer:
                 return
             name = host_port(str(addr[0]), int(addr[1]))
             peer = peer_of(str(addr[0]))
-            if sum(1 for hs in self.pending if hs.peer == peer) >= MAX_PENDING_PER_PEER:
-                self._turn_away(name, f"its peer holds {MAX_PENDING_PER_PEER} handshakes already")
-                _close(sock)
-                continue
-            if len(self.pending) >= MAX_PENDING:
+            same = [hs for hs in self.pending if hs.peer == peer]
+            if len(same) >= MAX_PENDING_PER_PEER:
+                own = max(same, key=lambda hs: (not hs.nonce, -hs.since))
+                self._turn_away(own.addr, f"its peer's share ({MAX_PENDING_PER_PEER}) went to a newer connection")
+                self._drop(own)
+            elif len(self.pending) >= MAX_PENDING:
                 victim = self._victim()
                 if victim is None:
                     self._turn_away(name, f"{MAX_PENDING} handshakes of the job's own nodes are under way")
