@@ -542,6 +542,16 @@ def test_not_utf8(tmp_path: Path) -> None:
     assert info.value.line == 3 and info.value.exit_code == 78
 
 
+def test_a_lone_surrogate_escape_is_refused_with_its_line(tmp_path: Path) -> None:
+    """YAML's \\ud800 escape makes a str no UTF-8 writer can encode: refused where it is written."""
+    err = fault(tmp_path, 'state_dir: /x\nbench:\n  user: "ranks\\ud800"\n')
+    assert err.line == 3 and "bench.user: a lone surrogate escape" in str(err)
+    err = fault(tmp_path, 'sweep:\n  pin:\n    "NCCL_ALGO\\udc00": Ring\n')
+    assert err.line == 3 and "sweep.pin: the key 'NCCL_ALGO\\udc00'" in str(err)
+    str(err).encode("utf-8")  # the message itself is text every stream can carry
+    assert load_config(write(tmp_path, 'bench:\n  user: "r\\U0001F600"\n')).bench.user == "r\U0001F600"
+
+
 def test_directory_instead_of_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         load_config(tmp_path)

@@ -122,6 +122,12 @@ def test_strict_json_refuses_depth_duplicates_and_nan() -> None:
         loads_strict('{"gain": NaN}')
     with pytest.raises(ValueError, match="Infinity is not JSON"):
         loads_strict('{"gain": -Infinity}')
+    # Half a UTF-16 pair is no character: such a text has no UTF-8 form to write anywhere.
+    with pytest.raises(ValueError, match=r"\$\.env\.NCCL_ALGO: a lone surrogate escape"):
+        loads_strict('{"env": {"NCCL_ALGO": "Ring\\ud800"}}')
+    with pytest.raises(ValueError, match=r"\$\.runs\[1\] \(a key\): a lone surrogate escape"):
+        loads_strict('{"runs": [{}, {"\\udfff": 1}]}')
+    assert loads_strict('["\\ud83d\\ude00", "\\\\ud800"]') == ["\U0001F600", "\\ud800"]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +169,24 @@ def test_apply_refuses_a_deep_a_duplicated_and_a_nan_profile_without_a_traceback
     got, unchanged = _apply(demo_sweep, tmp_path, written)
     assert got.returncode == EXIT_OK, got.stderr
     assert not unchanged
+
+
+def test_apply_refuses_a_profile_whose_text_has_no_utf8_form_before_anything_is_written(
+        demo_sweep: DemoSweep, profile: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """A lone surrogate escape in a profile was published, and then the command's own output
+    could not be written: refused as the profile is read, with nothing published."""
+    written, _ = profile
+    bad = tmp_path / "surrogate.json"
+    bad.write_text(written.read_text().replace('"chosen": "', '"chosen": "\\ud800', 1))
+    got, unchanged = _apply(demo_sweep, tmp_path, bad)
+    refused(got, str(bad), "$.chosen: a lone surrogate escape")
+    assert unchanged
+    # A profile file named by undecodable bytes: its name cannot be published as nccl.json's text.
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/\xff.json"))
+    shutil.copyfile(written, odd)
+    got, unchanged = _apply(demo_sweep, tmp_path, odd)
+    refused(got, "provenance.note: not valid UTF-8 text")
+    assert unchanged
 
 
 def test_fleet_decide_refuses_nan_and_duplicated_exports_and_never_writes_nan(

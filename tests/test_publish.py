@@ -688,6 +688,16 @@ def test_variables_that_load_code_or_name_files_are_never_published(tmp_path: Pa
     assert not (tmp_path / "state" / "current").exists()
 
 
+def test_a_text_without_a_utf8_form_is_never_published(tmp_path: Path) -> None:
+    """A lone surrogate (a file name of undecodable bytes, an escape in a document) has no UTF-8
+    form: refused before a byte is written, not found when nccl.json is written after the switch."""
+    with pytest.raises(InputError, match=r"provenance\.note: not valid UTF-8 text \(a lone surrogate at character 4\)"):
+        publish(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(note="see \udcff.json"))
+    with pytest.raises(InputError, match=r"provenance\.class_profile\.file: not valid UTF-8"):
+        publish(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(class_profile={"file": "\ud800"}))
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_relative_topology_file_is_never_published(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"NCCL_TOPO_FILE: 'topo\.xml' is not an absolute path"):
         publish(tmp_path, {"NCCL_TOPO_FILE": "topo.xml"}, make_prov())

@@ -31,6 +31,20 @@ MAX_CONFIG_NODES = 100_000
 MAX_CONFIG_DEPTH = 64
 
 
+def _check_text(text: str, where: str, path: str, line: int) -> None:
+    """A YAML escape (\\ud800 in a double-quoted string) can make a lone surrogate: no character,
+    text no UTF-8 writer can encode. Refused where it is written.
+
+    Raises:
+        InputError: naming the key and the line (exit 78).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(path, f"{where}: a lone surrogate escape (\\ud800-\\udfff without its pair) is no "
+                         "character, so the text is not valid UTF-8", line=line) from None
+
+
 def _from_yaml(
     node: yaml.Node, dotted: str, path: str, constructor: SafeConstructor, active: set[int],
     budget: list[int] | None = None,
@@ -60,6 +74,7 @@ def _from_yaml(
         except (ConstructorError, ValueError) as exc:
             problem = exc.problem if isinstance(exc, ConstructorError) else str(exc)
             raise InputError(path, f"{where}: {problem}", line=line) from exc
+        _check_text(node.value, where, path, line)
         return Scalar(line, value, node.value)
     active.add(id(node))
     try:
@@ -85,6 +100,7 @@ def _from_yaml(
                 raise InputError(path, f"{where}: a key must be a plain name", line=key_line)
             key = str(key_node.value)
             child = join_key(dotted, key)
+            _check_text(key, f"{where}: the key {key!a}", path, key_line)
             if key in first_line:
                 raise InputError(
                     path,

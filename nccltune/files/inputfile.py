@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,9 +136,35 @@ def _depth(doc: Any) -> int:
     return deepest
 
 
+# A JSON string escape that can only stand for half a UTF-16 pair: Python's parser turns a lone
+# one into a lone surrogate, a str that no UTF-8 writer (nccl.json, stdout, the journal) can encode.
+_SURROGATE_ESCAPE_RE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(doc: Any, where: str = "$") -> str | None:
+    """The JSON path of the first string (key or value) of ``doc`` that is not valid Unicode text
+    (it holds a lone surrogate, so it has no UTF-8 form), or None."""
+    stack: list[tuple[Any, str]] = [(doc, where)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                stack.append((value, f"{path}.{key}"))
+                stack.append((key, f"{path} (a key)"))
+        elif isinstance(node, list):
+            stack.extend((value, f"{path}[{i}]") for i, value in enumerate(node))
+    return None
+
+
 def loads_strict(text: str) -> Any:
     """json.loads, refusing what Python's parser accepts and JSON (or one meaning) does not: NaN
-    and Infinity, a key twice in one object, nesting deeper than MAX_JSON_DEPTH.
+    and Infinity, a key twice in one object, nesting deeper than MAX_JSON_DEPTH, a string with a
+    lone surrogate escape (no character: the text would have no UTF-8 form).
 
     Raises:
         json.JSONDecodeError: not JSON (its msg and lineno say where).
@@ -149,6 +176,11 @@ def loads_strict(text: str) -> Any:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     if _depth(doc) > MAX_JSON_DEPTH:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if _SURROGATE_ESCAPE_RE.search(text):
+        bad = lone_surrogate(doc)
+        if bad is not None:
+            raise ValueError(f"{bad}: a lone surrogate escape (\\ud800-\\udfff without its pair) is no "
+                             "character, so the text is not valid UTF-8")
     return doc
 
 

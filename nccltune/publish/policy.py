@@ -114,7 +114,9 @@ def check_count(env: Mapping[str, str], source: str) -> None:
 
 
 def check_text(value: str, source: str, field: str, limit: int = MAX_PROVENANCE_TEXT) -> None:
-    """A provenance text within ``limit`` characters.
+    """A provenance text within ``limit`` characters, and valid Unicode text: one with a lone
+    surrogate (a file name of undecodable bytes, an escape in a document) has no UTF-8 form, so
+    nccl.json, the header and the log could not be written after the switch.
 
     Raises:
         InputError: naming ``source`` and ``field`` (exit 78).
@@ -122,6 +124,11 @@ def check_text(value: str, source: str, field: str, limit: int = MAX_PROVENANCE_
     if len(value) > limit:
         raise InputError(source, f"{field}: {len(value)} characters; at most {limit} are published",
                          hint="a published header and nccl.json stay small enough for every reader")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(source, f"{field}: not valid UTF-8 text (a lone surrogate at character {exc.start})",
+                         hint="every published text is UTF-8") from None
 
 
 def check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) -> None:
