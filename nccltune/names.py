@@ -28,6 +28,40 @@ VARIABLE_NAME_RE = _name_rule(TUNED_PREFIXES)
 TUNED_NAME_STARTS = tuple(f"{p}_" for p in TUNED_PREFIXES)
 PUBLISHED_NAME_RE = _name_rule(PUBLISHED_PREFIXES)
 
+# What may be published: one allow-list, applied to every decider's set and to what feeds one (a
+# class profile, an import's environment, a config's pins and swept values). Every NCCL_* and
+# TORCH_NCCL_* name but NCCL's identity variables, and of nccltune's own NCCLTUNE_* names only
+# those a published set carries for its tuner. The value rules and the variables that name files
+# (publish.policy) apply on top.
+#
+# NCCL's identity variables tell one host, job or NVLink domain from another: each node or job has
+# its own, so one value for every job of a node (or of a whole class) would make different hosts
+# one host to NCCL, send every job's bootstrap to one address, or join domains that are apart.
+IDENTITY_VARIABLES: dict[str, str] = {
+    "NCCL_HOSTID": "names this node to NCCL; every node keeps its own",
+    "NCCL_COMM_ID": "is the address of one job's bootstrap root; every job has its own",
+    "NCCL_RAS_ADDR": "is the address this node's RAS thread listens on; every node has its own",
+    "NCCL_MNNVL_UUID": "names the NVLink domain a node is in; NVML gives each node its own",
+    "NCCL_MNNVL_CLIQUE_ID": "names the NVLink clique a node is in; NVML gives each node its own",
+}
+# nccltune's variables in a published set: the tuner plugin's table and the fingerprint it checks,
+# which the publisher writes for the generation's own files. Every other NCCLTUNE_* name is
+# nccltune's internal (a job's NCCLTUNE_DISABLE and NCCLTUNE_JOB_NNODES, the CDI spec's
+# NCCLTUNE_ENV_FILE) or a test hook (NCCLTUNE_WORKER_FAULT), never a setting of a job's NCCL.
+PUBLISHED_OWN = frozenset({"NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT"})
+
+
+def unpublishable(name: str) -> str | None:
+    """Why the variable ``name`` is never published (so never pinned, swept, imported or decided
+    for a class either), worded to follow the name; None for a name on the allow-list."""
+    if not PUBLISHED_NAME_RE.fullmatch(name):
+        return "is not an NCCL_*, TORCH_NCCL_* or NCCLTUNE_* name in capitals, digits and _"
+    if name in IDENTITY_VARIABLES:
+        return f"{IDENTITY_VARIABLES[name]}, so it is never pinned, swept or published"
+    if name.startswith("NCCLTUNE_") and name not in PUBLISHED_OWN:
+        return "is nccltune's own (a switch, a job's shape or a test hook), never a published setting"
+    return None
+
 _SIZE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 

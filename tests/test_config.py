@@ -483,6 +483,19 @@ def test_bad_variable_name(tmp_path: Path, text: str, line: int, hint: str | Non
         assert err.hint == hint
 
 
+@pytest.mark.parametrize(("section", "name"), [("pin", "NCCL_COMM_ID"), ("pin", "NCCL_HOSTID"),
+                                             ("variables", "NCCL_RAS_ADDR"), ("variables", "NCCL_MNNVL_UUID")])
+def test_an_identity_variable_is_never_pinned_or_swept(tmp_path: Path, section: str, name: str) -> None:
+    """A pin or a winning value is published: one of NCCL's identity variables never may be
+    (names.unpublishable), so the config naming one is refused as it is read, with its line."""
+    value = '"10.0.0.1:5000"' if section == "pin" else '["10.0.0.1:5000"]'
+    err = fault(tmp_path, f"sweep:\n  {section}:\n    NCCL_ALGO: {'Ring' if section == 'pin' else '[Ring]'}\n"
+                          f"    {name}: {value}\n")
+    assert err.line == 4 and f"sweep.{section}.{name}: " in str(err) and "never pinned, swept or published" in str(err)
+    # Unpinning one (from the calling environment) publishes nothing: that stays allowed.
+    assert load_config(write(tmp_path, f"sweep:\n  unpin: [{name}]\n")).sweep.unpin == [name]
+
+
 @pytest.mark.parametrize(
     ("value", "got"),
     [("1.5", "a number (1.5)"), ("true", "a boolean (true)"), ("off", "a boolean (off)"), ("null", "null")],

@@ -45,7 +45,8 @@ ENV = {
     "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1",
     "NCCL_X": "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:,=+^@%-",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "NCCLTUNE_PROFILE": "llm-training",
+    # nccltune's own, of the names a set may carry (its tuner's); nccl.conf leaves it out.
+    "NCCLTUNE_TUNER_FINGERPRINT": "0123abcd",
 }
 
 FORBIDDEN = [
@@ -558,7 +559,7 @@ def test_conf_created_when_missing(tmp_path: Path, umask_077: None) -> None:
     assert parse_like_nccl(data) == nccl_only
     skipped_note = [line for line in lines if "TORCH_NCCL_ASYNC_ERROR_HANDLING" in line]
     assert len(skipped_note) == 1 and skipped_note[0].startswith("#")
-    assert "NCCLTUNE_PROFILE" in skipped_note[0]
+    assert "NCCLTUNE_TUNER_FINGERPRINT" in skipped_note[0]
 
 
 def test_conf_block_replaced_in_place_keeping_foreign_lines(tmp_path: Path) -> None:
@@ -686,6 +687,36 @@ def test_variables_that_load_code_or_name_files_are_never_published(tmp_path: Pa
     with pytest.raises(InputError, match=f"{name}: nccltune does not publish variables that load code"):
         publish(tmp_path / "state", {"NCCL_ALGO": "Ring", name: "/tmp/x.so"}, make_prov())
     assert not (tmp_path / "state" / "current").exists()
+
+
+@pytest.mark.parametrize("name", ["NCCL_HOSTID", "NCCL_COMM_ID", "NCCL_RAS_ADDR", "NCCL_MNNVL_CLIQUE_ID",
+                                  "NCCLTUNE_WORKER_FAULT", "NCCLTUNE_ENV_FILE", "NCCLTUNE_DISABLE",
+                                  "NCCLTUNE_JOB_NNODES", "NCCLTUNE_PROFILE"])
+def test_names_off_the_allow_list_are_never_published(tmp_path: Path, name: str) -> None:
+    """NCCL's identity variables, nccltune's internal variables and its test hooks: refused in
+    either part before a byte is written, whoever decides (exit 78)."""
+    for every_job, single in (({"NCCL_ALGO": "Ring", name: "1"}, {}), ({"NCCL_ALGO": "Ring"}, {name: "1"})):
+        with pytest.raises(InputError, match=f"{name}: ") as err:
+            publish(tmp_path / "state", every_job, make_prov(), single_node_env=single)
+        assert err.value.exit_code == EXIT_CONFIG
+        assert not (tmp_path / "state").exists()
+    # What the allow-list keeps: NCCL's variables, torch's NCCL ones, the tuner's own two.
+    published = publish(tmp_path / "state", {"NCCL_ALGO": "Ring", "NCCL_COMM_ID_NOTE": "x",
+                                             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+                                             "NCCLTUNE_TUNER_FINGERPRINT": "ab"}, make_prov())
+    assert set(published.env) == {"NCCL_ALGO", "NCCL_COMM_ID_NOTE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                  "NCCLTUNE_TUNER_FINGERPRINT"}
+
+
+def test_the_allow_list_keeps_every_variable_nccltune_publishes_itself() -> None:
+    from nccltune.names import unpublishable
+    from nccltune.publish import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
+    from nccltune.sweep.space import CATALOGUE
+
+    for name in (TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, "NCCL_TOPO_FILE",
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", *CATALOGUE):
+        assert unpublishable(name) is None, name
+    assert unpublishable("LD_PRELOAD") is not None and unpublishable("nccl_algo") is not None
 
 
 def test_a_text_without_a_utf8_form_is_never_published(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal, NoReturn, TypeVar
 
 from ..collectives import NAMES as COLLECTIVE_NAMES
 from ..errors import InputError
-from ..names import VARIABLE_NAME_RE, format_size
+from ..names import VARIABLE_NAME_RE, format_size, unpublishable
 from .nodes import Map, Node, Scalar, Seq, describe, is_null
 from .schema import (
     MAX_MESSAGE_BYTES,
@@ -211,6 +211,17 @@ class Builder:
         hint = f"did you mean {name.upper()}?" if VARIABLE_NAME_RE.match(name.upper()) else _VARIABLE_HINT
         self.fail(line, f"{dotted}: {name!r} is not an NCCL variable name", hint)
 
+    def set_variable(self, dotted: str, line: int | None, name: str) -> str:
+        """A variable the config sets (a pin, a swept one): its name, which must also be on the
+        allow-list of what may be published (names.unpublishable: not one of NCCL's identity
+        variables), since a pin and a winning value are published.
+        """
+        name = self.variable_name(dotted, line, name)
+        why = unpublishable(name)
+        if why is not None:
+            self.fail(line, f"{dotted}: {why}")
+        return name
+
     def env_value(self, dotted: str, node: Node) -> str:
         """A value that will be exported to NCCL's environment: a string, or an int as written."""
         if isinstance(node, Scalar):
@@ -271,7 +282,7 @@ class Builder:
         pins: dict[str, str] = {}
         for entry in node.entries:
             child = join_key(dotted, entry.key)
-            name = self.variable_name(child, entry.line, entry.key)
+            name = self.set_variable(child, entry.line, entry.key)
             self.record(child, entry.line)
             pins[name] = self.env_value(child, entry.value)
         return pins
@@ -284,7 +295,7 @@ class Builder:
         result: dict[str, list[str]] = {}
         for entry in node.entries:
             child = join_key(dotted, entry.key)
-            name = self.variable_name(child, entry.line, entry.key)
+            name = self.set_variable(child, entry.line, entry.key)
             self.record(child, entry.line)
             values_node = entry.value
             if not isinstance(values_node, Seq):

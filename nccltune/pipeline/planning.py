@@ -13,6 +13,7 @@ from typing import Any
 from .. import collectives as coll
 from ..config import Config, profile_collectives
 from ..errors import InputError, NccltuneError
+from ..names import unpublishable
 from ..nccl.site import conf_settings
 from ..nccl.sitetuner import default_conf_files, existing_tuner
 from ..node import Node, iterations, size_ladder
@@ -21,7 +22,7 @@ from ..publish.policy import validate_env
 from ..sweep import profiles
 from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from ..sweep.select import Key
-from ..sweep.space import CATALOGUE, NODE_OWN, unknown_variable_hint
+from ..sweep.space import CATALOGUE, unknown_variable_hint
 from ..sweep.strategy import Search, Settings
 from ..tuner.build import find_compiler, prebuilt_plugin
 
@@ -38,9 +39,9 @@ def check_config_variables(cfg: Config) -> None:
         for name, values in mapping.items():
             line = cfg.lines.get(f"{section}.{name}")
             tunable = CATALOGUE.get(name)
-            if name in NODE_OWN:
-                raise InputError(where, f"{section}.{name}: names this node to NCCL; every node keeps its own, "
-                                 "so it is never pinned, swept or published", line=line)
+            why = unpublishable(name)  # as the config file's reader refuses it (a Config built in Python too)
+            if why is not None:
+                raise InputError(where, f"{section}.{name}: {why}", line=line)
             if tunable is None and section == "sweep.variables":
                 raise InputError(where, f"{section}.{name}: not a variable nccltune knows how to sweep",
                                  line=line, hint=unknown_variable_hint(name))

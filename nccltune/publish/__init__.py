@@ -67,6 +67,7 @@ from .policy import (
     TUNER_FINGERPRINT_VAR,
     TUNER_PLUGIN_VAR,
     TUNER_TABLE_VAR,
+    check_names,
     check_path_variables,
     preflight,
     validate_env,
@@ -83,8 +84,8 @@ __all__ = [
     "SAFE_VALUE_CHARS", "SCHEMA_VERSION", "SCOPE_APPLIES_TO", "SCOPE_FILES", "SH_NAME", "SINGLE_ENV_NAME",
     "SINGLE_NODE", "SINGLE_SH_NAME", "STALE_TEMP_AGE_S", "TOPOLOGY_NAME", "TOPO_FILE_VAR", "TUNER_FINGERPRINT_VAR",
     "TUNER_PLUGIN_NAME", "TUNER_PLUGIN_VAR", "TUNER_TABLE_NAME", "TUNER_TABLE_VAR", "Provenance", "PublishError",
-    "PublishedFiles", "PublishedSet", "Setting", "Tuner", "atomic_write", "check_path_variables", "job_env",
-    "job_nnodes", "names_own_topology", "parse_lines", "preflight", "publish", "publish_generation",
+    "PublishedFiles", "PublishedSet", "Setting", "Tuner", "atomic_write", "check_names", "check_path_variables",
+    "job_env", "job_nnodes", "names_own_topology", "parse_lines", "preflight", "publish", "publish_generation",
     "publish_setting", "read_published", "read_set", "remove_nccl_conf_block", "render_env", "render_json",
     "render_sh", "resolve_topology", "update_nccl_conf", "validate_env",
 ]

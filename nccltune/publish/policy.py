@@ -12,7 +12,11 @@ Rules that keep a launcher from ever sourcing something wrong:
    value of them, from a sweep candidate, a pin or the environment, is refused (exit 78) before
    the first trial: a tuning file must never make every job on the node load a library or write
    a file that someone chose by editing a config.
-3. Bounds: a set holds at most ``MAX_VARIABLES`` variables per part, and its provenance texts,
+3. Names: one allow-list (names.unpublishable) says which variables may ever be published, for
+   every decider and for what feeds one (a class profile, an import, a config's pins): NCCL's
+   and torch's NCCL variables but NCCL's identity variables (NCCL_HOSTID, NCCL_COMM_ID, ...), and
+   of nccltune's own only the tuner's table and fingerprint (``check_names``).
+4. Bounds: a set holds at most ``MAX_VARIABLES`` variables per part, and its provenance texts,
    gains and tuner table stay within what every reader accepts, so nothing is published that
    ``nccltune env``, the launchers or the doctor would then refuse.
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import trust
-from ..names import PUBLISHED_NAME_RE
+from ..names import PUBLISHED_NAME_RE, unpublishable
 
 NAME_RE = PUBLISHED_NAME_RE
 
@@ -101,6 +105,19 @@ def validate_env(env: Mapping[str, str], source: str = "environment") -> dict[st
                 )
         clean[name] = value
     return clean
+
+
+def check_names(env: Mapping[str, str], source: str,
+                hint: str = "set it in the job's own environment if one job really needs it") -> None:
+    """Every name on the allow-list of what may be published (names.unpublishable).
+
+    Raises:
+        InputError: naming the variable, why it is never published and ``source`` (exit 78).
+    """
+    for name in sorted(env, key=str):
+        why = unpublishable(name) if isinstance(name, str) else "is not a string"
+        if why is not None:
+            raise InputError(source, f"{name}: {why}", hint=hint)
 
 
 def check_count(env: Mapping[str, str], source: str) -> None:
@@ -200,11 +217,13 @@ def preflight(out_dir: Path, env_values: Mapping[str, str], where: Mapping[str, 
     ``where`` maps a variable to where it was set ("config.yaml:12"), for the message.
 
     Raises:
-        InputError: an unpublishable name or value, a variable that names code or files, or a
+        InputError: an unpublishable name or value (one off the allow-list of names included), a
+            variable that names code or files, or a
             publish directory that is not a directory, not trusted or not writable (exit 78).
     """
     for name in sorted(env_values):
         validate_env({name: env_values[name]}, source=where.get(name, "config"))
+        check_names({name: env_values[name]}, where.get(name, "config"))
     check_path_variables(env_values, where, default_where="config", existing=True)
     out_dir = Path(out_dir)
     probe = out_dir

@@ -27,6 +27,7 @@ from .policy import (
     TUNER_PLUGIN_VAR,
     TUNER_TABLE_VAR,
     check_count,
+    check_names,
     check_path_variables,
     check_scopes,
     check_text,
@@ -151,6 +152,8 @@ class Setting:
                              "carries no topology XML to publish as it")
         every_job = validate_env(self.every_job_env, source=f"{self.where}: every-job environment")
         single = validate_env(self.single_node_env, source=f"{self.where}: single-node environment")
+        check_names(every_job, f"{self.where}: every-job environment")
+        check_names(single, f"{self.where}: single-node environment")
         check_count(every_job, f"{self.where}: every-job environment")
         check_count(single, f"{self.where}: single-node environment")
         check_path_variables(every_job, default_where=f"{self.where}: every-job environment")

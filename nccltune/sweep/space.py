@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..collectives import TUNER_NAMES
+from ..names import IDENTITY_VARIABLES
 
 # Level names NCCL_P2P_LEVEL / NCCL_NET_GDR_LEVEL accept (case-sensitive). C2C and P2C exist only
 # since 2.26/2.27: older NCCL silently ignores them, so nccltune never proposes them itself.
@@ -148,12 +149,12 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
 )}
 
 # Variables nccltune sets itself in trials, or that only steer diagnostics: never published
-# from a sweep and never swept. NCCL_HOSTID names a node to NCCL (ranks with different values
-# are different hosts): each node keeps its own, so it is never pinned, swept or sent to others.
+# from a sweep and never swept. NCCL's identity variables (names.IDENTITY_VARIABLES: NCCL_HOSTID
+# names a node to NCCL, ranks with different values are different hosts; NCCL_COMM_ID one job's
+# bootstrap ...) are each node's or job's own: from the calling environment they reach this node's
+# own ranks only, never pinned, swept, sent to others or published (the config's reader refuses them).
 MANAGED = {"NCCL_TOPO_FILE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
-           "NCCL_GRAPH_DUMP_FILE", "NCCL_HOSTID"}
-# What a configuration may not pin or sweep: a node's own identity.
-NODE_OWN = frozenset({"NCCL_HOSTID"})
+           "NCCL_GRAPH_DUMP_FILE", *IDENTITY_VARIABLES}
 
 
 def validate_value(name: str, value: str) -> str | None:
