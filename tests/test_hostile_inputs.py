@@ -232,6 +232,27 @@ def test_import_refuses_an_environment_value_no_launcher_may_source(tmp_path: Pa
             assert store.runs(limit=5) == []
 
 
+@pytest.mark.parametrize(("entry", "message"), [
+    ("NCCL_HOSTID=node-a", "NCCL_HOSTID: names this node to NCCL"),
+    ("NCCL_COMM_ID=10.0.0.1:5000", "NCCL_COMM_ID: is the address of one job's bootstrap root"),
+    ("NCCL_TOPO_FILE=/home/me/topo.xml", "NCCL_TOPO_FILE: names a file or a library of that run"),
+    ("NCCL_NET_PLUGIN=/tmp/libnccl-net.so", "NCCL_NET_PLUGIN: names a file or a library of that run"),
+])
+def test_import_keeps_no_variable_a_setting_may_not_hold(tmp_path: Path, entry: str, message: str) -> None:
+    """An import's env is kept as the setting measured (exported, offered to fleet decide): a node's
+    identity or a file of that run is none, so the document is refused and nothing stored."""
+    doc = json.loads((NCCL_TESTS_OUTPUT / "all_reduce_perf.v3-2rank.handmade.json").read_text())
+    doc["env"] = [*doc["env"], entry]
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps(doc))
+    state = tmp_path / "state"
+    got = nccltune("import", path, "--state-dir", state, cwd=tmp_path)
+    refused(got, str(path), f"$.env[{len(doc['env']) - 1}]", message, "remove it from the document's env")
+    if (state / "history.db").exists():
+        with Store(state / "history.db") as store:
+            assert store.runs(limit=5) == []
+
+
 def test_a_full_disk_during_import_says_enospc(tmpfs: Path, tmp_path: Path) -> None:
     state = tmpfs / "state"
     first = nccltune("import", NCCL_TESTS_OUTPUT / "all_reduce_perf.v3-1rank.h200.json", "--state-dir", state,

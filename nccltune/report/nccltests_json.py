@@ -44,7 +44,7 @@ from ..compare import Side, side_trials
 from ..errors import CheckFailed, InputError, UsageError
 from ..files.inputfile import loads_strict, read_input_file
 from ..names import DEMO_LABEL, VARIABLE_NAME_RE
-from ..publish import validate_env
+from ..publish import PATH_VARIABLES, check_names, validate_env
 from ..records import Measurement
 from ..store import RunBackend, RunRecord, Store, TrialRecord
 
@@ -434,6 +434,9 @@ def _kind(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_ENV_HINT = "remove it from the document's env (or run the binary without it) and import again"
+
+
 def parse_document(data: bytes, path: str, *, collective: str | None = None) -> PerfDocument:
     """Check an nccl-tests document (format version 3) and return what the history keeps.
 
@@ -442,7 +445,9 @@ def parse_document(data: bytes, path: str, *, collective: str | None = None) -> 
 
     Raises:
         InputError: not JSON (with the line), another format version, or a missing or malformed
-            key (named by its path, e.g. results[3].out_of_place.bus_bw) (exit 78).
+            key (named by its path, e.g. results[3].out_of_place.bus_bw), or an NCCL variable of its
+            env that no setting may hold (an identity variable such as NCCL_HOSTID, one that names a
+            file or a library, a value outside the safe alphabet) (exit 78).
     """
     r = _Reader(path)
     text = data.decode("utf-8", errors="replace")
@@ -480,9 +485,15 @@ def parse_document(data: bytes, path: str, *, collective: str | None = None) -> 
     for i, entry in enumerate(_list(r, doc, "env", "$")):
         name, sep, value = (r.str_(entry, f"$.env[{i}]") or "").partition("=")
         if sep and VARIABLE_NAME_RE.match(name):
-            # Kept with the run's trials, so exported and offered to `fleet decide` as a setting:
-            # held to the rule every published value meets.
-            env.update(validate_env({name: value}, source=f"{path}: $.env[{i}]"))
+            # Kept with the run's trials as the setting measured: held to the rules every published
+            # setting meets (the allow-list of names, the value rule), and no variable that names a
+            # file or loads code, which is the run's own and never a setting.
+            source = f"{path}: $.env[{i}]"
+            env.update(validate_env({name: value}, source=source))
+            check_names({name: value}, source, hint=_ENV_HINT)
+            if name in PATH_VARIABLES:
+                raise InputError(source, f"{name}: names a file or a library of that run; nccltune keeps no such "
+                                 "variable with a run", hint=_ENV_HINT)
     notes: list[str] = []
     group: tuple[str, str, int] | None = None
     cycles: list[dict[Placement, list[PerfResult]]] = []
