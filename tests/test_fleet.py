@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from nccltune.errors import InputError
-from nccltune.fleet.decide import Export, Rules, decide, load_exports
+from nccltune.fleet.decide import Export, Rules, decide, dumps_profile, load_exports
 from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
 from nccltune.publish import read_published
 from nccltune.store import Store
@@ -281,6 +282,15 @@ def test_a_nic_loopback_profile_is_never_applied(fleet: dict[str, Any], tmp_path
     (lambda p: p["tuner_table"].insert(0, {"collective": "allreduce"}), "$.tuner_table[0]: missing required key"),
     (lambda p: p.__setitem__("demo", False), "a GPU profile cannot be applied to a demo node"),
     (lambda p: p["node_class"]["facts"].__setitem__("gpu_count", 8), "$.node_class.id: "),
+    # Off the allow-list of what may be published: NCCL's identity variables, nccltune's own, a test hook.
+    (lambda p: p["env"].__setitem__("NCCL_HOSTID", "node-a"), "env: NCCL_HOSTID: names this node to NCCL"),
+    (lambda p: p["env"].__setitem__("NCCL_COMM_ID", "10.0.0.1:5000"), "env: NCCL_COMM_ID: is the address of one"),
+    (lambda p: p["env"].__setitem__("NCCLTUNE_WORKER_FAULT", "hang"), "env: NCCLTUNE_WORKER_FAULT: is nccltune's own"),
+    (lambda p: p["env"].__setitem__("NCCLTUNE_ENV_FILE", "/x/nccl.sh"), "env: NCCLTUNE_ENV_FILE: is nccltune's own"),
+    (lambda p: p["env"].__setitem__("NCCLTUNE_DISABLE", "1"), "env: NCCLTUNE_DISABLE: is nccltune's own"),
+    # The publisher's own: each node's tuner files, and what names code.
+    (lambda p: p["env"].__setitem__("NCCL_TUNER_PLUGIN", "/tmp/x.so"), "env: NCCL_TUNER_PLUGIN: names this node's own"),
+    (lambda p: p["env"].__setitem__("NCCL_NET_PLUGIN", "/tmp/x.so"), "env: NCCL_NET_PLUGIN: nccltune does not publish"),
 ])
 def test_malformed_or_unsafe_profile_is_refused(fleet: dict[str, Any], tmp_path: Path, change: Any,
                                                 message: str) -> None:
@@ -314,6 +324,43 @@ def _synthetic_export(host: str, base: list[float], cand: list[float], tmp_path:
     path = tmp_path / f"{host}.json"
     path.write_text(json.dumps(doc))
     return load_exports([path])[0]
+
+
+def test_decide_leaves_out_a_candidate_apply_would_refuse(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A candidate whose environment no node may publish (here one of NCCL's identity variables)
+    is no class candidate: left out with one warning, and the class keeps what may be published."""
+    bad = {"NCCL_ALGO": "Ring", "NCCL_HOSTID": "node-a", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    a = _synthetic_export("a", [100, 101, 99], [130, 131], tmp_path, bad)
+    b = _synthetic_export("b", [98, 100, 102], [129, 132], tmp_path, bad)
+    prof = decide([a, b], Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
+    assert prof["chosen"] == "NCCL defaults" and "NCCL_HOSTID" not in prof["env"]
+    assert prof["evidence"]["candidates"] == []
+    said = [r.getMessage() for r in caplog.records if "left out of the class" in r.getMessage()]
+    assert len(said) == 1 and "NCCL_HOSTID: names this node to NCCL" in said[0] and "a.json run 1 trial 10" in said[0]
+    assert "NCCL_HOSTID" not in dumps_profile(prof).split('"candidates"')[0]
+
+
+def test_decide_never_writes_a_profile_apply_would_refuse(tmp_path: Path) -> None:
+    """The values every candidate carries (the policy) come from the exports too: a profile apply
+    would refuse is refused by decide, exit 78, nothing written."""
+    ring = {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    a = _synthetic_export("a", [100, 101, 99], [110, 111], tmp_path, ring)
+    b = _synthetic_export("b", [98, 100, 102], [109, 112], tmp_path, ring)
+    prof = decide([a, b], Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
+    dumps_profile(prof)  # as decided: apply takes it
+    for change, message in ((lambda p: p["env"].__setitem__("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3;x"),
+                             "env: TORCH_NCCL_ASYNC_ERROR_HANDLING: value contains the forbidden character ';'"),
+                            (lambda p: p["env"].update({f"NCCL_X{i}": "1" for i in range(300)}),
+                             "$.env: 302 variables; at most 256"),
+                            (lambda p: p.__setitem__("chosen", "x" * 5000), "$.chosen: 5000 characters"),
+                            (lambda p: p["env"].__setitem__("NCCL_TOPO_FILE", "/x.xml"),
+                             "NCCL_TOPO_FILE: is set per node")):
+        bad = copy.deepcopy(prof)
+        change(bad)
+        with pytest.raises(InputError, match=re.escape(message)) as err:
+            dumps_profile(bad)
+        assert err.value.exit_code == 78 and "fleet decide: the profile" in str(err.value)
+        assert "`nccltune apply` would refuse it" in str(err.value)
 
 
 def test_pooled_samples_go_through_the_sweeps_rules(tmp_path: Path) -> None:

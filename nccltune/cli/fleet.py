@@ -12,14 +12,15 @@ from .common import load_cfg, out, output_file
 def cmd_fleet(args: argparse.Namespace) -> int:
     from ..config import profile_collectives
     from ..files.atomicfile import atomic_write
-    from ..fleet.decide import decide, dumps_profile, load_exports, pool, rules_from
+    from ..fleet.decide import decide, dumps_profile, load_exports, rules_from
 
     cfg = load_cfg(args)
     target = output_file(args.out, "class profile")
     exports = load_exports([Path(p) for p in args.exports])
     # The weights per collective and size a node's sweep uses for the same profile.
     custom = {name: profile_collectives(p) for name, p in cfg.sweep.profiles.items()}
-    rules = rules_from(args.profile, pool(exports).profiles, min_gain_pct=cfg.sweep.min_gain_pct,
+    swept_for = {run["profile"] for e in exports for run in e.doc["runs"]}  # the objectives, as pool() reads them
+    rules = rules_from(args.profile, swept_for, min_gain_pct=cfg.sweep.min_gain_pct,
                        max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
     doc = decide(exports, rules)
     atomic_write(target, dumps_profile(doc))

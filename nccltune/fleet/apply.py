@@ -5,7 +5,8 @@ A profile is refused (exit 78, nothing published changes) when it is malformed, 
 may be changed by another user, when it was made for another class of node, when it is stale
 (made with another NCCL, driver or nccltune release than this node runs), when its demo flag
 does not match the node, or when any variable or what it carries fails the publish validation
-or bounds; the refusal's `code` names which (the daemon's metrics carry it). Only then is the
+or bounds (fleet.values, the check fleet decide makes before it writes a profile); the refusal's
+`code` names which (the daemon's metrics carry it). Only then is the
 profile published as one Setting (publish.publish_setting), atomically, with provenance that
 names the profile (`nccltune env` shows it in the header, nccl.json carries its digest under
 `class_profile`); its copy (PROFILE_IN_FORCE) is a file of that generation and follows it into
@@ -29,22 +30,20 @@ from ..errors import InputError
 from ..files import trust
 from ..nccl.site import conf_settings
 from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
-from ..publish.policy import MAX_VARIABLES
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
-from .decide import PROFILE_KIND, TOPO_FILE, profile_gains, read_json_document
+from .decide import PROFILE_KIND, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node, worker_nccl
 from .table import profile_tuner
+from .values import MAX_CHOSEN_CHARS as MAX_CHOSEN_CHARS  # kept importable from here
+from .values import check_values
 
 log = logging.getLogger(__name__)
 
 # Facts of the class that a new release changes on every node at once: a mismatch there makes a
 # profile stale rather than one for another kind of node.
 VERSION_FACTS = ("driver_version", "nccl_version")
-# The longest `chosen` label a profile may carry into the published provenance (its note and
-# `class_profile.chosen`): far above any candidate's label, far below what readers accept.
-MAX_CHOSEN_CHARS = 2048
 
 # Why a profile is not applied: no file for this class, not a valid profile, a file another user
 # may change, made for another kind of node, made for other versions, a value that cannot be published.
@@ -152,32 +151,10 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
                                                       b_name="this node")
         raise ProfileRefused(where, f"stale profile: {why}", code="stale",
                              hint="re-sweep one node of the class and re-run `nccltune fleet decide`")
-    _check_bounds(doc, where)
     try:
-        validate_env(doc["env"], source=f"{where}: env")
+        check_values(doc, where)
     except InputError as exc:
         raise ProfileRefused.wrapping(exc, "unsafe") from exc
-    if TOPO_FILE in doc["env"]:
-        raise ProfileRefused(where, f"env: {TOPO_FILE} is set per node; a profile says topology_file: true instead",
-                             code="unsafe")
-
-
-def _check_bounds(doc: Mapping[str, Any], where: str) -> None:
-    """What a profile may carry into the published set: a `chosen` label of at most
-    MAX_CHOSEN_CHARS characters and at most MAX_VARIABLES variables (each value's own bound is
-    validate_env's); the tuner table's entry count is the plugin's rule (fleet.table).
-
-    Raises:
-        ProfileRefused: code "unsafe", naming the field (exit 78).
-    """
-    chosen = str(doc["chosen"])
-    if len(chosen) > MAX_CHOSEN_CHARS:
-        raise ProfileRefused(where, f"$.chosen: {len(chosen)} characters; a published profile's label has at most "
-                             f"{MAX_CHOSEN_CHARS}", code="unsafe", hint="regenerate the profile with `nccltune fleet "
-                             "decide`")
-    if len(doc["env"]) > MAX_VARIABLES:
-        raise ProfileRefused(where, f"$.env: {len(doc['env'])} variables; at most {MAX_VARIABLES} are published",
-                             code="unsafe")
 
 
 def _note(path: Path, doc: Mapping[str, Any]) -> str:

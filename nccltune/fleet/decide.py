@@ -19,7 +19,9 @@ judged on every node's pooled samples with the sweep's full rule for its size, t
 number of runs included (select.judge), not only screened as a node's per-size stage does.
 
 A candidate counts only when every node of the pool measured it: comparing one node's candidate
-with every node's defaults would judge the node, not the candidate.
+with every node's defaults would judge the node, not the candidate. A candidate whose environment
+`apply` would refuse to publish (fleet.values) is left out, with a warning, and the profile is
+held to the same check before it is written (dumps_profile).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError, UsageError
 from ..files.inputfile import parse_json, read_input_file
+from ..publish.policy import MAX_PROFILE_BYTES
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import decision, profiles
 from ..sweep.decision import Verdict, against_mean, log_ratios
@@ -57,6 +60,7 @@ from ..sweep.strategy import CARRIED, label_of
 from ..topology.nodeclass import class_id_of, describe_difference
 from .export import EXPORT_KIND
 from .schema import SchemaViolation, load_schema, validate
+from .values import check_values, env_problem
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +234,7 @@ def pool(exports: Sequence[Export]) -> Pool:
     backends: set[str] = set()
     nranks: dict[int, str] = {}
     policy: dict[str, tuple[str, str]] = {}  # name -> (value, where it was seen first)
+    left_out: set[str] = set()  # candidates apply would refuse, each said once
     for e in exports:
         n_base = n_cand = 0
         for run in e.doc["runs"]:
@@ -270,6 +275,14 @@ def pool(exports: Sequence[Export]) -> Pool:
                     n_cand += 1
                 elif t["phase"] in CANDIDATE_PHASES and not any(v in t["env"] for v in TUNER_VARS):
                     env = {k: v for k, v in t["env"].items() if k != TOPO_FILE}
+                    unfit = env_problem(env, f"{e.path} run {run['id']} trial {t['seq']}")
+                    if unfit is not None:
+                        # A candidate no node may publish is no class candidate: apply would refuse it.
+                        if label_of(env) not in left_out:
+                            left_out.add(label_of(env))
+                            log.warning("a candidate left out of the class, `nccltune apply` would refuse it: %s",
+                                        unfit.message)
+                        continue
                     topo_file = TOPO_FILE in t["env"]
                     key = json.dumps([sorted(env.items()), topo_file])
                     cand = cands.setdefault(key, _Candidate(env, topo_file, label_of(t["env"])))
@@ -667,16 +680,30 @@ def profile_gains(profile: Mapping[str, Any]) -> dict[str, float]:
 
 
 def dumps_profile(doc: Mapping[str, Any]) -> str:
-    """The profile as JSON: never NaN or Infinity, which are not JSON and which `apply` refuses.
+    """The profile as JSON, never what `apply` refuses: no NaN or Infinity (not JSON), no value it
+    would not publish (fleet.values, the check apply makes), no more bytes than a published set
+    keeps in force (publish.policy.MAX_PROFILE_BYTES).
 
     Raises:
-        InputError: a number of the profile is not finite (exit 78; exports are read without them).
+        InputError: a number of the profile is not finite (exports are read without them), a value
+            or bound apply refuses, or a profile too large (exit 78).
     """
     try:
-        return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        text = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
     except ValueError as exc:
         raise InputError("fleet decide", f"the profile would hold a number JSON cannot carry ({exc})",
                          hint="the exports' measurements must be finite numbers") from None
+    try:
+        check_values(doc, "fleet decide: the profile")
+    except InputError as exc:
+        raise InputError(exc.path, exc.message.removeprefix(f"{exc.path}: "),
+                         hint="`nccltune apply` would refuse it; sweep the nodes with values every node may "
+                         "publish") from None
+    size = len(text.encode("utf-8"))
+    if size > MAX_PROFILE_BYTES:
+        raise InputError("fleet decide", f"the profile would be {size} bytes; a published set keeps at most "
+                         f"{MAX_PROFILE_BYTES} in force", hint="decide from fewer runs (nccltune export --run ID)")
+    return text
 
 
 def rules_from(profile: str | None, runs_profiles: set[str | None], *, min_gain_pct: float,
