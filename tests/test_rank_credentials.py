@@ -105,7 +105,7 @@ def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, pyth
     record = tmp_path / "ranks.running"
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), FAULT_VAR: "hang", "HOME": "/root",
                 "USER": "root", "SSH_AUTH_SOCK": "/root/agent.sock", "CLUSTER_API_TOKEN": "s3cret",
-                "NOTIFY_SOCKET": "/run/systemd/notify"}
+                "NOTIFY_SOCKET": "/run/systemd/notify", "DATABASE_URL": "postgres://admin:pw@db/x"}
     seen: dict[int, dict[str, str]] = {}
     environs: dict[int, dict[str, str]] = {}
     cwds: dict[int, str] = {}
@@ -141,7 +141,7 @@ def test_demo_ranks_run_as_the_rank_user_without_privileges(user: RankUser, pyth
         if not fork_ranks:
             assert env["HOME"] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
             assert env["USER"] == env["LOGNAME"] == user.name
-        for secret in ("SSH_AUTH_SOCK", "CLUSTER_API_TOKEN", "NOTIFY_SOCKET"):
+        for secret in ("SSH_AUTH_SOCK", "CLUSTER_API_TOKEN", "NOTIFY_SOCKET", "DATABASE_URL"):
             assert secret not in env, secret
         assert cwds[pid] == str(tmp_path / "work" / "trial-001" / RANK_DIR)
     # The rank directory is the user's; the trial directory around it, with the ranks' output, root's.
@@ -176,11 +176,22 @@ def test_the_rank_environment_has_nothing_of_roots() -> None:
     env = {"PATH": "/usr/bin", "NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7",
            "HOME": "/root", "USER": "root", "SUDO_USER": "admin", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent",
            "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t", "DB_PASSWORD": "p", "NOTIFY_SOCKET": "/run/notify",
-           "XDG_CACHE_HOME": "/var/cache/nccltune", "CUDA_CACHE_PATH": "/var/cache/nccltune/cuda"}
-    out = rank_env(env, user, Path("/s/trial-001/rank"), Path("/s/rank-cache"))
+           "XDG_CACHE_HOME": "/var/cache/nccltune", "CUDA_CACHE_PATH": "/var/cache/nccltune/cuda",
+           # Secrets whose names say nothing of it, and what a rank has no use for.
+           "DATABASE_URL": "postgres://admin:pw@db/x", "https_proxy": "http://u:pw@proxy:3128",
+           "ARTIFACTORY_AUTH": "Basic dTpw", "LD_PRELOAD": "/opt/site/hook.so", "PYTHONSTARTUP": "/root/.pyrc",
+           "KRB5CCNAME": "FILE:/tmp/krb5cc_0", "SITE_NOTE": "x"}
+    # What the worker, torch, CUDA and NCCL read, and a site may set.
+    needed = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/scratch", "LD_LIBRARY_PATH": "/opt/nccl/lib",
+              "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+              "TORCH_CPP_LOG_LEVEL": "INFO", "NCCLTUNE_TUNER_TABLE": "/t", "NCCLTUNE_WORKER_FAULT": "hang",
+              "NVIDIA_VISIBLE_DEVICES": "all", "FI_PROVIDER": "efa", "OFI_NCCL_PROTOCOL": "RDMA",
+              "UCX_TLS": "rc", "GLOO_SOCKET_IFNAME": "lo", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+              "SRUN_CPUS_PER_TASK": "8"}
+    out = rank_env({**env, **needed}, user, Path("/s/trial-001/rank"), Path("/s/rank-cache"))
     assert out == {"PATH": "/usr/bin", "NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "7",
                    "HOME": "/s/trial-001/rank", "USER": "ranks", "LOGNAME": "ranks",
-                   "XDG_CACHE_HOME": "/s/rank-cache", "CUDA_CACHE_PATH": "/s/rank-cache/cuda"}
+                   "XDG_CACHE_HOME": "/s/rank-cache", "CUDA_CACHE_PATH": "/s/rank-cache/cuda", **needed}
     assert rank_env(env, None, Path("/x"), Path("/y")) == env  # the caller's own ranks: unchanged
 
 

@@ -54,6 +54,29 @@ def test_the_ranks_get_the_fixed_part_under_the_candidate_with_the_marker_as_thi
     assert TrialEnv({}, {TOPO: "/site/topo.xml"}).recorded(None) == {TOPO: "/site/topo.xml"}
 
 
+def test_ranks_of_the_rank_user_get_the_allow_list_and_still_fork_from_one_server(tmp_path: Path) -> None:
+    """Run as bench.user, a rank gets what the allow-list names (trials.credentials.rank_may_get),
+    whatever root's other variables are called; two trials that differ in their candidate alone
+    still start alike (rankserver.same_start), so their ranks fork from one server."""
+    from nccltune.trials.credentials import RankUser
+    from nccltune.trials.rankserver import same_start
+
+    user = RankUser("ranks", 999, 999, (999,))
+    fixed = {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/nccl/lib", "NCCL_IB_HCA": "mlx5_0", "HOME": "/root",
+             "DATABASE_URL": "postgres://admin:pw@db/x", "http_proxy": "http://u:pw@proxy:3128",
+             "PYTHONPATH": "/root/lib"}
+    ring = TrialEnv(fixed, {"NCCL_ALGO": "Ring", TOPO: OWN_TOPOLOGY}).for_ranks(
+        side(tmp_path, tmp_path / "topo.xml", user=user, nccl_log=True, gpus=(0, 1)))
+    tree = TrialEnv(fixed, {"NCCL_ALGO": "Tree"}).for_ranks(side(tmp_path, None, user=user, nccl_log=True, gpus=(0, 1)))
+    for env in (ring, tree):
+        assert not {"DATABASE_URL", "http_proxy", "PYTHONPATH"} & set(env)
+        assert env["LD_LIBRARY_PATH"] == "/opt/nccl/lib" and env["NCCL_IB_HCA"] == "mlx5_0"
+        assert env["HOME"] == str(tmp_path / "trial-001" / "rank") and env["USER"] == "ranks"
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["PYTHONUNBUFFERED"] == "1" and env["NCCL_DEBUG"] == "INFO"
+    assert ring["NCCL_ALGO"] == "Ring" and ring[TOPO] == str(tmp_path / "topo.xml") and TOPO not in tree
+    assert same_start(ring, tree)
+
+
 def test_the_marker_passes_the_value_rules_the_control_channel_applies() -> None:
     assert validate_env({TOPO: OWN_TOPOLOGY}, source="trial candidate") == {TOPO: OWN_TOPOLOGY}
 

@@ -6,7 +6,8 @@ the system user `nccltune`, which `nccltune install` creates) with:
 - that user's uid, gid and own supplementary groups only (the groups owning /dev/nvidia* among
   them), none of root's; with every uid changed the kernel clears all capabilities;
 - no_new_privs: exec gains nothing from set-user-ID binaries or file capabilities;
-- an environment without root's identity or secrets (`rank_env`);
+- an environment of what the worker, torch, CUDA and NCCL need (an allow-list, `rank_env`), none
+  of root's identity, sessions or secrets;
 - a working directory of their own per trial (`RANK_DIR` in the trial directory, made by root and
   given to the user) and a cache directory for CUDA's JIT kernels shared by a sweep's trials. The
   trial directory around it stays root's: the ranks' stdout and stderr are files root opened there.
@@ -39,16 +40,41 @@ DEFAULT_USER = "nccltune"
 RANK_DIR = "rank"  # in a trial directory: the ranks' working directory, theirs to write
 CACHE_DIR = "rank-cache"  # in a runner's work directory: XDG_CACHE_HOME and CUDA_CACHE_PATH of the ranks
 
-# Root's identity and the sockets and descriptors of its session or service: none is the ranks'.
-IDENTITY_VARS = frozenset({
-    "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "PWD", "OLDPWD", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "DBUS_SESSION_BUS_ADDRESS",
-    "XAUTHORITY", "KRB5CCNAME", "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_FDS",
-    "LISTEN_PID", "LISTEN_FDNAMES", "CREDENTIALS_DIRECTORY", "MAINPID", "MANAGERPID",
+# What of root's environment reaches ranks run as the rank user: an allow-list of what the worker,
+# torch, CUDA, NCCL and the launchers need, so that nothing else of root's (a URL or a proxy with a
+# password in it, a cloud or cluster credential under any name, a socket of its session) does.
+# Each entry, and why it is there:
+RANK_NAMES = frozenset({
+    "PATH",  # the interpreter's and the launchers' look-ups (torchrun's agent, srun, nvidia-smi, a compiler)
+    "LANG", "LANGUAGE",  # the locale: how text is decoded and messages are written (with LC_*)
+    "TMPDIR",  # where torch, CUDA and the compilers put temporary files, as the site set it
+    "LD_LIBRARY_PATH",  # a site's NCCL, CUDA and network-plugin libraries outside the loader's paths
+    "OMP_NUM_THREADS",  # torch's CPU threads (the trial sets one unless the caller chose)
+    "PYTHONUNBUFFERED",  # the worker's output line by line, as the runner reads it
+    # The rank and the rendezvous, where a launcher sets them before the ranks start.
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
 })
-IDENTITY_PREFIXES = ("SSH_", "SUDO_", "GPG_", "GNUPG")
-# Parts of a variable's name that mark a secret (AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, ...).
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE", "API_KEY", "ACCESS_KEY")
+RANK_PREFIXES = (
+    "LC_",  # the locale's categories
+    "NCCL_", "TORCH_NCCL_",  # what is measured: NCCL's variables and torch's NCCL settings
+    "NCCLTUNE_",  # the tuner plugin's table and fingerprint, the worker's test hooks
+    "TORCH_",  # torch's own settings (TORCH_CPP_LOG_LEVEL, TORCH_CUDA_ARCH_LIST, ...)
+    "GLOO_",  # the CPU demo's gloo backend (GLOO_SOCKET_IFNAME)
+    "CUDA_",  # the GPUs the ranks see and CUDA's settings (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, ...)
+    "NVIDIA_",  # the container runtime's GPU selection and driver capabilities
+    "FI_", "OFI_NCCL_",  # libfabric and the aws-ofi-nccl network plugin (FI_PROVIDER, FI_EFA_*)
+    "UCX_", "SHARP_COLL_",  # the UCX and SHARP network plugins
+    "RDMAV_", "IBV_",  # libibverbs (RDMAV_FORK_SAFE, IBV_FORK_SAFE)
+    "SLURM_", "SRUN_",  # srun's allocation and step (SLURM_JOB_ID, ...) and its own input (SRUN_CPUS_PER_TASK)
+)
+# Set for the rank user by rank_env itself, whatever root's were.
+RANK_IDENTITY = ("HOME", "USER", "LOGNAME", "XDG_CACHE_HOME", "CUDA_CACHE_PATH")
+
+
+def rank_may_get(name: str) -> bool:
+    """Whether a variable of root's environment is one the ranks get (RANK_NAMES, RANK_PREFIXES)."""
+    return name in RANK_NAMES or name.startswith(RANK_PREFIXES)
+
 
 _warned: set[str] = set()
 
@@ -109,15 +135,14 @@ def rank_preexec(parent_pid: int, user: RankUser | None) -> Callable[[], None]:
 
 
 def rank_env(env: Mapping[str, str], user: RankUser | None, home: Path, cache: Path) -> dict[str, str]:
-    """The ranks' environment: `env` as it is for the caller's own ranks; for a rank user without
-    root's identity, sockets and secrets, with its own HOME (the trial's rank directory) and caches."""
+    """The ranks' environment: `env` as it is for the caller's own ranks; for a rank user only what
+    the allow-list names (rank_may_get), with its own identity, HOME (the trial's rank directory)
+    and caches."""
     if user is None:
         return dict(env)
-    out = {k: v for k, v in env.items()
-           if k not in IDENTITY_VARS and not k.startswith(IDENTITY_PREFIXES)
-           and not any(word in k.upper() for word in SECRET_WORDS)}
-    out.update(HOME=str(home), USER=user.name, LOGNAME=user.name, XDG_CACHE_HOME=str(cache),
-               CUDA_CACHE_PATH=str(cache / "cuda"))
+    out = {k: v for k, v in env.items() if rank_may_get(k)}
+    identity = (str(home), user.name, user.name, str(cache), str(cache / "cuda"))
+    out.update(zip(RANK_IDENTITY, identity, strict=True))
     return out
 
 
