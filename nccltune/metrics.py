@@ -13,8 +13,10 @@ disjoint, each file renamed into place whole, needs no lock and no parsing of th
 
 Names carry the `nccltune_` prefix and base units (bytes per second, seconds, ratios). Every
 series carries a `class` label (the node class fingerprint) once one is known, so that fleet
-rules can compare a node with the other nodes of its kind. Each exposition is written by
-prometheus_client into its own registry and renamed into place (`write_to_textfile`).
+rules can compare a node with the other nodes of its kind. Each exposition is rendered by
+prometheus_client from its own registry and written as every file nccltune writes
+(files.atomicfile: a temp file of nccltune's name, renamed into place; what a killed writer
+left is removed at the next start).
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -36,6 +37,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .compare import upgrade_check
 from .errors import NccltuneError
+from .files.atomicfile import atomic_write
 from .files.trust import ensure_dir
 from .publish import read_published
 from .store import RunKind, RunRecord, RunStatus, Store
@@ -421,22 +423,19 @@ def write_snapshot(directory: Path, snap: Snapshot) -> Path:
     node_exporter often runs as another user, hence mode 0644 whatever the umask.
 
     The directory is created where missing under the trust rule (trust.ensure_dir): the temporary
-    file's name is predictable (`nccltune.prom.<pid>.<thread>`), so a directory another user could
+    file's name is predictable (atomicfile's, with the writer's pid), so a directory another user could
     write in, or reach through a link, would have it written through a link of theirs.
 
     Raises:
         InputError: the directory, or a component on its way, may not be trusted (exit 78).
-        OSError: a file cannot be written.
+        FileError: a file cannot be written.
     """
     ensure_dir(directory, "metrics directory")
     path = directory / FILENAME
     for name, daemon in ((FILENAME, False), (DAEMON_FILENAME, True)):
         if daemon and snap.live is None:
             continue
-        target = directory / name
-        write_to_textfile(str(target), registry_for(snap, daemon=daemon))
-        if (target.stat().st_mode & 0o777) != 0o644:
-            os.chmod(target, 0o644)
+        atomic_write(directory / name, generate_latest(registry_for(snap, daemon=daemon)), 0o644)
     return path
 
 

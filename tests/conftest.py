@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,25 @@ def fill_up(mnt: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from nccltune.files.atomicfile import write_temp
+for target in sys.argv[1:]:
+    write_temp(Path(target), b"half a fi", 0o644)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killed_writer(*targets: Path) -> list[Path]:
+    """What a writer killed mid-write leaves: a real process writes a temp file for each of
+    `targets` (nccltune's own atomicfile.write_temp) and is killed (SIGKILL) before any rename;
+    the temp files it left, which name its pid."""
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER, *map(str, targets)], capture_output=True,
+                          check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -9, proc.stderr
+    left = sorted(p for t in targets for p in t.parent.glob(f".{t.name}.tmp-*"))
+    assert len(left) == len(targets), left
+    return left

@@ -186,6 +186,29 @@ def test_a_second_daemon_object_on_the_same_state_is_refused(harness: Harness) -
         harness.daemon()
 
 
+def test_the_daemons_start_removes_what_killed_writers_left(harness: Harness, seeded: Path, tmp_path: Path) -> None:
+    """Temp files of writers killed mid-write (in the state directory, a run's, the generations,
+    the metrics) are gone once the daemon has started; another program's file in the shared
+    metrics directory stays, as does a temp of a writer that still runs."""
+    import os
+    import shutil
+
+    from conftest import killed_writer
+
+    state = tmp_path / "seeded"
+    shutil.copytree(seeded, state, symlinks=True)
+    left = killed_writer(state / "class-profile.json", state / "runs" / "00001" / "tuner-table.txt",
+                         state / "generations" / "last", state / "metrics" / "nccltune-daemon.prom",
+                         state / "metrics" / "node.prom")
+    running = state / f".daemon.heartbeat.tmp-{os.getppid()}-cafebabe"
+    running.write_text("{")
+    harness.daemon(seeded=state)
+    copy = tmp_path / "state"
+    kept = [p.name for p in left if (copy / p.relative_to(state)).exists()]
+    assert len(kept) == 1 and kept[0].startswith(".node.prom.tmp-")  # another program's file's
+    assert (copy / running.name).exists()
+
+
 def test_the_daemons_sweep_runs_the_upgrade_gate(harness: Harness, seeded: Path, tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A sweep of the daemon's on a topology measured before under another torch: where the new

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from demo_state import EXCLUDE, SNAPSHOT, clean_env
 
+from nccltune.files.atomicfile import TEMP_NAME_RE
 from nccltune.publish import read_set
 from nccltune.store import PublishedRun, Store
 from nccltune.trials.session import close_dead_runs
@@ -47,18 +48,40 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+# The child: nccltune's own command line, killed (SIGKILL) in the middle of writing the file whose
+# path ends with argv[1]: after its temp file is written, before the rename.
+KILLED_MID_WRITE = """
+import os, signal, sys
+from nccltune.files import atomicfile
+
+target = sys.argv.pop(1)
+real = atomicfile.write_temp
+
+def write_temp(path, data, mode, owner=None):
+    tmp = real(path, data, mode, owner)
+    if str(path).endswith(target):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return tmp
+
+atomicfile.write_temp = write_temp
+from nccltune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _nccltune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nccltune", *args], capture_output=True, text=True,
                           env=clean_env(PYTHONPATH=str(REPO)), timeout=120, cwd=cwd, check=False)
 
 
-def _patched_sweep(child: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _patched_sweep(child: str, tmp_path: Path, *child_args: str,
+                   config_doc: dict[str, Any] = CONFIG) -> subprocess.CompletedProcess[str]:
     """A demo sweep of CONFIG into tmp_path/state, run by `child` (nccltune's command line with a
-    test-only patch applied first)."""
+    test-only patch applied first, given `child_args` before the command's own)."""
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
+    config.write_text(yaml.safe_dump(config_doc))
     return subprocess.run(
-        [sys.executable, "-c", child, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
+        [sys.executable, "-c", child, *child_args, "sweep", "--demo", str(SNAPSHOT), "--config", str(config),
          "--state-dir", str(tmp_path / "state")],
         capture_output=True, text=True, env=clean_env(PYTHONPATH=str(REPO)), timeout=300, cwd=tmp_path, check=False)
 
@@ -84,6 +107,26 @@ def test_a_sweep_killed_right_after_its_publish_is_recorded_as_published(tmp_pat
     assert doc["finished_at"] is not None and doc["chosen_env"] == published.env
     assert f"publishing generation {published.generation}" in doc["summary"]["summary"]
     assert doc["summary"]["trials"] >= 3
+
+
+@pytest.mark.parametrize("target", ["runs/00001/ncclTopology.xml", "state/ranks.running",
+                                    "metrics/nccltune.prom"])
+def test_a_sweep_killed_mid_write_leaves_no_temp_file_after_the_next_start(tmp_path: Path, target: str) -> None:
+    """Killed between writing a temp file and renaming it (the run's topology copy, the record of
+    running ranks in the state directory, the metrics after the run): the next sweep's start
+    removes what the dead writer left, wherever nccltune writes, and leaves no temp file of its own."""
+    pytest.importorskip("torch")
+    state = tmp_path / "state"
+    with_metrics = {**CONFIG, "publish": {"metrics_dir": "metrics"}}
+    killed = _patched_sweep(KILLED_MID_WRITE, tmp_path, target, config_doc=with_metrics)
+    assert killed.returncode == -9, killed.stderr
+    left = [p for p in state.rglob("*") if TEMP_NAME_RE.match(p.name)]
+    assert left and all(p.name.startswith(f".{Path(target).name}.tmp-") for p in left), left
+
+    again = _nccltune("sweep", "--demo", str(SNAPSHOT), "--config", str(tmp_path / "config.yaml"),
+                      "--state-dir", str(state), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert [p for p in state.rglob("*") if ".tmp-" in p.name] == []
 
 
 def _publish_naming(state: Path, run_id: int, history: Path) -> int:

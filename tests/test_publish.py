@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import killed_writer
 
 from nccltune.errors import EXIT_BUSY, EXIT_CHECK_FAILED, EXIT_CONFIG, BusyError, InputError
 from nccltune.publish import (
@@ -403,13 +404,16 @@ def test_failure_while_preparing_leaves_every_old_file(
 def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
     files = publish(tmp_path, ENV, make_prov())
     published_sh = files.sh_path.read_bytes()
-    # What a writer killed between write and rename leaves behind: a partial temp file.
-    old_temp = tmp_path / ".nccl.sh.tmp-4242-deadbeef"
-    old_temp.write_text("export NCCL_ALGO='Tr")
+    # What writers killed between write and rename leave behind: partial temp files, which name them.
+    dead = killed_writer(tmp_path / "nccl.sh", tmp_path / "nccl.json")
+    # A temp of a writer that still runs (this test's parent, say) stays; one an hour old goes
+    # whatever runs under its pid now (the pid was given to another process).
+    live_temp = tmp_path / f".nccl.env.tmp-{os.getppid()}-cafebabe"
+    live_temp.write_text("NCCL_ALGO=")
+    reused = tmp_path / f".nccl-single-node.sh.tmp-{os.getppid()}-deadbeef"
+    reused.write_text("export NCCL_")
     hour_ago = time.time() - 2 * 3600
-    os.utime(old_temp, (hour_ago, hour_ago))
-    young_temp = tmp_path / ".nccl.env.tmp-4343-cafebabe"
-    young_temp.write_text("NCCL_ALGO=")
+    os.utime(reused, (hour_ago, hour_ago))
     foreign = tmp_path / "notes.tmp-1"
     foreign.write_text("keep")
     os.utime(foreign, (hour_ago, hour_ago))
@@ -420,9 +424,55 @@ def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
     assert read_published(tmp_path) == (ENV, json.loads(files.json_path.read_text())["provenance"])
 
     publish(tmp_path, ENV, make_prov())
-    assert not old_temp.exists()
-    assert young_temp.exists()  # may belong to a writer that is still running
+    assert not any(p.exists() for p in dead) and not reused.exists()
+    assert live_temp.exists()  # may belong to a writer that is still running
     assert foreign.exists()
+
+
+def test_only_nccltunes_temps_of_dead_writers_in_a_directory_of_ours_are_removed(tmp_path: Path) -> None:
+    """remove_dead_temps: the temp names nccltune writes (of the targets given, in a shared
+    directory), in a directory this user owns and nobody else may write; a link is removed, never
+    followed, and neither a directory nor a link to the directory is walked into."""
+    from nccltune.files.atomicfile import TEMP_NAME_RE, remove_dead_temps, temp_path
+
+    ours = tmp_path / "state"
+    ours.mkdir(mode=0o755)
+    left = killed_writer(ours / "nccl.sh", ours / "nccltune.prom", ours / "history-note")
+    pid = int(TEMP_NAME_RE.match(left[0].name)["pid"])  # type: ignore[index]
+    outside = tmp_path / "precious"
+    outside.write_text("root's\n")
+    link = ours / f".nccl.env.tmp-{pid}-0badf00d"
+    link.symlink_to(outside)
+    a_dir = ours / f".7.tmp-{pid}-0badf00d"
+    a_dir.mkdir()
+    not_ours = ours / f"nccl.sh.tmp-{pid}-0badf00d"  # no leading dot: no temp name of nccltune's
+    not_ours.write_text("x")
+    # A shared directory: only the temps of the names nccltune writes there.
+    shared_only = remove_dead_temps(ours, {"nccltune.prom"})
+    assert [p.name for p in shared_only] == [p.name for p in left if p.name.startswith(".nccltune.prom.")]
+    # Through a link to it, nothing: the directory is opened without following links.
+    (tmp_path / "via-link").symlink_to(ours)
+    assert remove_dead_temps(tmp_path / "via-link") == []
+    # A directory another user may write to: any name there may be planted.
+    ours.chmod(0o777)
+    assert remove_dead_temps(ours) == []
+    ours.chmod(0o755)
+    gone = remove_dead_temps(ours)
+    assert set(gone) == {link, *(p for p in left if not p.name.startswith(".nccltune.prom."))}
+    assert not link.is_symlink() and outside.read_text() == "root's\n"
+    assert a_dir.is_dir() and not_ours.exists() and not any(p.exists() for p in left)
+    # A live writer's temp (this process's, as it writes) is left alone.
+    mine = temp_path(ours / "nccl.json")
+    mine.write_text("{")
+    assert remove_dead_temps(ours) == [] and mine.exists()
+    assert TEMP_NAME_RE.match(mine.name) is not None
+    # The tuner plugin's build writes its library through a temp of the same name (setup.py loads
+    # that module alone, so it spells the name itself).
+    from nccltune.tuner import build
+
+    fd, built = build._temp_file(ours / build.LIBRARY_NAME)
+    os.close(fd)
+    assert TEMP_NAME_RE.match(built.name) is not None and int(TEMP_NAME_RE.match(built.name)["pid"]) == os.getpid()  # type: ignore[index]
 
 
 def test_concurrent_publisher_gives_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

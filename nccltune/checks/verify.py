@@ -54,7 +54,7 @@ from ..trials.credentials import rank_user
 from ..trials.launch.hosts import HOSTID_VAR
 from ..trials.mps import shared_gpu
 from ..trials.runner import RANK_RECORD, Runner, find_worker_python, reap_leftover_ranks
-from ..trials.session import TrialSession, resolve_engine, start_run
+from ..trials.session import TrialSession, remove_leftover_temps, resolve_engine, start_run
 from ..tuner.table import TunerTable
 from .onegpu import NOT_TIMED, OneGpuReport, RankSettings, plan_checks, ran_from_trial, run_shape
 
@@ -347,6 +347,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
     reference, class_prov = (None, None) if use_current or floor_gbps is not None else _class_in_force(cfg, got)
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
+        remove_leftover_temps(cfg)
         keys = [(c, s) for c in collectives for s in sizes]
         class_keys = {k for k in keys if reference is not None and k in reference.sizes}
         if class_keys and reference is not None:
@@ -537,6 +538,7 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
     ensure_dir(state, "state directory")
     with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
         reap_leftover_ranks(state / RANK_RECORD)
+        remove_leftover_temps(cfg)
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         try:

@@ -33,6 +33,7 @@ from ..publish.setting import DECIDED_STATES
 from ..store import Store
 from ..topology.ncclxml import render_xml
 from ..trials.runner import TrialAborted, find_worker_python
+from ..trials.session import remove_leftover_temps as _remove_leftover_temps
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,12 @@ def daemon_lock(state_dir: Path) -> SweepLock:
     except BusyError as exc:
         raise BusyError(str(exc).replace("another sweep", "another daemon")) from exc
     return lock
+
+
+def remove_leftover_temps(cfg: Config) -> int:
+    """What writers killed mid-write left where nccltune writes (trials.session.remove_leftover_temps),
+    once the daemon holds its lock."""
+    return _remove_leftover_temps(cfg)
 
 
 def open_history(state_dir: Path) -> None:

@@ -1,7 +1,8 @@
 """`nccltune daemon`: the service loop that carries out the scheduler's decisions.
 
 Start-up: load and validate the config (exit 78, so systemd does not loop), take the daemon
-lock (exit 75 when another daemon has it), open the history (a corrupt one is moved aside),
+lock (exit 75 when another daemon has it), remove what writers killed mid-write left (their
+temp files), open the history (a corrupt one is moved aside),
 read the node and the worker's NCCL, regenerate ncclTopology.xml, apply the class profile at
 profile.path (if any), check what is published, notify READY. Then, until SIGTERM: wait as the
 scheduler says, reload the config after SIGHUP (the old one is kept when the new one is
@@ -262,6 +263,7 @@ class Daemon:
         state_dir = Path(self.cfg.state_dir)
         actions.prepare_state_dir(state_dir)
         self._lock = actions.daemon_lock(state_dir)
+        actions.remove_leftover_temps(self.cfg)
         actions.open_history(state_dir)
         self.watcher.start()
         node = self.watcher.node

@@ -5,21 +5,27 @@ O_EXCL|O_NOFOLLOW|O_CLOEXEC, mode 0600 until complete), fsync'ed, chmod'ed, rena
 target, and the directory is fsync'ed: a reader sees the old file or the new one, never a torn
 one, and a write never goes through a symlink planted at the temp name. A rename replaces a
 symlink at the target rather than following it. OS failures become FileError (exit 1; disk full is
-not bad input), naming the path, the OS error and what to do.
+not bad input), naming the path, the OS error and what to do. A document too large to hold in
+memory is written the same way through a file object (``atomic_stream``).
+
+The writer's pid is in the temp name, so what a killed writer left is known as such:
+``remove_dead_temps`` removes, in a directory of ours, the temp files whose writer is gone.
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
 import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 from ..errors import EXIT_CHECK_FAILED, NccltuneError
 
@@ -29,11 +35,15 @@ log = logging.getLogger(__name__)
 # recognisable, never matches what a launcher reads, and can be cleaned up by the next writer.
 TEMP_INFIX = ".tmp-"
 _TEMP_INFIX = TEMP_INFIX
-STALE_TEMP_GLOB = ".nccl*" + TEMP_INFIX + "*"
-_STALE_TEMP_GLOB = STALE_TEMP_GLOB
-# A live writer holds its temp file for milliseconds; an hour-old one belongs to a dead writer.
+# A live writer holds its temp file for milliseconds; an hour-old one belongs to a dead writer,
+# even where its pid has been given to another process since.
 STALE_TEMP_AGE_S = 3600.0
 _TEMP_NAME_ATTEMPTS = 16
+# nccltune's temp names, whoever wrote them: a file's ".<name>.tmp-<pid>-<8 hex>" (temp_path), a
+# link's ".link.<name>.tmp-..." and a generation being built ".<N>.tmp-..." (publish.generations).
+TEMP_NAME_RE = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<pid>[0-9]{1,10})-[0-9a-f]{8}$")
+# Above the kernel's largest pid (PID_MAX_LIMIT, 2^22): no such process, so no live writer.
+_MAX_PID = 1 << 22
 
 
 class FileError(NccltuneError):
@@ -71,7 +81,27 @@ class FileError(NccltuneError):
 
 
 def temp_path(path: Path) -> Path:
+    """A fresh temp name next to ``path``, with this process's pid in it (TEMP_NAME_RE)."""
     return path.with_name(f".{path.name}{_TEMP_INFIX}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def create_temp(path: Path, mode: int = 0o600) -> tuple[int, Path]:
+    """A new temp file next to ``path``, opened for writing (O_EXCL, O_NOFOLLOW, O_CLOEXEC) with
+    ``mode``: its descriptor and its path.
+
+    Raises:
+        FileError: the OS refused, or no free name was found.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(_TEMP_NAME_ATTEMPTS):
+        tmp = temp_path(path)
+        try:
+            return os.open(tmp, flags, mode), tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise FileError(path, exc, action="cannot create a temporary file next to it") from exc
+    raise FileError(path, FileExistsError(errno.EEXIST, "no free temporary file name"))
 
 
 def remove_quietly(path: Path) -> None:
@@ -105,19 +135,8 @@ def write_temp(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None
     Raises:
         FileError: the OS refused (ENOSPC, EACCES, EROFS, ...).
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-    for _ in range(_TEMP_NAME_ATTEMPTS):
-        tmp = temp_path(path)
-        try:
-            # 0o600 until the content is complete: nobody should read a half-written file.
-            fd = os.open(tmp, flags, 0o600)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise FileError(path, exc, action="cannot create a temporary file next to it") from exc
-        break
-    else:
-        raise FileError(path, FileExistsError(errno.EEXIST, "no free temporary file name"))
+    # 0o600 until the content is complete: nobody should read a half-written file.
+    fd, tmp = create_temp(path)
     try:
         try:
             view = memoryview(data)
@@ -193,37 +212,109 @@ def replace_file(path: Path, data: bytes, mode: int, owner: tuple[int, int] | No
     fsync_dir(path.parent)
 
 
-def clean_stale_temps(
-    directory: Path, pattern: str = _STALE_TEMP_GLOB, *, now: float | None = None
-) -> list[Path]:
-    """Remove temp files left by dead writers: names matching ``pattern``, older than an hour.
+@contextmanager
+def atomic_stream(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """Replace ``path`` with what the block writes to the file object it is given, atomically, as
+    atomic_write does: a temp file next to it, fchmod to ``mode``, fsync, rename, directory fsync,
+    when the block ends; if it raises, the temp file is removed and ``path`` is untouched.
 
-    Younger ones may belong to a writer that is still running, so they stay. Returns what was
-    removed; failures to remove are logged, never raised (cleanup must not block a publish).
+    Raises:
+        FileError: the OS refused (the block's own exceptions pass as they are).
+    """
+    path = Path(path)
+    fd, tmp = create_temp(path)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 16) as out:
+            yield out
+            out.flush()
+            os.fchmod(out.fileno(), mode)
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        fail_without_temp(tmp, path, exc)
+    fsync_dir(path.parent)
+
+
+def temp_writer(name: str) -> int | None:
+    """The pid of the process that made the temp file ``name`` (TEMP_NAME_RE), or None when the
+    name is no temp name of nccltune's."""
+    m = TEMP_NAME_RE.match(name)
+    return int(m["pid"]) if m else None
+
+
+def _writer_alive(pid: int) -> bool:
+    """Whether the process ``pid`` (a writer's, from its temp name) exists: this process, or any
+    process the kernel knows by that pid (another user's answers EPERM)."""
+    if pid == os.getpid():
+        return True
+    if not 0 < pid <= _MAX_PID:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ours(fd: int) -> bool:
+    """An opened directory that is this user's (root's, for the service) and writable by nobody
+    else: only there may a temp name be taken for one of ours (anywhere else it may be planted)."""
+    st = os.fstat(fd)
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def remove_dead_temps(directory: Path, targets: Collection[str] | None = None, *,
+                      now: float | None = None) -> list[Path]:
+    """Remove the temp files and temp links that writers killed mid-write left in ``directory``:
+    only nccltune's own temp names (TEMP_NAME_RE; of ``targets`` alone when given, for a directory
+    shared with other programs), only in a directory that is ours (owned by this user, writable by
+    nobody else), never through a link (the directory opened O_NOFOLLOW, each entry looked at and
+    removed through that descriptor; a temp link is removed, not followed), never a directory.
+    A temp whose writer (the pid in its name) is gone is removed at once; one whose pid runs only
+    when older than STALE_TEMP_AGE_S (the pid taken by another process since). Writers on one
+    node share a pid namespace (the Kubernetes DaemonSet runs with hostPID).
+
+    Returns what was removed; nothing is raised (a failure is logged: cleaning up must not stop
+    the start it is part of).
     """
     now = time.time() if now is None else now
     removed: list[Path] = []
     try:
-        entries = list(os.scandir(directory))
-    except OSError as exc:
-        log.warning("cannot list %s for stale temporary files: %s", directory, exc)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return removed
-    for entry in entries:
-        if not fnmatch.fnmatchcase(entry.name, pattern):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < STALE_TEMP_AGE_S:
-            continue
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("cannot remove stale temporary file %s: %s", entry.path, exc)
-            continue
-        log.info("removed stale temporary file %s left by an interrupted writer", entry.path)
-        removed.append(Path(entry.path))
+    except OSError as exc:
+        log.warning("cannot open %s to look for temporary files of killed writers: %s", directory, exc)
+        return removed
+    try:
+        if not _ours(fd):
+            log.debug("not looking for temporary files in %s: another user owns it or may write to it", directory)
+            return removed
+        with os.scandir(fd) as entries:
+            names = [e.name for e in entries]
+        for name in names:
+            m = TEMP_NAME_RE.match(name)
+            if m is None or (targets is not None and m["target"] not in targets):
+                continue
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except OSError:
+                continue
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                continue
+            if _writer_alive(int(m["pid"])) and now - st.st_mtime < STALE_TEMP_AGE_S:
+                continue
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cannot remove %s, left by a killed writer: %s", Path(directory) / name, exc)
+                continue
+            log.info("removed %s, left by a writer killed mid-write", Path(directory) / name)
+            removed.append(Path(directory) / name)
+    finally:
+        os.close(fd)
     return removed

@@ -49,7 +49,15 @@ from ..topology.nodeclass import node_class
 from ..trials.launch import LaunchRequest
 from ..trials.probe import probe_nccl
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
-from ..trials.session import Engine, ProgressFn, TrialSession, close_dead_runs, resolve_engine, start_run
+from ..trials.session import (
+    Engine,
+    ProgressFn,
+    TrialSession,
+    close_dead_runs,
+    remove_leftover_temps,
+    resolve_engine,
+    start_run,
+)
 from ..trials.trialenv import carried, fixed_part
 from .choice import Choice, choose, split_scopes
 from .planning import (
@@ -212,11 +220,13 @@ class SweepPipeline:
         if not self.measurable():
             with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
                 close_dead_runs(store, self.cfg.publish_dir)
+                remove_leftover_temps(self.cfg)
                 return self._publish_unmeasured(store, node, plan, started)
         engine = resolve_engine(self.cfg, node, workload(self.cfg, node, plan.sizes).collectives)
         with SweepLock(state / "sweep.lock"), Store(state / "history.db") as store:
             close_dead_runs(store, self.cfg.publish_dir)
             reap_leftover_ranks(state / RANK_RECORD)
+            remove_leftover_temps(self.cfg)
             sweep = _Sweep(self, store, node, plan, engine)
             return sweep.run(started)
 

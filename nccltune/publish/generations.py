@@ -45,7 +45,7 @@ from pathlib import Path
 
 from ..errors import BusyError
 from ..files import trust
-from ..files.atomicfile import TEMP_INFIX, clean_stale_temps, fail_without_temp, fsync_dir, remove_quietly, replace_file
+from ..files.atomicfile import TEMP_INFIX, fail_without_temp, fsync_dir, remove_dead_temps, remove_quietly, replace_file
 from ..files.trust import CLOEXEC, NOFOLLOW
 from .formats import (
     ENV_NAME,
@@ -264,7 +264,7 @@ def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
     _prepare_out_dir(out_dir)
     gen_dir = out_dir / GENERATIONS_DIR
     with _directory_lock(out_dir):
-        clean_stale_temps(out_dir)
+        remove_dead_temps(out_dir)
         counter = gen_dir / COUNTER_NAME
         numbers = _generation_numbers(gen_dir)
         generation = max([_read_counter(counter), _legacy_generation(out_dir / JSON_NAME), *numbers, 0]) + 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import trust
-from ..files.atomicfile import TEMP_INFIX, clean_stale_temps, replace_file
+from ..files.atomicfile import remove_dead_temps, replace_file
 from .formats import SINGLE_ENV_NAME, SINGLE_SH_NAME, header_lines
 from .policy import validate_env
 from .setting import Provenance, PublishError, check_provenance
@@ -120,7 +120,7 @@ def _write_conf(target: Path, data: bytes, st: os.stat_result | None) -> None:
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     owner = (st.st_uid, st.st_gid) if st is not None else None
     replace_file(target, data, mode, owner)
-    clean_stale_temps(target.parent, f".{target.name}{TEMP_INFIX}*")
+    remove_dead_temps(target.parent, {target.name})
 
 
 def _conf_target(path: Path) -> Path:

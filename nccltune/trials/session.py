@@ -4,7 +4,8 @@ processes, reported to the progress callback and stored with its measurements as
 The session also remembers what the trials told about the software (NCCL and torch versions,
 the measuring method, as the first trial that says) and which trials failed, for the run's
 summary. It owns the run's record from start to finish: `start_run` opens it, `finish` or
-`abandon` closes it, and `close_dead_runs` closes the runs of processes that died.
+`abandon` closes it, and `close_dead_runs` closes the runs of processes that died;
+`remove_leftover_temps` removes the temp files of writers that died mid-write.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, config_to_dict
+from ..delivery.cdi import SPEC_NAME as CDI_SPEC_NAME
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
+from ..files.atomicfile import remove_dead_temps
 from ..names import short_hostname
 from ..node import Node, iterations
-from ..publish import read_set
+from ..publish import GENERATIONS_DIR, read_set
 from ..records import ReportRow, TrialResult
 from ..store import Phase, PublishedRun, RunKind, RunStatus, Store
 from .runner import Runner, find_worker_python
@@ -95,6 +98,44 @@ def close_dead_runs(store: Store, publish_dir: Path) -> int:
     were closed.
     """
     return store.mark_interrupted(_published_run(store, publish_dir))
+
+
+def leftover_temp_places(cfg: Config) -> list[tuple[Path, frozenset[str] | None]]:
+    """Where nccltune writes files through temp files for this config, each with the names whose
+    temps are nccltune's there (None: any, in a directory only nccltune writes): the state
+    directory, the publish directory and its generations/, each run's, verify's and a joining
+    node's directory; and, in a directory shared with other programs, only the temps of its own
+    file: the stable topology copy, the metrics, the CDI spec, the NCCL conf file (and the file
+    its link points to)."""
+    state = Path(cfg.state_dir)
+    places: list[tuple[Path, frozenset[str] | None]] = [
+        (state, None), (Path(cfg.publish_dir), None), (Path(cfg.publish_dir) / GENERATIONS_DIR, None),
+        (state / "verify", None), (state / "join", None)]
+    try:
+        with os.scandir(state / "runs") as runs:
+            places += [(Path(r.path), None) for r in runs if r.is_dir(follow_symlinks=False)]
+    except OSError:
+        pass  # no run yet
+    places.append((cfg.topology_file.parent, frozenset({cfg.topology_file.name})))
+    if cfg.metrics_dir is not None:
+        from ..metrics import DAEMON_FILENAME, FILENAME  # prometheus_client, where metrics are on
+
+        places.append((cfg.metrics_dir, frozenset({FILENAME, DAEMON_FILENAME})))
+    if cfg.cdi_dir is not None:
+        places.append((cfg.cdi_dir, frozenset({CDI_SPEC_NAME})))
+    if cfg.nccl_conf is not None:
+        real = Path(os.path.realpath(cfg.nccl_conf))
+        places += [(cfg.nccl_conf.parent, frozenset({cfg.nccl_conf.name})), (real.parent, frozenset({real.name}))]
+    return list(dict.fromkeys(places))
+
+
+def remove_leftover_temps(cfg: Config) -> int:
+    """Remove what writers killed mid-write left in the places nccltune writes for this config
+    (leftover_temp_places; atomicfile.remove_dead_temps: only nccltune's temp names of writers
+    that are gone, in directories of ours, never through a link). For the start of a sweep, a
+    verify and the daemon; the publisher does the same in the publish directory under its lock.
+    Returns how many were removed; never raises."""
+    return sum(len(remove_dead_temps(directory, names)) for directory, names in leftover_temp_places(cfg))
 
 
 def _published_run(store: Store, publish_dir: Path) -> PublishedRun | None:

@@ -14,9 +14,9 @@ import hashlib
 import logging
 import os
 import platform
+import secrets
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -105,16 +105,29 @@ def _install(source: Path, out_dir: Path) -> Path:
     """Copy `source` to out_dir/libnccl-tuner-nccltune.so through a temporary file and a rename, so a
     process loading it at that moment sees the old library or the new one, never a partial one."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=out_dir)
+    fd, tmp = _temp_file(out_dir / LIBRARY_NAME)
     try:
         with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
             shutil.copyfileobj(src, out)
-        os.chmod(tmp_name, 0o755)
-        os.replace(tmp_name, out_dir / LIBRARY_NAME)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out_dir / LIBRARY_NAME)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return out_dir / LIBRARY_NAME
+
+
+def _temp_file(target: Path) -> tuple[int, Path]:
+    """A new temp file next to ``target``, named as every temp file nccltune writes
+    (``.<name>.tmp-<pid>-<8 hex>``, files.atomicfile.TEMP_NAME_RE; spelt here because setup.py
+    loads this module without the package), so that the next start removes what a killed build
+    left (atomicfile.remove_dead_temps).
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), tmp
 
 
 def find_compiler(cc: str | None = None) -> str | None:
@@ -167,12 +180,11 @@ def compile_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = Fal
     target = out_dir / LIBRARY_NAME
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=out_dir)
+        fd, tmp = _temp_file(target)
         os.close(fd)
     except OSError as e:
         return BuildResult(False, None, compiler, reason=f"cannot write to {out_dir}: {e.strerror or e}",
                            sanitize=sanitize)
-    tmp = Path(tmp_name)
     cmd = (compiler, *BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), "-o", str(tmp), str(src))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
