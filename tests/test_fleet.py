@@ -119,6 +119,128 @@ def test_export_is_deterministic_and_selects_runs(fleet: dict[str, Any]) -> None
     assert other.returncode == 1 and "no ok sweep of topology" in other.stderr
 
 
+def _demo_history(path: Path, trials: int, *, sizes: int = 16, bad: dict[str, Any] | None = None) -> Any:
+    """A history of one ok demo sweep of `trials` trials on the 2x H200 recording (the node
+    write_export is given), every trial with `sizes` measurements; `bad`: one more trial's
+    fields (env, measurements) as the store keeps them and fleet decide refuses them."""
+    from nccltune.fleet.export import NodeIdentity
+    from nccltune.records import Measurement
+    from nccltune.topology.fingerprint import topology_fingerprint
+
+    topo = from_snapshot(load_snapshot(ROOT / "topologies" / "h200x2-nvswitch-vm.json"))
+    ladder = [4096 << i for i in range(sizes)]
+    with Store(path) as store:
+        run = store.start_run(kind="sweep", fingerprint=topology_fingerprint(topo), backend="gloo", demo=True,
+                              profile="balanced", nccl_version=None, driver_version=topo.driver_version,
+                              torch_version=None, nccltune_version="0", hostname="vm", topology={}, config={})
+        for seq in range(1, trials + 1):
+            store.add_trial(run, seq=seq, phase="baseline" if seq % 4 == 1 else "final", label=f"trial {seq}",
+                            env={} if seq % 4 == 1 else {"NCCL_ALGO": "Ring"}, status="ok", wall_s=1.0,
+                            measurements=[Measurement(s, 10.0, 1.0, 1.5 + seq % 3) for s in ladder])
+        if bad is not None:
+            store.add_trial(run, seq=trials + 1, phase="final", label="bad", status="ok",
+                            **{"env": {}, "measurements": [Measurement(4096, 10.0, 1.0, 1.5)], **bad})
+        store.finish_run(run, status="ok", summary={}, chosen_env={}, published_generation=None, rows=[])
+    return NodeIdentity(topo, topo, "vm", True)
+
+
+def test_export_streams_one_trial_at_a_time(tmp_path: Path) -> None:
+    """The memory an export takes does not grow with the history: the peak while writing twice the
+    trials is about the same, and far below the document; the bytes are dumps_export's."""
+    import io
+    import tracemalloc
+
+    from nccltune.fleet.export import dumps_export, write_export
+
+    class Counting(io.RawIOBase):
+        def __init__(self) -> None:
+            self.size = 0
+
+        def write(self, b: Any) -> int:
+            self.size += len(b)
+            return len(b)
+
+    peaks, sizes = [], []
+    for trials in (150, 300):
+        node = _demo_history(tmp_path / f"h{trials}.db", trials)
+        with Store(tmp_path / f"h{trials}.db") as store:
+            sink = Counting()
+            tracemalloc.start()
+            written = write_export(store, node, sink)  # type: ignore[arg-type]
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+            sizes.append(sink.size)
+            assert written.size == sink.size and written.runs == 1
+            whole = io.BytesIO()
+            write_export(store, node, whole)
+        assert whole.getvalue().decode() == dumps_export(json.loads(whole.getvalue()))
+    assert sizes[1] > 1.9 * sizes[0] and sizes[0] > 500_000
+    assert peaks[1] < 1.3 * peaks[0] and peaks[1] < sizes[1] / 4, (peaks, sizes)
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("lone surrogate", "run 1 trial 41 ($.runs[0].trials[40].env.NCCL_ALGO): a text without a UTF-8 form"),
+    ("negative busbw", "run 1 trial 41 ($.runs[0].trials[40].measurements[0].busbw_gbps): -1.5 is below the "
+                       "minimum 0"),
+])
+def test_an_export_decide_would_refuse_is_refused_and_nothing_written(tmp_path: Path, fault: str,
+                                                                      message: str) -> None:
+    """What the store keeps and decide refuses (a text with no UTF-8 form, a number its schema does
+    not allow): the export says which run and trial, exit 78, and writes nothing, to a file or stdout."""
+    from nccltune.records import Measurement
+
+    bad: dict[str, Any] = ({"env": {"NCCL_ALGO": "Ring\udcff"}} if fault == "lone surrogate"
+                           else {"measurements": [Measurement(4096, 10.0, 1.0, -1.5)]})
+    state = tmp_path / "state"
+    state.mkdir()
+    _demo_history(state / "history.db", 40, bad=bad)
+    snapshot = ROOT / "topologies" / "h200x2-nvswitch-vm.json"
+    out = tmp_path / "node.export.json"
+    for to_file in (True, False):
+        got = nccltune("export", "--demo", str(snapshot), "--state-dir", str(state),
+                       *(("--out", str(out)) if to_file else ()), cwd=tmp_path)
+        assert got.returncode == 78, got.stderr
+        assert message in got.stderr and "fleet decide` refuses" in got.stderr and "Traceback" not in got.stderr
+        assert got.stdout == "" and not out.exists() and sorted(tmp_path.glob(".node.export.json.tmp-*")) == []
+
+
+# The child: nccltune's command line with fleet decide's size bound lowered, as a history far
+# larger than that bound would meet it.
+SMALL_BOUND = """
+import sys
+from nccltune.fleet import decide
+decide.MAX_DOCUMENT_BYTES = int(sys.argv.pop(1))
+from nccltune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_export_larger_than_decide_reads_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    _demo_history(state / "history.db", 40)
+    snapshot = ROOT / "topologies" / "h200x2-nvswitch-vm.json"
+    out = tmp_path / "node.export.json"
+    base = ["export", "--demo", str(snapshot), "--state-dir", str(state)]
+    whole = nccltune(*base, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    size = len(whole.stdout.encode())
+    for bound, ok in ((size, True), (size - 1, False)):
+        for to_file in (True, False):
+            out.unlink(missing_ok=True)
+            got = subprocess.run([sys.executable, "-c", SMALL_BOUND, str(bound), *base,
+                                  *(("--out", str(out)) if to_file else ())], capture_output=True, text=True,
+                                 env=clean_env(PYTHONPATH=str(ROOT)), timeout=SWEEP_S, cwd=tmp_path)
+            if ok:
+                assert got.returncode == 0, got.stderr
+                assert (out.read_text() if to_file else got.stdout) == whole.stdout
+                continue
+            assert got.returncode == 78, got.stderr
+            assert f"the export would be larger than {bound} bytes, the most `nccltune fleet decide` reads" \
+                in got.stderr
+            assert got.stdout == "" and not out.exists() and sorted(tmp_path.glob(".node.export.json.tmp-*")) == []
+
+
 # -- decide --------------------------------------------------------------------------------------
 
 

@@ -298,7 +298,7 @@ def _sweep(store: Store, nccl: str, busbw: float) -> int:
 
 
 def test_no_reader_of_a_sweeps_result_takes_an_import(tmp_path: Path) -> None:
-    from nccltune.fleet.export import select_runs
+    from nccltune.fleet.export import select_run_ids
     from nccltune.metrics import snapshot_from_store
 
     state = tmp_path / "state"
@@ -318,9 +318,9 @@ def test_no_reader_of_a_sweeps_result_takes_an_import(tmp_path: Path) -> None:
         assert run is not None
         check = upgrade_check(store, run, warn=False)
         assert check is not None and check.previous_run_id == first
-        assert [r.id for r in select_runs(store, FP, None)] == [first, sweep]
+        assert select_run_ids(store, FP, None) == [first, sweep]
         with pytest.raises(InputError, match="not an ok sweep"):
-            select_runs(store, FP, imported)
+            select_run_ids(store, FP, imported)
         snap = snapshot_from_store(store, fingerprint=FP)
         assert snap.sweeps_total == 2
         assert [r.id for r in store.runs(limit=None)][:1] == [imported]  # history shows it

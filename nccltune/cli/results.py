@@ -190,21 +190,31 @@ def _node_fingerprint(cfg: Config, hostname: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..files.atomicfile import atomic_write
-    from ..fleet.export import build_export, dumps_export, node_identity
+    """The document streamed from the history (fleet.export.write_export), through a temp file:
+    --out's, renamed over it once whole; for stdout an unnamed one, copied out once whole. An
+    export fleet decide would refuse is refused, and nothing is written."""
+    import shutil
+    import tempfile
+
+    from ..files.atomicfile import atomic_stream
+    from ..fleet.export import node_identity, write_export
     from ..fleet.node import load_fleet_node
 
     cfg = load_cfg(args, demo=bool(args.demo))
     target = output_file(args.out, "export file") if args.out else None
     node = load_fleet_node(cfg, args.demo)
     with open_history(_with_state(args, cfg)) as store:
-        doc = build_export(store, node_identity(node), args.run)
-    text = dumps_export(doc)
-    if target is not None:
-        atomic_write(target, text)
-        print(f"nccltune: exported {len(doc['runs'])} run(s) of {doc['hostname']} to {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        if target is not None:
+            with atomic_stream(target) as fh:
+                written = write_export(store, node_identity(node), fh, args.run)
+            print(f"nccltune: exported {written.runs} run(s) of {written.hostname} to {args.out}", file=sys.stderr)
+            return EXIT_OK
+        with tempfile.TemporaryFile() as tmp:
+            write_export(store, node_identity(node), tmp, args.run)
+            tmp.seek(0)
+            sys.stdout.flush()
+            shutil.copyfileobj(tmp, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
     return EXIT_OK
 
 

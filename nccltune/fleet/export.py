@@ -5,22 +5,31 @@ with its per-size results and environment, the versions they ran with, the node'
 topology fingerprint. It holds no time of export and lists everything in a fixed order, so two
 exports of the same history are byte-identical (a shared filesystem or config management can
 tell a changed export from an unchanged one).
+
+It is written as it is read from the history, one trial at a time (`write_export`), so that the
+memory an export takes does not grow with the history; and it is held, as it is written, to what
+`fleet decide` reads (its schema, finite numbers, UTF-8 text, its size bound): an export decide
+would refuse is refused (exit 78) and nothing is written.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import socket
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from .. import __version__
 from ..errors import CheckFailed, InputError
+from ..files.inputfile import lone_surrogate
 from ..store import RunRecord, Store, TrialRecord
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
 from .node import FleetNode
+from .schema import SchemaViolation, load_schema, validate
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +37,7 @@ log = logging.getLogger(__name__)
 # say "nccltune-export", which readers still take.
 EXPORT_KIND = "export"
 EXPORT_SCHEMA_VERSION = 1
+WHERE = "nccltune export"  # what a refusal names
 
 
 @dataclass(frozen=True)
@@ -50,9 +60,9 @@ def node_identity(node: FleetNode) -> NodeIdentity:
     return NodeIdentity(node.topo, node.class_topo, host, node.demo)
 
 
-def run_nccl_version(run: RunRecord, trials: list[TrialRecord]) -> str | None:
+def run_nccl_version(run: RunRecord, trials: Iterable[TrialRecord]) -> str | None:
     """The NCCL version a run measured: the run's own field, else the first trial that reported one
-    (the sweep learns it from its first finished trial)."""
+    (the sweep learns it from its first finished trial); `trials` is read only as far as needed."""
     if run.nccl_version:
         return run.nccl_version
     for t in trials:
@@ -85,7 +95,8 @@ def run_job(run: RunRecord) -> dict[str, Any] | None:
     return {k: job.get(k) for k in JOB_KEYS} if isinstance(job, dict) else None
 
 
-def _run_doc(run: RunRecord, trials: list[TrialRecord], nccl_version: str | None) -> dict[str, Any]:
+def _run_doc(run: RunRecord, nccl_version: str | None) -> dict[str, Any]:
+    """A run's part of the document, but its trials (which are streamed)."""
     return {
         "nranks": run.configured_nranks,
         "job": run_job(run),
@@ -95,11 +106,10 @@ def _run_doc(run: RunRecord, trials: list[TrialRecord], nccl_version: str | None
         "nccltune_version": run.nccltune_version, "hostname": run.hostname,
         "chosen_env": dict(sorted((run.chosen_env or {}).items())),
         "published_generation": run.published_generation,
-        "trials": [_trial_doc(t) for t in trials],
     }
 
 
-def select_runs(store: Store, fingerprint: str, run_id: int | None) -> list[RunRecord]:
+def select_run_ids(store: Store, fingerprint: str, run_id: int | None) -> list[int]:
     """The run asked for, or every ok sweep of this topology, oldest first.
 
     Raises:
@@ -116,34 +126,142 @@ def select_runs(store: Store, fingerprint: str, run_id: int | None) -> list[RunR
         if run.fingerprint != fingerprint:
             raise InputError("--run", f"run {run_id} was measured on topology {run.fingerprint}, this node is "
                              f"{fingerprint}", hint="a node's export describes its current topology")
-        return [run]
-    runs = [r for r in store.runs(limit=None, kind="sweep") if r.status == "ok" and r.fingerprint == fingerprint]
-    if not runs:
+        return [run_id]
+    ids = store.run_ids("sweep", "ok", fingerprint)
+    if not ids:
         raise CheckFailed(f"no ok sweep of topology {fingerprint} in the history", hint="run `nccltune sweep` first")
-    return sorted(runs, key=lambda r: r.id)
+    return ids
 
 
-def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) -> dict[str, Any]:
-    """The export document of the selected runs.
+@dataclass(frozen=True)
+class Written:
+    """What write_export wrote: the runs, the node's name, the document's size in bytes."""
+
+    runs: int
+    hostname: str
+    size: int
+
+
+class _Lazy:
+    """A list of the document that is made one item at a time as it is written."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.items = items
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A part of the document already written as JSON text (json.dumps, indent 2, sorted keys)."""
+
+    text: str
+
+
+class _Sink:
+    """The document's bytes into `out`, at most `limit` of them: what fleet decide reads."""
+
+    def __init__(self, out: BinaryIO, limit: int) -> None:
+        self.out, self.limit, self.size = out, limit, 0
+
+    def write(self, text: str) -> None:
+        data = text.encode("ascii")  # json.dumps escapes everything else
+        self.size += len(data)
+        if self.size > self.limit:
+            raise InputError(WHERE, f"the export would be larger than {self.limit} bytes, the most `nccltune fleet "
+                             "decide` reads", hint="export fewer runs: one sweep per export (--run ID), the newest "
+                             "of this node's class")
+        self.out.write(data)
+
+
+def _emit(sink: _Sink, value: Any, level: int) -> None:
+    """`value` as json.dumps(value, indent=2, sort_keys=True) writes it at nesting `level`: a
+    _Lazy list item by item, a dict holding one key by key, a _Text as it is."""
+    pad = "  " * level
+    if isinstance(value, _Lazy):
+        first = True
+        sink.write("[")
+        for item in value.items:
+            sink.write(("\n" if first else ",\n") + pad + "  ")
+            first = False
+            _emit(sink, item, level + 1)
+        sink.write("]" if first else "\n" + pad + "]")
+    elif isinstance(value, dict) and any(isinstance(v, _Lazy) for v in value.values()):
+        sink.write("{")
+        for i, key in enumerate(sorted(value)):
+            sink.write(("\n" if i == 0 else ",\n") + pad + "  " + json.dumps(key) + ": ")
+            _emit(sink, value[key], level + 1)
+        sink.write("\n" + pad + "}")
+    else:
+        text = value.text if isinstance(value, _Text) else json.dumps(value, indent=2, sort_keys=True)
+        sink.write(text.replace("\n", "\n" + pad))
+
+
+def _checked(doc: dict[str, Any], part: str, where: str, what: str) -> str:
+    """`doc`, the export schema's `part` ($defs; "" for the document), as fleet decide would take
+    it (read_json_document): valid against its schema, every number finite, every text with a
+    UTF-8 form; its JSON text (indent 2, sorted keys).
+
+    Raises:
+        InputError: naming `what` and the JSON path (exit 78).
+    """
+    root = load_schema(EXPORT_KIND)
+    try:
+        validate(doc, root["$defs"][part] if part else root, root, where)
+        text = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False)
+    except SchemaViolation as exc:
+        raise InputError(WHERE, f"{what} ({exc.where}): {exc.detail}, which `nccltune fleet decide` refuses",
+                         hint=f"the format is schemas/{EXPORT_KIND}.schema.json; export other runs (--run ID)",
+                         ) from None
+    except ValueError as exc:
+        raise InputError(WHERE, f"{what} ({where}): a number JSON cannot carry ({exc}), which `nccltune fleet "
+                         "decide` refuses", hint="export other runs (--run ID)") from None
+    if "\\ud" in text:
+        bad = lone_surrogate(doc, where)
+        if bad is not None:
+            raise InputError(WHERE, f"{what} ({bad}): a text without a UTF-8 form (a lone surrogate), which `nccltune "
+                             "fleet decide` refuses", hint="export other runs (--run ID)")
+    return text
+
+
+def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | None = None, *,
+                 limit: int | None = None) -> Written:
+    """Write the export document of the selected runs to `out`, streamed: what is held at any
+    time is one run's record and one trial, whatever the history's size. The bytes are those of
+    dumps_export of the whole document.
 
     Runs measured with another NCCL version than the newest selected one are left out (with a
-    warning): they describe another class, since the class includes the NCCL version.
+    warning): they describe another class, since the class includes the NCCL version. What is
+    written is held to what `fleet decide` reads (read_json_document): each part valid against
+    the export schema, no NaN or Infinity, no text without a UTF-8 form, at most `limit` bytes
+    (default fleet.decide.MAX_DOCUMENT_BYTES).
+
+    Raises:
+        InputError: the document would be one fleet decide refuses (exit 78); what reached `out`
+            is then to be thrown away (`nccltune export` writes through a temp file). Also as
+            select_run_ids.
+        CheckFailed: no ok sweep of this topology (exit 1).
     """
+    from .decide import MAX_DOCUMENT_BYTES
+
     fingerprint = topology_fingerprint(node.topo)
-    runs = select_runs(store, fingerprint, run_id)
-    with_trials = [(r, store.trials(r.id)) for r in runs]
-    versions = [run_nccl_version(r, t) for r, t in with_trials]
+    ids = select_run_ids(store, fingerprint, run_id)
+    versions: list[str | None] = []
+    torch = None
+    for i in ids:
+        run = store.run(i)
+        assert run is not None
+        versions.append(run_nccl_version(run, store.iter_trials(i, measurements=False)))
+        torch = run.torch_version or torch
     nccl_version = versions[-1]
     kept = []
-    for (run, trials), version in zip(with_trials, versions, strict=True):
+    for i, version in zip(ids, versions, strict=True):
         if version != nccl_version:
             log.warning("leaving run %d out of the export: it measured NCCL %s, the newest run NCCL %s",
-                        run.id, version, nccl_version)
+                        i, version, nccl_version)
             continue
-        kept.append(_run_doc(run, trials, version))
+        kept.append(i)
     # The one class definition (fleet.node): the NCCL version is what the worker reported in these runs.
     cls = FleetNode(node.topo, node.class_topo, node.demo).node_class(nccl_version)
-    return {
+    head = {
         "kind": EXPORT_KIND,
         "schema_version": EXPORT_SCHEMA_VERSION,
         "hostname": node.hostname,
@@ -151,11 +269,36 @@ def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) ->
         "topology_fingerprint": fingerprint,
         "node_class": cls.as_dict(),
         "versions": {"nccltune": __version__, "nccl": nccl_version, "driver": node.topo.driver_version,
-                     "torch": next((r.torch_version for r, _ in reversed(with_trials) if r.torch_version), None)},
-        "runs": kept,
+                     "torch": torch},
     }
+    _checked({**head, "runs": []}, "", "$", "the export")
+
+    def trials(n: int, run: int) -> Iterator[_Text]:
+        for j, t in enumerate(store.iter_trials(run)):
+            yield _Text(_checked(_trial_doc(t), "trial", f"$.runs[{n}].trials[{j}]", f"run {run} trial {t.seq}"))
+
+    def runs() -> Iterator[dict[str, Any]]:
+        for n, i in enumerate(kept):
+            record = store.run(i)
+            assert record is not None
+            doc = _run_doc(record, nccl_version)
+            _checked({**doc, "trials": []}, "run", f"$.runs[{n}]", f"run {i}")
+            yield {**doc, "trials": _Lazy(trials(n, i))}
+
+    sink = _Sink(out, MAX_DOCUMENT_BYTES if limit is None else limit)
+    _emit(sink, {**head, "runs": _Lazy(runs())}, 0)
+    sink.write("\n")
+    return Written(len(kept), node.hostname, sink.size)
+
+
+def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) -> dict[str, Any]:
+    """The export document of the selected runs, in memory (write_export's, read back)."""
+    buffer = io.BytesIO()
+    write_export(store, node, buffer, run_id)
+    doc: dict[str, Any] = json.loads(buffer.getvalue())
+    return doc
 
 
 def dumps_export(doc: dict[str, Any]) -> str:
-    """Deterministic text: sorted keys, two-space indent, a final newline."""
+    """Deterministic text: sorted keys, two-space indent, a final newline (what write_export writes)."""
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

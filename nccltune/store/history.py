@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -294,6 +294,26 @@ class Store:
             trial_record(row, tuple(by_trial.get(int(row["id"]), ())))
             for row in self._db.conn.execute("SELECT * FROM trials WHERE run_id = ? ORDER BY seq, id", (run_id,))
         ]
+
+    def iter_trials(self, run_id: int, *, measurements: bool = True) -> Iterator[TrialRecord]:
+        """A run's trials as trials() gives them, one at a time: what is held is one trial's
+        measurements, however many the run has (nccltune export streams a whole history);
+        without `measurements`, the trials alone (their measurements empty)."""
+        conn = self._db.conn
+        for row in conn.execute("SELECT * FROM trials WHERE run_id = ? ORDER BY seq, id", (run_id,)):
+            if not measurements:
+                yield trial_record(row, ())
+                continue
+            measured = conn.execute("SELECT * FROM measurements WHERE trial_id = ? ORDER BY rowid", (int(row["id"]),))
+            yield trial_record(row, tuple(measurement(m) for m in measured))
+
+    def run_ids(self, kind: RunKind, status: RunStatus, fingerprint: str) -> list[int]:
+        """The ids of the runs of `kind` and `status` measured on topology `fingerprint`, oldest
+        first: the runs themselves are read one at a time (run())."""
+        rows = self._db.conn.execute(
+            "SELECT id FROM runs WHERE kind = ? AND status = ? AND fingerprint = ? ORDER BY id",
+            (kind, status, fingerprint))
+        return [int(r["id"]) for r in rows]
 
     def latest_run(
         self, fingerprint: str, kind: RunKind = "sweep", status: RunStatus | None = "ok"
