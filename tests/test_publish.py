@@ -432,7 +432,8 @@ def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
 def test_only_nccltunes_temps_of_dead_writers_in_a_directory_of_ours_are_removed(tmp_path: Path) -> None:
     """remove_dead_temps: the temp names nccltune writes (of the targets given, in a shared
     directory), in a directory this user owns and nobody else may write; a link is removed, never
-    followed, and neither a directory nor a link to the directory is walked into."""
+    followed, a half-built generation (files only) removed by descriptor, and a link to the
+    directory never walked into."""
     from nccltune.files.atomicfile import TEMP_NAME_RE, remove_dead_temps, temp_path
 
     ours = tmp_path / "state"
@@ -443,8 +444,12 @@ def test_only_nccltunes_temps_of_dead_writers_in_a_directory_of_ours_are_removed
     outside.write_text("root's\n")
     link = ours / f".nccl.env.tmp-{pid}-0badf00d"
     link.symlink_to(outside)
-    a_dir = ours / f".7.tmp-{pid}-0badf00d"
-    a_dir.mkdir()
+    building = ours / f".7.tmp-{pid}-0badf00d"  # a generation a killed publisher was building
+    building.mkdir()
+    (building / "nccl.sh").write_text("export NCCL_")
+    (building / "ncclTopology.xml").symlink_to(outside)
+    nested = ours / f".8.tmp-{pid}-0badf00d"  # no publisher nests directories: left alone
+    (nested / "sub").mkdir(parents=True)
     not_ours = ours / f"nccl.sh.tmp-{pid}-0badf00d"  # no leading dot: no temp name of nccltune's
     not_ours.write_text("x")
     # A shared directory: only the temps of the names nccltune writes there.
@@ -458,9 +463,9 @@ def test_only_nccltunes_temps_of_dead_writers_in_a_directory_of_ours_are_removed
     assert remove_dead_temps(ours) == []
     ours.chmod(0o755)
     gone = remove_dead_temps(ours)
-    assert set(gone) == {link, *(p for p in left if not p.name.startswith(".nccltune.prom."))}
-    assert not link.is_symlink() and outside.read_text() == "root's\n"
-    assert a_dir.is_dir() and not_ours.exists() and not any(p.exists() for p in left)
+    assert set(gone) == {link, building, *(p for p in left if not p.name.startswith(".nccltune.prom."))}
+    assert not link.is_symlink() and not building.exists() and outside.read_text() == "root's\n"
+    assert (nested / "sub").is_dir() and not_ours.exists() and not any(p.exists() for p in left)
     # A live writer's temp (this process's, as it writes) is left alone.
     mine = temp_path(ours / "nccl.json")
     mine.write_text("{")

@@ -265,13 +265,34 @@ def _ours(fd: int) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _remove_flat_dir(parent: int, name: str) -> None:
+    """Remove the directory ``name`` of the directory open as ``parent`` (a generation a killed
+    publisher was building: files only), by descriptor, never following a link in it.
+
+    Raises:
+        OSError: it cannot be opened, holds a directory (ENOTEMPTY), or an entry cannot go.
+    """
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        with os.scandir(fd) as entries:
+            inside = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        for entry, is_dir in inside:
+            if is_dir:
+                raise OSError(errno.ENOTEMPTY, f"holds a directory ({entry})")
+            os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
+
+
 def remove_dead_temps(directory: Path, targets: Collection[str] | None = None, *,
                       now: float | None = None) -> list[Path]:
-    """Remove the temp files and temp links that writers killed mid-write left in ``directory``:
-    only nccltune's own temp names (TEMP_NAME_RE; of ``targets`` alone when given, for a directory
-    shared with other programs), only in a directory that is ours (owned by this user, writable by
-    nobody else), never through a link (the directory opened O_NOFOLLOW, each entry looked at and
-    removed through that descriptor; a temp link is removed, not followed), never a directory.
+    """Remove the temp files and temp links that writers killed mid-write left in ``directory``
+    (and a generation a killed publisher was building, a directory of files): only nccltune's own
+    temp names (TEMP_NAME_RE; of ``targets`` alone when given, for a directory shared with other
+    programs), only in a directory that is ours (owned by this user, writable by nobody else),
+    never through a link (the directory opened O_NOFOLLOW, each entry looked at and removed
+    through that descriptor; a temp link is removed, not followed).
     A temp whose writer (the pid in its name) is gone is removed at once; one whose pid runs only
     when older than STALE_TEMP_AGE_S (the pid taken by another process since). Writers on one
     node share a pid namespace (the Kubernetes DaemonSet runs with hostPID).
@@ -302,12 +323,15 @@ def remove_dead_temps(directory: Path, targets: Collection[str] | None = None, *
                 st = os.lstat(name, dir_fd=fd)
             except OSError:
                 continue
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 continue
             if _writer_alive(int(m["pid"])) and now - st.st_mtime < STALE_TEMP_AGE_S:
                 continue
             try:
-                os.unlink(name, dir_fd=fd)
+                if stat.S_ISDIR(st.st_mode):
+                    _remove_flat_dir(fd, name)
+                else:
+                    os.unlink(name, dir_fd=fd)
             except FileNotFoundError:
                 continue
             except OSError as exc:
