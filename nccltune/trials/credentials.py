@@ -56,9 +56,9 @@ RANK_NAMES = frozenset({
 })
 RANK_PREFIXES = (
     "LC_",  # the locale's categories
-    "NCCL_", "TORCH_NCCL_",  # what is measured: NCCL's variables and torch's NCCL settings
+    "NCCL_",  # what is measured: NCCL's variables (and its plugins' NCCL_* ones)
+    "TORCH_",  # torch's settings: its NCCL ones (TORCH_NCCL_*) measured too, TORCH_CPP_LOG_LEVEL, ...
     "NCCLTUNE_",  # the tuner plugin's table and fingerprint, the worker's test hooks
-    "TORCH_",  # torch's own settings (TORCH_CPP_LOG_LEVEL, TORCH_CUDA_ARCH_LIST, ...)
     "GLOO_",  # the CPU demo's gloo backend (GLOO_SOCKET_IFNAME)
     "CUDA_",  # the GPUs the ranks see and CUDA's settings (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, ...)
     "NVIDIA_",  # the container runtime's GPU selection and driver capabilities
