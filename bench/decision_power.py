@@ -35,21 +35,22 @@ import decisionsim as sim
 REPS = {1: 400, 2: 400, 3: 400, 10: 200, 100: 40, 1000: 8}
 
 
-def fleet_row(nodes: int, noise: float | None, reps: int, rec: sim.Recorded) -> dict[str, float]:
+def fleet_row(nodes: int, noise: float | None, reps: int, rec: sim.Recorded, profile: str) -> dict[str, float]:
     counts = {"p2": 0, "p4": 0, "aa": 0, "wrong": 0, "won2v4": 0, "outlier": 0}
+
+    def chosen(effects: tuple[float, float], seed: int) -> int | None:
+        return sim.chosen_index(sim.decide_class(sim.Scenario(effects, noise), nodes, seed, rec, profile))
+
     for seed in range(reps):
-        if sim.chosen_index(sim.decide_class(sim.Scenario((1.02, 1.02), noise), nodes, seed, rec)) is not None:
-            counts["p2"] += 1
-        if sim.chosen_index(sim.decide_class(sim.Scenario((1.04, 1.04), noise), nodes, 10_000 + seed, rec)) is not None:
-            counts["p4"] += 1
-        if sim.chosen_index(sim.decide_class(sim.Scenario((1.0, 1.0), noise), nodes, 20_000 + seed, rec)) is not None:
-            counts["aa"] += 1
-        got = sim.chosen_index(sim.decide_class(sim.Scenario((1.02, 1.04), noise), nodes, 30_000 + seed, rec))
+        counts["p2"] += chosen((1.02, 1.02), seed) is not None
+        counts["p4"] += chosen((1.04, 1.04), 10_000 + seed) is not None
+        counts["aa"] += chosen((1.0, 1.0), 20_000 + seed) is not None
+        got = chosen((1.02, 1.04), 30_000 + seed)
         if got is not None:
             counts["won2v4"] += 1
             counts["wrong"] += got == 0
         if nodes >= 3:
-            prof = sim.decide_class(sim.Scenario((1.04, 1.04), noise, outlier=0.75), nodes, 40_000 + seed, rec)
+            prof = sim.decide_class(sim.Scenario((1.04, 1.04), noise, outlier=0.75), nodes, 40_000 + seed, rec, profile)
             named = [o["hostname"] for o in prof["evidence"].get("outliers", [])]
             counts["outlier"] += named == ["node-0000"]
     return {"power2": counts["p2"] / reps, "power4": counts["p4"] / reps, "aa": counts["aa"] / reps,
@@ -91,10 +92,12 @@ def main() -> int:
     ap.add_argument("--noise", choices=("gauss", "recorded", "both"), default="both")
     ap.add_argument("--sizes", default="1,2,3,10,100,1000")
     ap.add_argument("--no-node", action="store_true", help="skip the node's own sequential final check")
+    ap.add_argument("--profile", default="balanced", help="balanced (every size alike) or large (16 MiB and up)")
     args = ap.parse_args()
     rec = sim.recorded()
     noises = {"gauss": [("gaussian 1%", 0.01)], "recorded": [("recorded h200x2", None)],
               "both": [("gaussian 1%", 0.01), ("recorded h200x2", None)]}[args.noise]
+    print(f"profile {args.profile}")
     print("fleet decide: power (share publishing a true gain), A/A false wins, wrong winner (+2% chosen over +4%),")
     print("outlier (a 0.75x node named and left out); 1% node spread; 3 rounds of the final check per node, "
           "12 trials per node")
@@ -104,7 +107,7 @@ def main() -> int:
         for n in (int(x) for x in args.sizes.split(",")):
             reps = max(2, int(REPS.get(n, 20) * args.reps_scale))
             t0 = time.monotonic()
-            row = fleet_row(n, noise, reps, rec)
+            row = fleet_row(n, noise, reps, rec, args.profile)
             per = (time.monotonic() - t0) / (reps * (5 if n >= 3 else 4))
             outl = f"{row['outlier']:.3f}" if n >= 3 else "-"
             print(f"{label:<16} {n:>5} {reps:>5} {row['power2']:>9.3f} {row['power4']:>9.3f} {row['aa']:>7.3f} "

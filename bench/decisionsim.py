@@ -136,5 +136,7 @@ def chosen_index(profile: Mapping[str, Any]) -> int | None:
     return None
 
 
-def decide_class(sc: Scenario, nodes: int, seed: int, rec: Recorded | None = None) -> dict[str, Any]:
-    return decide(class_exports(sc, nodes, seed, rec), RULES)
+def decide_class(sc: Scenario, nodes: int, seed: int, rec: Recorded | None = None,
+                 profile: str = "balanced") -> dict[str, Any]:
+    rules = RULES if profile == RULES.profile else Rules(profile, RULES.min_gain_pct, RULES.max_regression_pct)
+    return decide(class_exports(sc, nodes, seed, rec), rules)
