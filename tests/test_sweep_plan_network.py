@@ -79,7 +79,7 @@ def test_rail_nodes_with_gdr_everywhere(name: str) -> None:
     assert _pruned(plan, "NCCL_NET_GDR_READ") == {
         "1": "NCCL already uses GDR reads on sm80 and newer (its auto setting)"}
     for knob in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"):
-        assert _pruned(plan, knob) == {"2": RDMA_NOT_SOCKETS, "4": RDMA_NOT_SOCKETS}
+        assert _pruned(plan, knob) == {"1": RDMA_NOT_SOCKETS, "2": RDMA_NOT_SOCKETS, "4": RDMA_NOT_SOCKETS}
     assert _pruned(plan, "NCCL_PXN_DISABLE") == {}
     assert _pruned(plan, "NCCL_CROSS_NIC") == {}
     assert any("through a peer GPU" in n for n in plan.notes)
@@ -100,7 +100,7 @@ def test_dgx_a100_pix_gives_no_gdr_because_no_pair_is_pix() -> None:
 def test_socket_node_with_one_nic() -> None:
     # The 2x H200 VM: one virtio eth0, no RDMA, no GDR, no PXN.
     plan = _plan("h200x2-nvswitch-vm.json", TWO_NODES)
-    assert _net_vars(plan) == {"NCCL_SOCKET_NTHREADS": ["2", "4"], "NCCL_NSOCKS_PERTHREAD": ["2", "4"]}
+    assert _net_vars(plan) == {"NCCL_SOCKET_NTHREADS": ["1", "2", "4"], "NCCL_NSOCKS_PERTHREAD": ["1", "2", "4"]}
     assert set(_pruned(plan, "NCCL_NET_GDR_LEVEL").values()) == {NO_GDR}
     assert set(_pruned(plan, "NCCL_NET_GDR_READ").values()) == {
         "no GPU-NIC pair uses GDR here, so GDR reads change nothing"}

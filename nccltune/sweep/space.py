@@ -138,10 +138,12 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
     Tunable("NCCL_IB_QPS_PER_CONNECTION", ("2", "4"), _check_int(1, 128), "InfiniBand QPs per connection",
             scope="net", default="1"),
     # Socket transport only (transport/net_socket.cc): at most 16 threads and 64 sockets in all;
-    # NCCL caps larger values itself. Unset (-2) is NCCL's auto.
-    Tunable("NCCL_SOCKET_NTHREADS", ("2", "4"), _check_int(1, 16), "socket transport: helper threads per "
+    # NCCL caps larger values itself. Unset (-2) is NCCL's auto, which depends on the NIC and is
+    # not 1: set to 1 explicitly, each ran at twice the auto's bandwidth on the lent H100's
+    # loopback (bench/results/h100x1-2026-12-07), so 1 is a candidate too.
+    Tunable("NCCL_SOCKET_NTHREADS", ("1", "2", "4"), _check_int(1, 16), "socket transport: helper threads per "
             "connection", scope="net"),
-    Tunable("NCCL_NSOCKS_PERTHREAD", ("2", "4"), _check_int(1, 64), "socket transport: sockets per helper "
+    Tunable("NCCL_NSOCKS_PERTHREAD", ("1", "2", "4"), _check_int(1, 64), "socket transport: sockets per helper "
             "thread (threads x sockets at most 64)", scope="net"),
     # 2 is NCCL's auto (nvls.cc ncclNvlsInit): the same as leaving the variable unset.
     Tunable("NCCL_NVLS_ENABLE", ("0",), _check_choice("0", "1", "2"),
