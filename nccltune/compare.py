@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import EXIT_CONFIG, NccltuneError
+from .names import DEFAULTS_LABEL
 from .store import RunRecord, Store, TrialRecord
 from .sweep.select import SizeStats, size_stats
 
@@ -24,7 +25,6 @@ log = logging.getLogger(__name__)
 
 Side = Literal["defaults", "published"]
 SizeVerdict = Literal["faster", "slower", "same", "missing"]
-DEFAULTS_LABEL = "NCCL defaults"  # the chosen label of a sweep that kept NCCL's defaults
 
 
 @dataclass(frozen=True)

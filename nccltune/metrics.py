@@ -39,6 +39,7 @@ from .compare import upgrade_check
 from .errors import NccltuneError
 from .files.atomicfile import atomic_write
 from .files.trust import ensure_dir
+from .names import DEFAULTS_LABEL
 from .publish import read_published
 from .store import RunKind, RunRecord, RunStatus, Store
 
@@ -190,7 +191,7 @@ def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> Publ
     run = store.run(latest.run_id)
     # The sweep's own record: a run that chose NCCL's defaults (pipeline/choice.py's label) published them.
     chosen = run.summary.get("chosen") if run is not None and run.summary else None
-    state = "defaults" if chosen == "NCCL defaults" else "tuned"
+    state = "defaults" if chosen == DEFAULTS_LABEL else "tuned"
     return PublishedInfo(generation=latest.generation, demo=bool(run and run.demo), state=state, decision="node",
                          env_digest=env_digest(latest.env), profile_generation="")
 

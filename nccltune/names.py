@@ -13,6 +13,12 @@ import socket
 # gloo numbers are never taken for NCCL's.
 DEMO_LABEL = "CPU DEMO (gloo backend): these are not NCCL numbers"
 
+# NCCL's defaults, as every output names them: the `chosen` of a sweep or a class profile that kept
+# them (what decides a published set's state "defaults"), the setting of the baseline trials (the
+# report's column, the plot's line, a profile's per-node numbers), a per-size candidate that
+# changes nothing.
+DEFAULTS_LABEL = "NCCL defaults"
+
 # Prefixes of the variables a sweep may set (NCCL's own and torch's NCCL settings) and, for the
 # published files, nccltune's own provenance variables too.
 TUNED_PREFIXES = ("NCCL", "TORCH_NCCL")

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from nccltune.fleet.decide import DEFAULTS, Rules, decide, load_exports, node_per_size
+from nccltune.fleet.decide import Rules, decide, load_exports, node_per_size
 from nccltune.fleet.outlier import ClassSize, chosen_setting, class_reference, judge_node
 from nccltune.fleet.schema import load_schema, validate
+from nccltune.names import DEFAULTS_LABEL
 from tests.fleet_fixtures import h200x2_export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +90,7 @@ def test_each_node_keeps_its_own_medians_and_noise(tmp_path: Path) -> None:
     doc = json.loads(_export("a", [100, 101, 99], [110, 112], tmp_path).read_text())
     rows = {(r["setting"], r["size_bytes"]): r for r in node_per_size(doc)}
     # Defaults at 1 MiB: 99, 100, 101 -> median 100, noise 2/(2*100) = 1%.
-    base = rows[(DEFAULTS, MIB)]
+    base = rows[(DEFAULTS_LABEL, MIB)]
     assert (base["samples"], base["median_busbw_gbps"], base["noise_pct"]) == (3, 100, 1.0)
     assert base["topology_file"] is False
     assert base["collective"] == "all_reduce"  # measurements that do not name one are all_reduce's
@@ -115,7 +116,7 @@ def test_a_decided_profile_carries_the_class_distribution(tmp_path: Path) -> Non
     assert ref.describe() == f"class profile p.json (class {prof['node_class']['id']}, NCCL_ALGO=Ring, 2 node(s))"
     # A class keeping the defaults is compared on the defaults' numbers.
     keeps = copy.deepcopy(prof)
-    keeps["chosen"] = DEFAULTS
+    keeps["chosen"] = DEFAULTS_LABEL
     kept = class_reference(keeps, "p.json")
     defaults = kept.sizes[("all_reduce", MIB)] if kept is not None else None
     assert defaults is not None and (defaults.nodes, defaults.median_gbps, defaults.lowest_gbps) == (2, 100.0, 100.0)

@@ -18,9 +18,10 @@ from demo_state import SNAPSHOT, DemoSweep, clean_env
 
 from nccltune.checks.verify import _expectations
 from nccltune.cli import main
-from nccltune.compare import DEFAULTS_LABEL, compare_runs, setting_trials
+from nccltune.compare import compare_runs, setting_trials
 from nccltune.config import load_config, with_overrides
 from nccltune.metrics import snapshot_from_store
+from nccltune.names import DEFAULTS_LABEL
 from nccltune.node import load_node
 from nccltune.report.nccltests_json import run_document
 from nccltune.report.plot import series_by_collective

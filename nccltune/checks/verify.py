@@ -42,7 +42,7 @@ from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
 from ..fleet.apply import profile_in_force
 from ..fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
-from ..names import format_size
+from ..names import DEFAULTS_LABEL, format_size
 from ..nccl.ran import WhatRan, combined, published_table
 from ..node import Node, busy_gpus, load_node, size_ladder
 from ..pipeline.planning import check_profile, workload
@@ -234,7 +234,7 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(format_size(s) for s in sizes)}) of {', '.join(collectives)}",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    counts = _sample_counts(run.config or {}, use_current, (run.summary or {}).get("chosen") == "NCCL defaults")
+    counts = _sample_counts(run.config or {}, use_current, (run.summary or {}).get("chosen") == DEFAULTS_LABEL)
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 

@@ -28,6 +28,7 @@ from .. import __version__
 from ..config import Config
 from ..errors import InputError
 from ..files import trust
+from ..names import DEFAULTS_LABEL
 from ..nccl.site import conf_settings
 from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
 from ..topology.fingerprint import topology_fingerprint
@@ -277,8 +278,8 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
         tuning_fingerprint=tuning_fp, class_profile=loaded.provenance(),
-        # A class that kept NCCL's defaults (fleet decide's "NCCL defaults") publishes nothing measured.
-        state="defaults" if doc.get("chosen") == "NCCL defaults" and tuner is None else "tuned")
+        # A class that kept NCCL's defaults (fleet decide's chosen DEFAULTS_LABEL) publishes nothing measured.
+        state="defaults" if doc.get("chosen") == DEFAULTS_LABEL and tuner is None else "tuned")
     # The class shares the tree's shape, not its bus ids: each node's own XML, as the generation's
     # own file. The profile's copy in force is written with the set (publish_setting), so a refused
     # or failed publish leaves the previous profile in force.

@@ -40,6 +40,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError, UsageError
 from ..files.inputfile import parse_json, read_input_file
+from ..names import DEFAULTS_LABEL
 from ..publish.policy import MAX_PROFILE_BYTES
 from ..records import ALL_REDUCE, Measurement
 from ..sweep import decision, profiles
@@ -78,8 +79,6 @@ CANDIDATE_PHASES = ("final",)
 TUNER_VARS = ("NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
 NO_RAISE = ("a channel count above the defaults' is published for single-node jobs only, and a class profile "
             "is for jobs of any number of nodes: no entry there")
-# A profile's `chosen` when the class keeps NCCL's defaults, and the setting of the baseline trials.
-DEFAULTS = "NCCL defaults"
 # Far above any real export or profile (a few MiB), far below what would exhaust memory.
 MAX_DOCUMENT_BYTES = 64 << 20
 
@@ -349,7 +348,8 @@ def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             values = _busbw(_measurements(t))
             if not values:
                 continue
-            setting = (DEFAULTS, False) if t["phase"] == "baseline" else (label_of(t["env"]), TOPO_FILE in t["env"])
+            setting = ((DEFAULTS_LABEL, False) if t["phase"] == "baseline"
+                       else (label_of(t["env"]), TOPO_FILE in t["env"]))
             runs.setdefault(setting, []).append(values)
     out = []
     for (label, topo_file), samples in sorted(runs.items()):
@@ -627,7 +627,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         # The policy variables go with the defaults too, as a node's own sweep publishes them.
         "env": dict(sorted({**pooled.policy, **(chosen[0].env if chosen else {})}.items())),
         "topology_file": bool(chosen and chosen[0].topology_file),
-        "chosen": chosen[0].label if chosen else "NCCL defaults",
+        "chosen": chosen[0].label if chosen else DEFAULTS_LABEL,
         "demo": bool(first["demo"]),
         "backend": next(iter(pooled.backends)) if pooled.backends else "nccl",
         "job_shape": shape,

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .decide import DEFAULTS
+from ..names import DEFAULTS_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ def judge_node(samples_gbps: Sequence[float], ref: ClassSize, threshold_pct: flo
 def chosen_setting(doc: Mapping[str, Any]) -> tuple[str, bool] | None:
     """(label, topology file) of what the profile publishes, as node_per_size names its numbers."""
     chosen = str(doc["chosen"])
-    if chosen == DEFAULTS:
-        return DEFAULTS, False
+    if chosen == DEFAULTS_LABEL:
+        return DEFAULTS_LABEL, False
     for cand in doc["evidence"]["candidates"]:
         if cand["label"] == chosen and cand["eligible"]:
             return chosen, bool(cand["topology_file"])

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..names import DEFAULTS_LABEL
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..publish import (
     OWN_TOPOLOGY,
@@ -24,7 +25,6 @@ from ..sweep.plan import Plan
 from ..sweep.select import Key, split_key
 from ..sweep.strategy import Finalist, SearchResult, label_of
 
-DEFAULTS_LABEL = "NCCL defaults"
 # The tuner's variables in a candidate (the per-size stage's whole result): every job gets the
 # plugin and its table, whose entries apply only to the communicator shape they were measured for.
 TUNER_VARS = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})

@@ -27,8 +27,7 @@ from .. import __version__
 from ..collectives import COLLECTIVES
 from ..errors import UnavailableError
 from ..files.atomicfile import atomic_write
-from ..names import DEMO_LABEL, format_size
-from ..pipeline.choice import DEFAULTS_LABEL
+from ..names import DEFAULTS_LABEL, DEMO_LABEL, format_size
 from ..records import ALL_REDUCE
 from ..store import RunRecord, TrialRecord
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULTS_LINE = DEFAULTS_LABEL  # the baseline trials' line, named as the run's summary names the defaults
 PUBLISHED_SUFFIX = " (published)"
 BAND_NOTE = "Lines: median of a setting's runs per size; bands: its lowest to highest run. GB/s = 10^9 bytes/s."
 ROW_HEIGHT_IN = 4.5  # per collective
@@ -82,7 +80,7 @@ def _line_label(trial: TrialRecord) -> str | None:
     if trial.status != "ok":
         return None
     if trial.phase == "baseline":
-        return DEFAULTS_LINE
+        return DEFAULTS_LABEL
     if trial.phase == "final":
         return trial.label.rsplit(" #", 1)[0]
     return None
@@ -174,7 +172,7 @@ def title(run: RunRecord) -> str:
 def ordered_labels(labels: Iterable[str], chosen: str | None) -> list[str]:
     """The defaults first, then the published setting, then the other finalists by name: the
     legend's order, and the order colours are given in."""
-    return sorted(set(labels), key=lambda label: (0 if label == DEFAULTS_LINE else 1 if label == chosen else 2, label))
+    return sorted(set(labels), key=lambda label: (0 if label == DEFAULTS_LABEL else 1 if label == chosen else 2, label))
 
 
 def legend_name(label: str, chosen: str | None) -> str:
@@ -262,7 +260,7 @@ def build_figure(run: RunRecord, trials: Sequence[TrialRecord]) -> Figure:
     for (bw_ax, time_ax), (collective, by_label) in zip(axes, lines.items(), strict=True):
         sizes = sorted({s for ln in by_label.values() for s in ln.sizes})
         for label in ordered_labels(by_label, chosen):
-            ln, main, name = by_label[label], label in (DEFAULTS_LINE, chosen), legend_name(label, chosen)
+            ln, main, name = by_label[label], label in (DEFAULTS_LABEL, chosen), legend_name(label, chosen)
             _draw_line(bw_ax, ln.busbw_gbps, name=name, color=colours[label], main=main)
             _draw_line(time_ax, ln.time_us, name=name, color=colours[label], main=main)
         for ax in (bw_ax, time_ax):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..collectives import COLLECTIVES
-from ..names import DEMO_LABEL, format_size
+from ..names import DEFAULTS_LABEL, DEMO_LABEL, format_size
 from ..publish import EVERY_JOB, SCOPE_APPLIES_TO, SCOPE_FILES, SINGLE_NODE
 from ..records import ReportRow
 from ..store import TrialRecord
@@ -326,7 +326,7 @@ def size_facts(trials: Sequence[TrialRecord], chosen: str | None) -> dict[tuple[
     wrong: dict[tuple[str, int], list[int]] = {}
     for t in trials:
         is_default = not t.env
-        is_tuned = is_default if chosen == "NCCL defaults" else chosen is not None and chosen in t.label
+        is_tuned = is_default if chosen == DEFAULTS_LABEL else chosen is not None and chosen in t.label
         for m in t.measurements:
             key = (m.collective, m.size_bytes)
             if m.algbw_gbps > 0 and m.busbw_gbps > 0:
@@ -398,7 +398,7 @@ def _rows_table(rows: Sequence[ReportRow], trials: Sequence[TrialRecord], chosen
     defaults_w = sum(widths[3:7]) + 6
     tuned_w = sum(widths[7:11]) + 6
     pad = sum(widths[:3]) + 6
-    lines.append("#" + " " * (pad - 1) + "NCCL defaults".center(defaults_w) + "  " + "published".center(tuned_w))
+    lines.append("#" + " " * (pad - 1) + DEFAULTS_LABEL.center(defaults_w) + "  " + "published".center(tuned_w))
     for i, row in enumerate(table):
         cells = [c.rjust(w) if j < left else c for j, (c, w) in enumerate(zip(row, widths, strict=True))]
         line = "  ".join(cells).rstrip()

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from ..collectives import COLLECTIVES, TUNED, from_tuner_name
-from ..names import format_size
+from ..names import DEFAULTS_LABEL, format_size
 from ..nccl.debuglog import SizeChoice, prevailing
 from ..records import Measurement
 from ..tuner.table import TableEntry, TunerTable
@@ -131,7 +131,7 @@ class SizeCandidate:
             parts.append(f"({_nccl_names(self.only)} only)")
         if self.channels:
             parts.append(f"{self.channels} channels")
-        return " ".join(parts) or "NCCL defaults"
+        return " ".join(parts) or DEFAULTS_LABEL
 
 
 _ENV_ALGO_NAMES = {v.lower(): k for k, v in ENV_ALGO.items()}
