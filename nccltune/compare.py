@@ -2,8 +2,8 @@
 beyond the noise of both. One comparison serves `nccltune compare`, the upgrade gate (a new NCCL,
 driver or torch against the last run of the previous versions) and its doctor finding and metric.
 
-Each side of a run is the repeated measurements of one setting: NCCL's defaults (the trials that
-ran no candidate variable) or the published setting (the trials of the chosen candidate); a
+Each side of a run is the repeated measurements of one setting: NCCL's defaults or the published
+setting, the trials `setting_trials` names (THE rule for which trials make a setting's number); a
 verification's trials are all of its setting. The repeats become `select.SizeStats`, so that a
 difference counts only beyond the run-to-run noise `select` measures for each side.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,16 +65,45 @@ def side_trials(run: RunRecord, trials: Sequence[TrialRecord], side: Side) -> li
     return setting_trials(ok, "defaults" if side == "defaults" else str((run.summary or {}).get("chosen") or ""))
 
 
-def setting_trials(trials: Sequence[TrialRecord], chosen: str) -> list[TrialRecord]:
-    """THE trials behind a sweep's number for one setting, wherever it is shown (report, its JSON,
-    the plot, compare, the nccl-tests document, the metrics, verify's expectation): "defaults"
-    (or the chosen label DEFAULTS_LABEL) is every ok run of NCCL's defaults, from the first
-    baseline to the final check; any other label is that candidate's final-round runs, the ones
-    the choice judged; the screening run that picked it is left out, being the lucky one."""
-    ok = [t for t in trials if t.status == "ok" and t.measurements]
-    if chosen in ("defaults", DEFAULTS_LABEL, ""):
-        return [t for t in ok if not t.env]
-    return [t for t in ok if t.env and t.phase == "final" and t.label.rsplit(" #", 1)[0] == chosen]
+def trial_setting(phase: str, label: str) -> str | None:
+    """THE setting whose number a sweep's trial is one of the repeats of, wherever such a number is
+    shown or counted (the report's table and its #wrong, its JSON, the plot's lines, compare, the
+    nccl-tests document, the metrics, the runs verify counts behind its expectation, a class
+    profile's per-node numbers): NCCL's defaults (DEFAULTS_LABEL) for every run the sweep measured
+    them in, from the first baseline to the defaults' run of each final round (phase "baseline");
+    a candidate's label, less its " #N", for its final-round runs, the ones the choice judged;
+    None for the others (screening, combining, the per-size candidates, a verification, an
+    import): single runs against a fixed baseline, the screening run that picked a finalist being
+    the lucky one. Only the label itself names a setting: "NCCL_ALGO=Ring" is not
+    "NCCL_ALGO=Ring NCCL_PROTO=LL". Which of a setting's trials count is `setting_of`'s."""
+    if phase == "baseline":
+        return DEFAULTS_LABEL
+    if phase == "final":
+        return label.rsplit(" #", 1)[0]
+    return None
+
+
+def setting_name(chosen: str | None) -> str:
+    """The setting a run's `chosen` names, or a side: NCCL's defaults for "defaults",
+    DEFAULTS_LABEL or nothing; a candidate's label as it is."""
+    if chosen is None or chosen in ("", "defaults", DEFAULTS_LABEL):
+        return DEFAULTS_LABEL
+    return chosen
+
+
+def setting_of(trial: TrialRecord) -> str | None:
+    """The setting whose number this trial's results are among: its `trial_setting` where it
+    ended ok with measurements (of which the correct ones are the samples), else None."""
+    if trial.status != "ok" or not trial.measurements:
+        return None
+    return trial_setting(trial.phase, trial.label)
+
+
+def setting_trials(trials: Iterable[TrialRecord], chosen: str | None) -> list[TrialRecord]:
+    """The trials behind a sweep's number for the setting `chosen` names (`setting_name`): every
+    ok run of NCCL's defaults, or the chosen candidate's final-round runs (`setting_of`)."""
+    setting = setting_name(chosen)
+    return [t for t in trials if setting_of(t) == setting]
 
 
 def side_stats(trials: Sequence[TrialRecord]) -> dict[tuple[str, int], SizeStats]:

@@ -14,10 +14,19 @@ import pytest
 from conftest import REPO
 
 from nccltune.cli import main
-from nccltune.compare import baseline_slower, compare_runs, compare_stats, upgrade_check
+from nccltune.compare import (
+    baseline_slower,
+    compare_runs,
+    compare_stats,
+    setting_of,
+    setting_trials,
+    trial_setting,
+    upgrade_check,
+)
 from nccltune.fleet.schema import validate
+from nccltune.names import DEFAULTS_LABEL
 from nccltune.records import Measurement
-from nccltune.store import Store
+from nccltune.store import Phase, Store, TrialRecord
 from nccltune.sweep.select import SizeStats
 
 MiB = 1 << 20
@@ -80,6 +89,37 @@ def test_each_side_of_a_sweep_is_its_own_trials(history: tuple[Path, list[int]])
         published = compare_runs(store, a, b, "published")
     assert [s.verdict for s in defaults.sizes] == ["slower"] and defaults.sizes[0].a_busbw_gbps == 100.0
     assert [s.verdict for s in published.sizes] == ["same"] and published.sizes[0].a_busbw_gbps == 120.0
+
+
+def _record(seq: int, phase: Phase, label: str, env: dict[str, str], status: str = "ok") -> TrialRecord:
+    m = Measurement(size_bytes=MiB, time_us=100.0, algbw_gbps=10.0, busbw_gbps=10.0)
+    return TrialRecord(id=seq, run_id=1, seq=seq, phase=phase, label=label, env=env, status=status,  # type: ignore[arg-type]
+                       reason=None, wall_s=1.0, nccl=None, started_at="2026-01-01T00:00:00+00:00", measurements=(m,))
+
+
+RING = {"NCCL_ALGO": "Ring"}
+RING_LL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+RULE_TRIALS = [
+    _record(1, "baseline", "defaults #1", {}), _record(2, "baseline", "defaults #2", {}, status="timeout"),
+    _record(3, "screen", "NCCL_ALGO=Ring", RING), _record(4, "screen", "NCCL_ALGO=Ring NCCL_PROTO=LL", RING_LL),
+    _record(5, "final", "NCCL_ALGO=Ring #1", RING), _record(6, "final", "NCCL_ALGO=Ring NCCL_PROTO=LL #1", RING_LL),
+    _record(7, "baseline", "defaults (final check) #1", {}), _record(8, "final", "NCCL_ALGO=Ring #2", RING),
+    _record(9, "final", "NCCL_ALGO=Ring #3", RING, status="wrong_result"),
+]
+
+
+def test_a_setting_is_its_baseline_or_final_runs_by_their_whole_label() -> None:
+    assert [trial_setting(t.phase, t.label) for t in RULE_TRIALS] == [
+        DEFAULTS_LABEL, DEFAULTS_LABEL, None, None, "NCCL_ALGO=Ring", "NCCL_ALGO=Ring NCCL_PROTO=LL",
+        DEFAULTS_LABEL, "NCCL_ALGO=Ring", "NCCL_ALGO=Ring"]
+    # Of those, the ok trials with measurements make the number: no timeout, no wrong result, no
+    # screening run, and a label that holds another ("NCCL_ALGO=Ring" in "... NCCL_PROTO=LL") is not it.
+    assert [setting_of(t) for t in RULE_TRIALS] == [
+        DEFAULTS_LABEL, None, None, None, "NCCL_ALGO=Ring", "NCCL_ALGO=Ring NCCL_PROTO=LL", DEFAULTS_LABEL,
+        "NCCL_ALGO=Ring", None]
+    assert [t.seq for t in setting_trials(RULE_TRIALS, "NCCL_ALGO=Ring")] == [5, 8]
+    for defaults in ("defaults", DEFAULTS_LABEL, "", None):
+        assert [t.seq for t in setting_trials(RULE_TRIALS, defaults)] == [1, 7]
 
 
 def test_upgrade_gate_flags_nccls_slower_defaults(history: tuple[Path, list[int]],
