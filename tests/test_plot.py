@@ -84,6 +84,23 @@ def test_lines_carry_the_spread_of_their_samples_as_busbw_and_time() -> None:
     assert (t.low, t.median, t.high) == pytest.approx((4096 / 3e3, 4096 / 2e3, 4096 / 1e3))
 
 
+def test_a_wrong_result_is_in_no_line_as_in_no_median() -> None:
+    from nccltune.compare import setting_trials, side_stats
+
+    # The second run of the defaults was wrong at 4 KiB (a worker's element check failed there).
+    wrong = dataclasses.replace(TRIALS[1], measurements=tuple(
+        dataclasses.replace(m, correct=m.size_bytes != 4096) for m in TRIALS[1].measurements))
+    trials = [TRIALS[0], wrong, *TRIALS[2:]]
+    line = lines_by_collective(trials)["all_reduce"]["NCCL defaults"]
+    assert line.busbw_gbps[4096] == Spread(1.5, 1.0, 2.0, 2)  # 3.0 left out
+    assert line.busbw_gbps[65536] == Spread(11.0, 10.0, 12.0, 3)
+    assert line.time_us[4096].samples == 2
+    # The same samples as compare's median of that setting.
+    stats = side_stats(setting_trials(trials, "defaults"))
+    assert {size: st.median for (_c, size), st in stats.items()} == {
+        size: sp.median for size, sp in line.busbw_gbps.items()}
+
+
 def test_title_lists_what_was_measured_and_leaves_out_what_was_not() -> None:
     assert title_facts(_run()) == ["host gpu-node-3", "2x NVIDIA H200", "NCCL 2.21.5", "2025-03-04 10:20 UTC"]
     # The version the trials reported, in the summary, where the run's column is empty.

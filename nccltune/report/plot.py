@@ -1,14 +1,15 @@
 """`nccltune report --plot`: one row of panels per collective measured, bus bandwidth against
 message size beside the time per call (matplotlib extra, drawn headless with Agg).
 
-Each setting the sweep measured as a whole (NCCL's defaults in their baseline runs, the finalists,
-the published one among them, in their final runs) is a line through the median of its runs per
-size, inside a band from its lowest to its highest run: a gap between two lines means something only where their
-bands part. Sizes are a log2 axis labelled as the config spells them (64KiB, 16MiB); the time
-panel is a log axis too, so that the small sizes, flat near zero on a bandwidth scale, can be
-read. The title names what the numbers were measured on (host, GPUs, NCCL, date), from the run's
-stored facts; a CPU demo says so across every panel and in the PNG's own text chunks, so that a
-copy of the picture shown without its command still says it holds no NCCL numbers.
+Each setting the sweep measured as a whole (the trials behind its number, compare.setting_of: NCCL's
+defaults in their baseline runs, the finalists, the published one among them, in their final runs)
+is a line through the median of its runs' correct results per size, inside a band from its lowest
+to its highest run: a gap between two lines means something only where their bands part. Sizes
+are a log2 axis labelled as the config spells them (64KiB, 16MiB); the time panel is a log axis
+too, so that the small sizes, flat near zero on a bandwidth scale, can be read. The title names
+what the numbers were measured on (host, GPUs, NCCL, date), from the run's stored facts; a CPU
+demo says so across every panel and in the PNG's own text chunks, so that a copy of the picture
+shown without its command still says it holds no NCCL numbers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..collectives import COLLECTIVES
+from ..compare import setting_of
 from ..errors import UnavailableError
 from ..files.atomicfile import atomic_write
 from ..names import DEFAULTS_LABEL, DEMO_LABEL, format_size
@@ -74,28 +76,18 @@ class Line:
         return sorted(self.busbw_gbps)
 
 
-def _line_label(trial: TrialRecord) -> str | None:
-    """The setting a trial measured as a whole ("NCCL_ALGO=Ring" for "NCCL_ALGO=Ring #2"), or None
-    for a trial that is not a repeat of a whole setting (screening, combining, verification)."""
-    if trial.status != "ok":
-        return None
-    if trial.phase == "baseline":
-        return DEFAULTS_LABEL
-    if trial.phase == "final":
-        return trial.label.rsplit(" #", 1)[0]
-    return None
-
-
 def lines_by_collective(trials: Iterable[TrialRecord]) -> dict[str, dict[str, Line]]:
-    """collective -> setting -> its line: every sample of the good baseline and final trials,
-    per size, as busbw and as time. Collectives in the order the trials measured them."""
+    """collective -> setting -> its line: the trials behind each setting's number
+    (compare.setting_of: the defaults' runs and each finalist's final runs, the ok ones), their
+    correct samples per size, as busbw and as time; a wrong result is in no line, as it is in no
+    median. Collectives in the order the trials measured them."""
     busbw: dict[str, dict[str, dict[int, list[float]]]] = {}
     time_us: dict[str, dict[str, dict[int, list[float]]]] = {}
     for t in trials:
-        label = _line_label(t)
+        label = setting_of(t)
         if label is None:
             continue
-        for m in t.measurements:
+        for m in [m for m in t.measurements if m.correct]:
             busbw.setdefault(m.collective, {}).setdefault(label, {}).setdefault(m.size_bytes, []).append(m.busbw_gbps)
             time_us.setdefault(m.collective, {}).setdefault(label, {}).setdefault(m.size_bytes, []).append(m.time_us)
     return {
