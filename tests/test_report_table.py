@@ -3,7 +3,7 @@ busbw and #wrong for NCCL's defaults and the published setting, ratio and noise;
 
 from __future__ import annotations
 
-from nccltune.records import Measurement, ReportRow
+from nccltune.records import Measurement, ReportRow, TrialStatus
 from nccltune.report.sweep import TABLE_UNITS, rows_text, size_facts
 from nccltune.store import Phase, TrialRecord
 
@@ -11,11 +11,11 @@ MiB = 1 << 20
 
 
 def _trial(seq: int, label: str, env: dict[str, str], busbw: float, *, correct: bool = True,
-           phase: Phase = "baseline") -> TrialRecord:
+           phase: Phase = "baseline", status: TrialStatus = "ok") -> TrialRecord:
     # 4 ranks: busbw = algbw x 2(n-1)/n = algbw x 1.5
     m = Measurement(size_bytes=MiB, time_us=MiB / (busbw / 1.5 * 1e3), algbw_gbps=busbw / 1.5, busbw_gbps=busbw,
                     correct=correct)
-    return TrialRecord(id=seq, run_id=1, seq=seq, phase=phase, label=label, env=env, status="ok", reason=None,
+    return TrialRecord(id=seq, run_id=1, seq=seq, phase=phase, label=label, env=env, status=status, reason=None,
                        wall_s=1.0, nccl=None, started_at="2026-01-01T00:00:00+00:00", measurements=(m,))
 
 
@@ -51,6 +51,21 @@ def test_facts_count_wrong_results_for_the_defaults_when_they_are_published() ->
     facts = size_facts(TRIALS, "NCCL defaults")[("all_reduce", MiB)]
     assert (facts.wrong_defaults, facts.wrong_tuned) == (1, 1)
     assert facts.bus_factor is not None and abs(facts.bus_factor - 1.5) < 1e-9
+
+
+def test_wrong_results_count_for_the_published_setting_in_its_own_trials_alone() -> None:
+    ring, ring_ll = {"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    trials = [*TRIALS[:3],
+              # A finalist whose label holds the published one's, and the published one's screening run.
+              _trial(5, "NCCL_ALGO=Ring NCCL_PROTO=LL #1", ring_ll, 3.0, correct=False, phase="final",
+                     status="wrong_result"),
+              _trial(6, "NCCL_ALGO=Ring", ring, 3.0, correct=False, phase="screen", status="wrong_result"),
+              # The published setting's own final run that was wrong.
+              _trial(7, "NCCL_ALGO=Ring #2", ring, 3.0, correct=False, phase="final", status="wrong_result")]
+    facts = size_facts(trials, "NCCL_ALGO=Ring")[("all_reduce", MiB)]
+    assert (facts.wrong_defaults, facts.wrong_tuned) == (1, 1)
+    cells = rows_text([ROW], trials, "NCCL_ALGO=Ring")[3].split()
+    assert cells[7:11] == [f"{MiB / 20e3:.2f}", "20.00", "30.00", "1"]  # the time: the good final run's
 
 
 def test_a_verification_from_the_history_shows_measured_against_expected_per_size() -> None:

@@ -320,13 +320,17 @@ class SizeFacts:
 
 
 def size_facts(trials: Sequence[TrialRecord], chosen: str | None) -> dict[tuple[str, int], SizeFacts]:
-    """(collective, size) -> SizeFacts from a run's trials. Wrong results count for the defaults in
-    trials that ran NCCL's defaults, for the published setting in trials whose label names `chosen`."""
+    """(collective, size) -> SizeFacts from a run's trials. Wrong results count for each side in
+    the trials of its setting (compare.trial_setting: those behind its number, and the ones of them
+    that ended with a wrong result): NCCL's defaults, and the setting `chosen` names."""
+    from ..compare import setting_name, trial_setting
+
+    published = setting_name(chosen)
     factors: dict[tuple[str, int], float] = {}
     wrong: dict[tuple[str, int], list[int]] = {}
     for t in trials:
-        is_default = not t.env
-        is_tuned = is_default if chosen == DEFAULTS_LABEL else chosen is not None and chosen in t.label
+        setting = trial_setting(t.phase, t.label)
+        is_default, is_tuned = setting == DEFAULTS_LABEL, setting == published
         for m in t.measurements:
             key = (m.collective, m.size_bytes)
             if m.algbw_gbps > 0 and m.busbw_gbps > 0:
@@ -377,7 +381,7 @@ def _rows_table(rows: Sequence[ReportRow], trials: Sequence[TrialRecord], chosen
 
     facts = size_facts(trials, chosen)
     default_times = side_times(setting_trials(trials, "defaults"))
-    tuned_times = side_times(setting_trials(trials, chosen or "defaults"))
+    tuned_times = side_times(setting_trials(trials, chosen))
     table = [["size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
               "ratio", "noise", "NCCL default -> tuned"]]
     for r in rows:
