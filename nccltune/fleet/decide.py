@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..compare import trial_setting
 from ..errors import InputError, UsageError
 from ..files.inputfile import parse_json, read_input_file
 from ..names import DEFAULTS_LABEL
@@ -336,19 +337,22 @@ def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
 
 
 def node_per_size(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One node's own numbers: for NCCL's defaults (its baseline trials) and for each candidate
-    it measured (its finalist trials, as `pool` counts them), the median bus bandwidth and the
-    noise per collective and size. The class's distribution across its nodes, which the
+    """One node's own numbers: for NCCL's defaults and for each candidate it measured, over the
+    trials behind a setting's number on the node itself (compare.trial_setting: the baseline
+    trials, the finalist trials as `pool` counts them; the ok ones, their correct results), the
+    median bus bandwidth and the noise per collective and size, a candidate named by its variables
+    and whether it carried the topology file. The class's distribution across its nodes, which the
     daemon's verify compares a node with, is made of these."""
     runs: dict[tuple[str, bool], list[dict[tuple[str, int], float]]] = {}
     for run in doc["runs"]:
         for t in run["trials"]:
-            if t["status"] != "ok" or (t["phase"] != "baseline" and t["phase"] not in CANDIDATE_PHASES):
+            which = trial_setting(str(t["phase"]), str(t["label"]))
+            if t["status"] != "ok" or which is None:
                 continue
             values = _busbw(_measurements(t))
             if not values:
                 continue
-            setting = ((DEFAULTS_LABEL, False) if t["phase"] == "baseline"
+            setting = ((DEFAULTS_LABEL, False) if which == DEFAULTS_LABEL
                        else (label_of(t["env"]), TOPO_FILE in t["env"]))
             runs.setdefault(setting, []).append(values)
     out = []
