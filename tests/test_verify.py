@@ -38,6 +38,7 @@ from demo_state import BASE_CONFIG, SNAPSHOT, clean_env
 # gloo on two shared cores differs by tens of percent from one run to the next; the real-worker
 # tests check the plumbing with a wide threshold, the scripted ones check the judgement.
 WIDE_THRESHOLD = "90"
+MiB = 1 << 20
 
 
 @pytest.fixture
@@ -334,6 +335,41 @@ def test_the_allowed_drift_grows_as_the_sweeps_sample_shrinks() -> None:
     assert allowed_drift_pct(1.0, 4.0, SampleCounts(3, 1), [10.0, 7.0]) > few
     assert allowed_drift_pct(5.0, 0.0, SampleCounts(0, 0), [10.0]) == 5.0
     assert allowed_drift_pct(5.0, 3.0, SampleCounts(6, 3), []) == 6.0
+
+
+@pytest.mark.parametrize(("chosen", "use_current", "counts"), [
+    ("NCCL_ALGO=Ring", False, SampleCounts(5, 4)), ("NCCL_ALGO=Ring", True, SampleCounts(5, 5)),
+    ("NCCL defaults", False, SampleCounts(5, 5))])
+def test_the_runs_behind_the_expectation_are_the_trials_behind_the_sweeps_numbers(
+        tmp_path: Path, chosen: str, use_current: bool, counts: SampleCounts) -> None:
+    from types import SimpleNamespace
+
+    from nccltune.checks.verify import _expectations
+
+    ring, ring_ll = {"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    with Store(tmp_path / "history.db") as store:
+        # The config says 3 runs of the defaults and 3 of the finalist (6 and 3 behind the rows);
+        # the sweep ran otherwise: a baseline failed, rounds were added while a finalist was undecided.
+        run_id = store.start_run(kind="sweep", fingerprint="f" * 16, backend="gloo", demo=True, profile=None,
+                                 nccl_version=None, driver_version=None, torch_version=None,
+                                 nccltune_version=__version__, hostname=socket.gethostname(), topology={},
+                                 config={"sweep": {"baseline_repeats": 3, "finalist_repeats": 3}})
+        trials: list[tuple[str, str, dict[str, str], str]] = [
+            ("baseline", "defaults #1", {}, "ok"), ("baseline", "defaults #2", {}, "crashed"),
+            ("baseline", "defaults #3", {}, "ok"), ("screen", "NCCL_ALGO=Ring", ring, "ok"),
+            ("screen", "NCCL_ALGO=Ring NCCL_PROTO=LL", ring_ll, "ok")]
+        for r in range(4):
+            trials += [("final", f"NCCL_ALGO=Ring #{r + 1}", ring, "ok"),
+                       ("final", f"NCCL_ALGO=Ring NCCL_PROTO=LL #{r + 1}", ring_ll, "ok"),
+                       ("baseline", f"defaults #{r + 4}", {}, "ok" if r < 3 else "timeout")]
+        for seq, (phase, label, env, status) in enumerate(trials, start=1):
+            store.add_trial(run_id, seq=seq, phase=phase, label=label, env=env, status=status,  # type: ignore[arg-type]
+                            measurements=[Measurement(size_bytes=MiB, time_us=1.0, algbw_gbps=1.0, busbw_gbps=1.0)])
+        store.finish_run(run_id, status="ok", summary={"chosen": chosen}, rows=[ReportRow.from_dict(
+            {"size_bytes": MiB, "default_busbw_gbps": 1.0, "tuned_busbw_gbps": 1.0, "default_noise_pct": 1.0})])
+        node = SimpleNamespace(fingerprint="f" * 16)
+        _expected, _how, got = _expectations(store, node, None, use_current, [MiB], ("all_reduce",))  # type: ignore[arg-type]
+    assert got == counts
 
 
 def test_an_expectation_from_one_lucky_finalist_run_falls_back_to_the_defaults_level() -> None:

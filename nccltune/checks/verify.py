@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..compare import baseline_slower
-from ..config import Config, SweepConfig
+from ..compare import baseline_slower, setting_trials
+from ..config import Config
 from ..errors import BusyError, CheckFailed, UsageError
 from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
@@ -48,7 +48,7 @@ from ..node import Node, busy_gpus, load_node, size_ladder
 from ..pipeline.planning import check_profile, workload
 from ..publish import PublishedSet, job_env, read_set
 from ..records import TrialResult
-from ..store import Store
+from ..store import Store, TrialRecord
 from ..sweep.select import Key, d2, key_label, t_quantile
 from ..trials.credentials import rank_user
 from ..trials.launch.hosts import HOSTID_VAR
@@ -190,21 +190,12 @@ class VerifyResult:
         return min(drifts) if drifts else None
 
 
-def _sample_counts(run_config: dict[str, object], use_current: bool, kept_defaults: bool) -> SampleCounts:
-    """Runs behind a sweep's rows, from the config it ran with (the shipped defaults where the
-    record lacks them)."""
-    sweep = run_config.get("sweep")
-    sweep = sweep if isinstance(sweep, dict) else {}
-
-    def repeats(key: str, default: int) -> int:
-        value = sweep.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-
-    shipped = SweepConfig()
-    finalist = repeats("finalist_repeats", shipped.finalist_repeats)
-    defaults = repeats("baseline_repeats", shipped.baseline_repeats) + finalist
-    # The published medians are a finalist's, unless the sweep kept NCCL's defaults.
-    return SampleCounts(defaults, defaults if use_current or kept_defaults else finalist)
+def _sample_counts(trials: Sequence[TrialRecord], chosen: str | None, use_current: bool) -> SampleCounts:
+    """Runs behind a sweep's rows: the trials behind each setting's number (compare.setting_trials),
+    the defaults' for the noise, and for the expected medians the published setting's (`chosen`;
+    the defaults' where the sweep kept them, or with --current)."""
+    defaults = len(setting_trials(trials, DEFAULTS_LABEL))
+    return SampleCounts(defaults, defaults if use_current else len(setting_trials(trials, chosen)))
 
 
 def _expectations(store: Store, node: Node, floor_gbps: float | None, use_current: bool,
@@ -234,7 +225,8 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(format_size(s) for s in sizes)}) of {', '.join(collectives)}",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    counts = _sample_counts(run.config or {}, use_current, (run.summary or {}).get("chosen") == DEFAULTS_LABEL)
+    chosen = (run.summary or {}).get("chosen")
+    counts = _sample_counts(store.trials(run.id), chosen if isinstance(chosen, str) else None, use_current)
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
