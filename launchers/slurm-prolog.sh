@@ -29,6 +29,13 @@
 # NCCLTUNE_DISABLE set to anything but empty or 0 there exports nothing, and a variable the task
 # already has is not exported at all (a differing published value is named in a print line).
 #
+# What was applied (README "What a job gets", nccltune/delivery/applied.py): with what it exports
+# the prolog also exports NCCLTUNE_APPLIED=GENERATION:DIGEST:NAME,... naming the set (from the
+# file's own NCCLTUNE_APPLIED line, which is never passed on as it stands) and the variables it
+# exported, so that a sweep run in the job sweeps them instead of taking them for the job's pins.
+# A marker the task already has for the same set keeps its names, these added after them (a step
+# of a job whose batch step got the set); when nothing is exported it stays as it is.
+#
 # What a job gets (README "What a job gets"): nccl.env is the part that fits every job on the node
 # (topology file, policy values, pins, the tuner plugin and its table). The part measured between
 # this node's GPUs only (nccl-single-node.env, of the same generation, next to nccl.env) is added
@@ -39,6 +46,8 @@
 nccltune_prog=nccltune-task-prolog
 nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
 nccltune_gen=
+nccltune_set=
+nccltune_applied=
 # Names and values that Slurm passes through unchanged and that no shell would expand.
 nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
 
@@ -129,10 +138,17 @@ nccltune_print() {
     while IFS= read -r nccltune_line; do
         [ -n "$nccltune_line" ] || continue
         nccltune_name=${nccltune_line%%=*}
+        if [ "$nccltune_name" = NCCLTUNE_APPLIED ]; then
+            # The file's marker: only which set it names (GENERATION:DIGEST) is taken.
+            nccltune_value=${nccltune_line#*=}
+            [ -n "$nccltune_set" ] || nccltune_set=${nccltune_value%:*}
+            continue
+        fi
         # The name matched nccltune_valid, so it is safe to expand through eval.
         eval "nccltune_isset=\${$nccltune_name+set} nccltune_own=\${$nccltune_name-}"
         if [ -z "$nccltune_isset" ]; then
             printf 'export %s\n' "$nccltune_line"
+            nccltune_applied=${nccltune_applied:+$nccltune_applied,}$nccltune_name
         elif [ "$nccltune_own" != "${nccltune_line#*=}" ]; then
             printf '%s: %s set by the job is kept (published: %s)\n' \
                 "$nccltune_prog" "$nccltune_name=$nccltune_own" "${nccltune_line#*=}" >&2
@@ -173,6 +189,45 @@ nccltune_print_single() {
     nccltune_print "$nccltune_single" "$nccltune_single"
 }
 
+# nccltune_prior NAMES: sets nccltune_names to NAMES when it is a list a marker may hold (NCCL_*,
+# TORCH_NCCL_* and NCCLTUNE_* names joined by commas, or nothing), else to nothing.
+nccltune_prior() {
+    nccltune_names=
+    case $1 in
+        *[!ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_,]*|,*|*,|*,,*) return 0 ;;
+    esac
+    nccltune_ifs=$IFS
+    IFS=,
+    for nccltune_n in $1; do
+        case $nccltune_n in
+            NCCL_?*|TORCH_NCCL_?*|NCCLTUNE_?*) ;;
+            *) IFS=$nccltune_ifs; return 0 ;;
+        esac
+    done
+    IFS=$nccltune_ifs
+    nccltune_names=$1
+}
+
+# nccltune_mark: when something was exported, the line export NCCLTUNE_APPLIED=SET:NAMES, the
+# names of the task's own marker of the same set first (see the header).
+nccltune_mark() {
+    [ -n "$nccltune_set" ] && [ -n "$nccltune_applied" ] || return 0
+    nccltune_names=
+    case ${NCCLTUNE_APPLIED-} in
+        "$nccltune_set":*) nccltune_prior "${NCCLTUNE_APPLIED#"$nccltune_set":}" ;;
+    esac
+    nccltune_ifs=$IFS
+    IFS=,
+    for nccltune_n in $nccltune_applied; do
+        case ,$nccltune_names, in
+            *,"$nccltune_n",*) ;;
+            *) nccltune_names=${nccltune_names:+$nccltune_names,}$nccltune_n ;;
+        esac
+    done
+    IFS=$nccltune_ifs
+    printf 'export NCCLTUNE_APPLIED=%s\n' "$nccltune_set:$nccltune_names"
+}
+
 # NCCLTUNE_DISABLE (anything but empty or 0): the job opted out; nothing is read or exported.
 case ${NCCLTUNE_DISABLE:-0} in
     0) ;;
@@ -188,6 +243,7 @@ nccltune_main() {
         else
             nccltune_print "$nccltune_real" "$nccltune_env_file"
             nccltune_single_node && nccltune_print_single
+            nccltune_mark
         fi
     fi
 }

@@ -25,8 +25,9 @@ from conftest import REPO
 from demo_state import SHORT_CONFIG, DemoSweep
 
 from nccltune.cli import main
+from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.files.lock import SweepLock
-from nccltune.publish import DEMO_LINE
+from nccltune.publish import DEMO_LINE, read_set
 from nccltune.sweep.space import CATALOGUE
 from nccltune.trials.runner import RANK_RECORD
 from nccltune.trials.worker import FAULT_VAR
@@ -186,6 +187,11 @@ def test_published_files_can_be_sourced_by_sh(demo: DemoSweep) -> None:
     env_file = (demo.state / "nccl.env").read_text()
     assert DEMO_LINE in env_file
     assert _assignments(env_file) == expected
+    # The last line: the marker of what the file sets (the set's generation and digest, every name).
+    got = read_set(demo.state)
+    assert got is not None
+    assert env_file.splitlines()[-1] == f"{APPLIED_VAR}={got.set_id}:{','.join(sorted(expected))}"
+    assert sourced[APPLIED_VAR] == f"{got.set_id}:{','.join(sorted(expected))}"
     doc = json.loads((demo.state / "nccl.json").read_text())
     assert doc["env"] == expected
     assert doc["provenance"]["demo"] is True and doc["provenance"]["backend"] == "gloo"
@@ -201,7 +207,9 @@ def _sourced(path: Path) -> dict[str, str]:
 
 
 def _assignments(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    """The variables a published text sets, less the marker of what it sets."""
+    return dict(line.split("=", 1) for line in text.splitlines()
+                if line and not line.startswith(("#", f"{APPLIED_VAR}=")))
 
 
 @pytest.mark.parametrize("fmt", ["env", "sh", "json"])

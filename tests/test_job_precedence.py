@@ -1,8 +1,10 @@
 """One precedence rule in every form a job gets the published set through.
 
-The same jobs (no own value, own values that differ, an own empty value, NCCLTUNE_DISABLE) are run
+The same jobs (no own value, own values that differ, an own empty value, NCCLTUNE_DISABLE, a
+marker of what an earlier launch applied that is of another set or no marker at all) are run
 through `nccltune exec`, `nccltune env` sourced by each shell, the torchrun wrapper and the Slurm
-TaskProlog under each shell, and every form must give what nccltune.delivery.jobenv.decide says.
+TaskProlog under each shell, and every form must give what nccltune.delivery.jobenv.decide says,
+the marker NCCLTUNE_APPLIED of what it applied included.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
 from nccltune.publish import Provenance, job_env, publish, read_set
 
@@ -40,6 +43,9 @@ JOBS = {
     "disabled-any-word": {"NCCLTUNE_DISABLE": "yes"},
     "disable-zero-is-not-disabled": {"NCCLTUNE_DISABLE": "0", "NCCL_ALGO": "Tree"},
     "disable-empty-is-not-disabled": {"NCCLTUNE_DISABLE": ""},
+    "marker-of-another-set": {"NCCLTUNE_APPLIED": "7:0123456789abcdef:NCCL_ALGO", "NCCL_ALGO": "Ring"},
+    "marker-that-is-not-one": {"NCCLTUNE_APPLIED": "x\nexport NCCL_EVIL=1", "NCCL_NVLS_ENABLE": "1"},
+    "marker-and-disabled": {"NCCLTUNE_APPLIED": "7:0123456789abcdef:", "NCCLTUNE_DISABLE": "1"},
 }
 JOB_PARAMS = pytest.mark.parametrize("job", list(JOBS))
 
@@ -72,13 +78,15 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def nccl_part(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+    """NCCL's and torch's variables, and the marker of what was applied."""
+    return {k: v for k, v in env.items() if k.startswith(("NCCL_", "TORCH_NCCL_")) or k == APPLIED_VAR}
 
 
-def expected(state: Path, job: str, nnodes: int | None) -> dict[str, str]:
+def expected(state: Path, job: str | dict[str, str], nnodes: int | None) -> dict[str, str]:
     got = read_set(state)
     assert got is not None
-    return nccl_part(decide(job_env(got, nnodes), JOBS[job]).environment(JOBS[job]))
+    own = JOBS[job] if isinstance(job, str) else job
+    return nccl_part(decide(job_env(got, nnodes), own, got.set_id).environment(own))
 
 
 def env_of(shell: str, script: str, env: dict[str, str]) -> dict[str, str]:
@@ -260,3 +268,79 @@ def test_slurm_task_prolog_names_a_kept_value_that_differs(state: Path) -> None:
     # slurmstepd writes a TaskProlog's "print" lines to the task's stdout.
     assert "print nccltune-task-prolog: NCCL_IB_HCA=mlx5_0 set by the job is kept (published: ^mlx5_2)\n" \
         in proc.stdout
+
+
+# -- the marker of what was applied, through launches inside launches ---------------------------
+
+FORMS = ["exec", "env", "wrapper", "prolog"]
+
+
+def through(form: str, state: Path, tmp_path: Path, job: dict[str, str], nnodes: int | None) -> dict[str, str]:
+    """The NCCL part (marker included) of the environment a job whose own is `job` gets through
+    `form` for a job of `nnodes` nodes (None: it does not say), under sh."""
+    if form == "exec":
+        flags = ["--nnodes", str(nnodes)] if nnodes else []
+        proc = subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), *flags, "--",
+                               "env", "-0"], capture_output=True, timeout=120, env=base_env(**job))
+        assert proc.returncode == 0, proc.stderr
+        pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
+        return nccl_part({n: v for n, _, v in pairs})
+    if form == "env":
+        flags = ["--nnodes", str(nnodes)] if nnodes else []
+        printed = nccltune("env", "--state-dir", str(state), *flags, env=base_env(**job))
+        assert printed.returncode == 0, printed.stderr
+        script = tmp_path / "printed.sh"
+        script.write_text(printed.stdout)
+        return env_of("sh", f'. "{script}"', base_env(**job))
+    if form == "wrapper":
+        args = ["--standalone", "train.py"] if nnodes == 1 else ["train.py"]
+        proc = run_wrapper("sh", tmp_path, state, args, job)
+        assert proc.returncode == 0, proc.stderr
+        pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
+        return nccl_part({n: v for n, _, v in pairs})
+    nodes = {"SLURM_JOB_NUM_NODES": str(nnodes)} if nnodes else {}
+    out = subprocess.run(["sh", str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True, timeout=60,
+                         env=base_env(**nodes, **job), check=True).stdout
+    return nccl_part(apply_like_slurm(job, out))
+
+
+def file_marker(state: Path, name: str) -> str:
+    """The marker line's value of a published file."""
+    [value] = [line.split("=", 1)[1] for line in (state / name).read_text().splitlines()
+               if line.startswith(APPLIED_VAR)]
+    return value
+
+
+@requires_root
+@pytest.mark.parametrize("form", FORMS)
+def test_a_marker_of_the_same_set_keeps_its_names_and_gets_the_applied_ones_after_them(
+        state: Path, tmp_path: Path, form: str) -> None:
+    got = read_set(state)
+    assert got is not None
+    job = {APPLIED_VAR: f"{got.set_id}:NCCL_NVLS_ENABLE,NCCL_OTHER", "NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Tree"}
+    ran = through(form, state, tmp_path, job, 1)
+    assert ran == expected(state, job, 1)
+    assert ran[APPLIED_VAR] == (f"{got.set_id}:NCCL_NVLS_ENABLE,NCCL_OTHER,NCCL_IB_HCA,NCCL_TOPO_FILE,"
+                                "TORCH_NCCL_ASYNC_ERROR_HANDLING,NCCL_MIN_NCHANNELS")
+
+
+@requires_root
+@pytest.mark.parametrize("outer", FORMS)
+@pytest.mark.parametrize("inner", FORMS)
+def test_a_launch_inside_another_adds_what_it_applies_to_the_marker(
+        state: Path, tmp_path: Path, outer: str, inner: str) -> None:
+    """The every-job part from one form, the single-node part from another inside it: the marker
+    names both parts, as the single-node files' own marker does; a form inside that adds nothing
+    leaves the marker as it was."""
+    every = through(outer, state, tmp_path, {}, None)
+    assert every[APPLIED_VAR] == file_marker(state, "nccl.env")
+    both = through(inner, state, tmp_path, every, 1)
+    assert both == {**every, **SINGLE, APPLIED_VAR: file_marker(state, "nccl-single-node.env")}
+    assert through(outer, state, tmp_path, both, 1) == both
+
+
+@requires_root
+@pytest.mark.parametrize("form", FORMS)
+def test_a_form_that_applies_nothing_leaves_the_jobs_marker_as_it_is(state: Path, tmp_path: Path, form: str) -> None:
+    everything = {**EVERY, **SINGLE, "NCCL_TOPO_FILE": "/own.xml", APPLIED_VAR: "not a marker"}
+    assert through(form, state, tmp_path, everything, 1) == everything

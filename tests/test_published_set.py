@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from nccltune.delivery.applied import set_digest
 from nccltune.errors import EXIT_CONFIG, InputError
 from nccltune.publish import Provenance, publish, read_published, read_set
 
@@ -72,6 +73,48 @@ def test_an_appended_command_never_comes_out_of_env(tmp_path: Path) -> None:
     assert got.returncode == EXIT_CONFIG
     assert f"{sh}:" in got.stderr and "not a line nccltune writes" in got.stderr
     assert "touch" not in got.stdout
+
+
+def test_every_file_ends_with_the_marker_of_the_set_and_what_it_sets(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    files = publish(state, {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov(),
+                    single_node_env={"NCCL_MIN_NCHANNELS": "32"})
+    got = read_set(state)
+    assert got is not None and got.set_id == files.set_id
+    assert got.set_id == f"1:{set_digest((state / 'nccl.json').read_bytes())}"
+    every = f"{got.set_id}:NCCL_ALGO,TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    assert (state / "nccl.sh").read_text().splitlines()[-1] == f"export NCCLTUNE_APPLIED='{every}'"
+    assert (state / "nccl.env").read_text().splitlines()[-1] == f"NCCLTUNE_APPLIED={every}"
+    # The single-node files are loaded after the every-job ones: their marker names both parts.
+    assert (state / "nccl-single-node.env").read_text().splitlines()[-1] == \
+        f"NCCLTUNE_APPLIED={every},NCCL_MIN_NCHANNELS"
+    assert "NCCLTUNE_APPLIED" not in got.env and "NCCLTUNE_APPLIED" not in got.single_node_env
+    assert "NCCLTUNE_APPLIED" not in json.loads((state / "nccl.json").read_text())["env"]
+
+
+@pytest.mark.parametrize("edit", [
+    ("NCCL_ALGO'", "NCCL_ALGO,NCCL_PROTO'"),  # names a variable the file does not set
+    ("'1:", "'2:"),  # names another generation
+])
+def test_a_marker_that_is_not_the_sets_own_is_an_edited_set(tmp_path: Path, edit: tuple[str, str]) -> None:
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    sh = state / "generations" / "1" / "nccl.sh"
+    sh.write_text(sh.read_text().replace(*edit))
+    with pytest.raises(InputError, match="NCCLTUNE_APPLIED is not the marker of this set"):
+        read_set(state)
+
+
+def test_a_set_without_markers_is_read_as_it_was(tmp_path: Path) -> None:
+    """A set published before the marker existed has none: read as it was, no marker to check."""
+    state = tmp_path / "state"
+    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    for name in ("nccl.sh", "nccl.env", "nccl-single-node.sh", "nccl-single-node.env"):
+        path = state / "generations" / "1" / name
+        path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                                if "NCCLTUNE_APPLIED" not in line))
+    got = read_set(state)
+    assert got is not None and got.env == {"NCCL_ALGO": "Ring"}
 
 
 @pytest.mark.parametrize(("mode", "word"), [(0o666, "world-writable"), (0o664, "group-writable")])

@@ -211,7 +211,13 @@ def test_wrapper_sources_a_published_set_through_its_links(
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout == ARGS + "NCCL_ALGO=Tree\n"
     prolog = run_prolog(shell, env_dir / "nccl.env")
-    assert (prolog.stdout, prolog.stderr) == ("export NCCL_ALGO=Tree\n", "")
+    from nccltune.publish import read_set
+
+    got = read_set(env_dir)
+    assert got is not None and got.generation == 2
+    # With what it exports, the marker of what it exported (the set's generation and digest).
+    marker = f"export NCCLTUNE_APPLIED={got.set_id}:NCCL_ALGO\n"
+    assert (prolog.stdout, prolog.stderr) == (f"export NCCL_ALGO=Tree\n{marker}", "")
 
 
 @requires_root

@@ -45,7 +45,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
     # For a job (the default) the precedence rule applies to what is printed: what the calling
     # environment already sets, or everything under NCCLTUNE_DISABLE, is shown as a comment.
-    decision = None if args.as_published else decide(job_env(got, nnodes), os.environ)
+    decision = None if args.as_published else decide(job_env(got, nnodes), os.environ, got.set_id)
     sys.stdout.write(got.texts[name] if decision is None else filter_text(got.texts[name], decision))
     if got.single_node_env and nnodes == 1:
         single = got.texts[single_name]
@@ -67,7 +67,8 @@ EXIT_CANNOT_RUN = 126
 def cmd_exec(args: argparse.Namespace) -> int:
     """Run a command with the published environment: the every-job part, plus the single-node
     part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1), less what
-    the calling environment sets itself; nothing under NCCLTUNE_DISABLE."""
+    the calling environment sets itself, and the marker NCCLTUNE_APPLIED of what it added;
+    nothing under NCCLTUNE_DISABLE."""
     from ..delivery.jobenv import decide
     from ..publish import job_env, read_set
 
@@ -86,7 +87,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     else:
         # The every-job part always; the single-node part only for a job known to run on one node;
         # of those, what the job does not set itself (the rule in nccltune.delivery.jobenv).
-        decision = decide(job_env(got, nnodes), env)
+        decision = decide(job_env(got, nnodes), env, got.set_id)
         for note in decision.notes("nccltune"):
             print(note, file=sys.stderr)
         env = decision.environment(env)

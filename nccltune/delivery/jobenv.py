@@ -7,7 +7,13 @@ The rule (README "What a job gets", the precedence table):
 2. Otherwise a variable the job sets itself is the job's decision: its own value is kept, even an
    empty one, and the published value of that name is left out.
 3. Every other published variable of the part the job gets (``publish.job_env``: the every-job
-   part, plus the single-node part for a job known to run on one node) is added.
+   part, plus the single-node part for a job known to run on one node) is added, and the marker
+   ``NCCLTUNE_APPLIED`` names the set and what was added (delivery.applied: ``merged``; nothing
+   added, the job's marker stays as it is).
+
+The other way round, ``from_published`` is what a sweep started from such a job makes of its
+calling environment: the variables the marker names whose values are still the ones the state
+directory's published set holds came from nccltune, not from the job, and are never its pins.
 
 `nccltune exec` and `nccltune env` call `decide` here. The shell launchers (launchers/nccltune-torchrun,
 launchers/slurm-prolog.sh) cannot import Python and carry the same three steps in sh; the tests run
@@ -25,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..nccl.site import ConfSetting, SiteTuner
+from .applied import APPLIED_VAR, merged
 
 DISABLE_VAR = "NCCLTUNE_DISABLE"
 
@@ -48,10 +55,14 @@ class JobDecision:
     applied: dict[str, str] = field(default_factory=dict)
     kept: dict[str, tuple[str, str]] = field(default_factory=dict)
     opted_out: bool = False
+    marker: str | None = None  # NCCLTUNE_APPLIED's new value; None: the job's own stays as it is
 
     def environment(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """The job's environment with the decision applied."""
-        return {**environ, **self.applied}
+        """The job's environment with the decision applied, the marker with it."""
+        env = {**environ, **self.applied}
+        if self.marker is not None:
+            env[APPLIED_VAR] = self.marker
+        return env
 
     def notes(self, prog: str) -> list[str]:
         """One line per kept value that differs from the published one (the same value is no override)."""
@@ -59,20 +70,23 @@ class JobDecision:
                 for name, (own, published) in sorted(self.kept.items()) if own != published]
 
 
-def decide(offered: Mapping[str, str], environ: Mapping[str, str]) -> JobDecision:
-    """Apply the rule to `offered` (the part of the published set the job's shape gets) for a job
-    whose own environment is `environ`."""
+def decide(offered: Mapping[str, str], environ: Mapping[str, str], set_id: str | None = None) -> JobDecision:
+    """Apply the rule to `offered` (the part of the published set the job's shape gets, in the
+    order the files set it) for a job whose own environment is `environ`; `set_id` names the set
+    in the marker (``PublishedSet.set_id``; None: no marker)."""
     if opted_out(environ):
         return JobDecision(opted_out=True)
     applied = {name: value for name, value in offered.items() if name not in environ}
     kept = {name: (environ[name], value) for name, value in offered.items() if name in environ}
-    return JobDecision(applied, kept)
+    marker = None if set_id is None else merged(environ.get(APPLIED_VAR), set_id, applied)
+    return JobDecision(applied, kept, marker=marker)
 
 
 def filter_text(text: str, decision: JobDecision) -> str:
     """A published nccl.sh/nccl.env text with the decision applied for printing: a variable the job
     keeps, or every variable when it opted out, becomes a comment that says why, so the output can
-    still be sourced or used as an env file and gives exactly `decision.applied`. Comments hold no
+    still be sourced or used as an env file and gives exactly `decision.applied`, with the marker
+    of what it applies in place of the file's (or a comment: nothing applied). Comments hold no
     '=' (NCCL's conf parser and some env-file readers take any such line as a variable)."""
     lines = []
     for line in text.splitlines():
@@ -81,6 +95,13 @@ def filter_text(text: str, decision: JobDecision) -> str:
             lines.append(line)
         elif decision.opted_out:
             lines.append(f"# {match['name']}: not applied ({DISABLE_VAR} is set)")
+        elif match["name"] == APPLIED_VAR:
+            # The file's marker names all it sets; the job gets one that names what it applies.
+            if decision.marker is None:
+                lines.append(f"# {APPLIED_VAR}: nothing applied, the job's own marker stays")
+            else:
+                quote = "'" if line.startswith("export ") else ""
+                lines.append(f"{line[:match.start('value')]}{quote}{decision.marker}{quote}")
         elif match["name"] in decision.kept:
             # The job's value is not echoed: it may hold anything, a newline included.
             lines.append(f"# {match['name']}: set by the job, its own value is kept")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..delivery.applied import APPLIED_VAR, Applied, set_digest
 from ..errors import InputError
 from ..names import DEMO_LABEL
 from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, validate_env
@@ -126,35 +127,44 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
     return doc
 
 
+SH_LINE = "export {name}='{value}'"
+ENV_LINE = "{name}={value}"
+
+
 def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
-              scope: str | None = None) -> str:
-    """POSIX shell form: header, then ``export NAME='value'`` sorted by name.
+              scope: str | None = None, applied: Applied | None = None) -> str:
+    """POSIX shell form: header, then ``export NAME='value'`` sorted by name, then the marker
+    ``applied`` (delivery.applied: which set, which variables the file sets) when given.
 
     Raises:
         InputError: see validate_env.
     """
     # Single quotes are belt and braces: the safe set needs no quoting at all.
-    return _render_lines(env, prov, generation, "export {name}='{value}'", scope)
+    return _render_lines(env, prov, generation, SH_LINE, scope, applied)
 
 
 def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
-               scope: str | None = None) -> str:
-    """``NAME=value`` form for systemd ``EnvironmentFile=`` and ``docker --env-file``.
+               scope: str | None = None, applied: Applied | None = None) -> str:
+    """``NAME=value`` form for systemd ``EnvironmentFile=`` and ``docker --env-file``, with the
+    marker ``applied`` last, as render_sh.
 
     No quotes: docker keeps them as part of the value, systemd strips them.
 
     Raises:
         InputError: see validate_env.
     """
-    return _render_lines(env, prov, generation, "{name}={value}", scope)
+    return _render_lines(env, prov, generation, ENV_LINE, scope, applied)
 
 
 def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | None, line: str,
-                  scope: str | None = None) -> str:
-    """Header, then one line per variable (sorted), after validating names, values and provenance."""
+                  scope: str | None = None, applied: Applied | None = None) -> str:
+    """Header, then one line per variable (sorted), after validating names, values and provenance,
+    then the marker."""
     clean = validate_env(env)
     check_provenance(prov)
     body = [line.format(name=name, value=value) for name, value in clean.items()]
+    if applied is not None:
+        body.append(line.format(name=APPLIED_VAR, value=applied.value))
     scope_lines = [_scope_line(scope)] if scope is not None else []
     return "\n".join([*header_lines(prov, generation), *scope_lines, *body]) + "\n"
 
@@ -188,6 +198,14 @@ def _scope_line(label: str) -> str:
     return f"# scope: {label}: {SCOPE_APPLIES_TO[label]}"
 
 
+def markers(generation: int, digest: str, every_job: Mapping[str, str],
+            single_node: Mapping[str, str]) -> tuple[Applied, Applied]:
+    """The markers (delivery.applied) of a set's files: the every-job files name their part; the
+    single-node files, loaded after them, both parts, the every-job one first, each sorted."""
+    every = Applied(generation, digest, tuple(sorted(every_job)))
+    return every, Applied(generation, digest, (*every.names, *sorted(single_node)))
+
+
 def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
     """Every file of generation ``generation`` as it will lie in ``directory``, and the every-job
     variables as published: NCCL_TOPO_FILE names the generation's own topology file, the tuner's
@@ -213,13 +231,16 @@ def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict
     if setting.class_profile is not None:
         files.append((CLASS_PROFILE_NAME, setting.class_profile))
     every_job = validate_env({**setting.every_job_env, **own}, source=f"{setting.where}: every-job environment")
-    single = dict(setting.single_node_env)
+    single = validate_env(setting.single_node_env, source=f"{setting.where}: single-node environment")
+    json_text = render_json(every_job, prov, generation=generation, single_node_env=single)
+    every_marker, single_marker = markers(generation, set_digest(json_text.encode("utf-8")), every_job, single)
     sets = [
-        (SH_NAME, render_sh(every_job, prov, generation=generation, scope=EVERY_JOB)),
-        (ENV_NAME, render_env(every_job, prov, generation=generation, scope=EVERY_JOB)),
-        (SINGLE_SH_NAME, render_sh(single, prov, generation=generation, scope=SINGLE_NODE)),
-        (SINGLE_ENV_NAME, render_env(single, prov, generation=generation, scope=SINGLE_NODE)),
-        (JSON_NAME, render_json(every_job, prov, generation=generation, single_node_env=single)),
+        (SH_NAME, render_sh(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker)),
+        (ENV_NAME, render_env(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker)),
+        (SINGLE_SH_NAME, render_sh(single, prov, generation=generation, scope=SINGLE_NODE, applied=single_marker)),
+        (SINGLE_ENV_NAME, render_env(single, prov, generation=generation, scope=SINGLE_NODE,
+                                     applied=single_marker)),
+        (JSON_NAME, json_text),
     ]
     for name, text in sets:
         data = text.encode("utf-8")

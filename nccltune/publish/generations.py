@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..delivery.applied import set_digest
 from ..errors import BusyError
 from ..files import trust
 from ..files.atomicfile import TEMP_INFIX, fail_without_temp, fsync_dir, remove_dead_temps, remove_quietly, replace_file
@@ -90,6 +91,12 @@ class PublishedFiles:
     # The variables as written: the generation's own topology file and tuner copies named.
     env: dict[str, str] = field(default_factory=dict)
     single_node_env: dict[str, str] = field(default_factory=dict)
+    digest: str = ""  # of the generation's nccl.json: with the generation, the set's name in the marker
+
+    @property
+    def set_id(self) -> str:
+        """``GENERATION:DIGEST``, as the marker of what a launch applied (delivery.applied) names the set."""
+        return f"{self.generation}:{self.digest}"
 
 
 @contextmanager
@@ -302,7 +309,7 @@ def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
                           single_sh_path=out_dir / SINGLE_SH_NAME, single_env_path=out_dir / SINGLE_ENV_NAME,
                           tuner_plugin_path=final / TUNER_PLUGIN_NAME if tuned else None,
                           tuner_table_path=final / TUNER_TABLE_NAME if tuned else None,
-                          env=every_job, single_node_env=single)
+                          env=every_job, single_node_env=single, digest=set_digest(dict(files)[JSON_NAME]))
 
 
 def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..delivery.applied import APPLIED_VAR, set_digest
 from ..errors import InputError, UsageError
 from ..files import trust
 from .formats import (
@@ -29,6 +30,7 @@ from .formats import (
     SINGLE_SH_NAME,
     TUNER_PLUGIN_NAME,
     TUNER_TABLE_NAME,
+    markers,
 )
 from .generations import CURRENT_NAME, GENERATIONS_DIR, current_generation
 from .policy import JOB_NNODES_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, check_scopes, validate_env
@@ -45,6 +47,12 @@ class PublishedSet:
     provenance: dict[str, Any]
     texts: dict[str, str]
     single_node_env: dict[str, str] = field(default_factory=dict)  # only for jobs known to be single-node
+    digest: str = ""  # of its nccl.json (delivery.applied.set_digest)
+
+    @property
+    def set_id(self) -> str:
+        """``GENERATION:DIGEST``, how the marker of what a launch applied names this set."""
+        return f"{self.generation}:{self.digest}"
 
 
 def _read_trusted(path: Path, what: str) -> bytes:
@@ -108,10 +116,11 @@ _SH_LINE = re.compile(r"export ([A-Z0-9_]+)='([^']*)'")
 _ENV_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
 
 
-def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int | None]:
+def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int | None, str | None]:
     """Check a published nccl.sh (``kind`` "sh") or nccl.env ("env") line by line, as nccltune
     writes them: comments without control characters, and one assignment per line with a
-    publishable name and value. Returns (variables, generation from the header).
+    publishable name and value, or the marker (delivery.applied). Returns (variables, generation
+    from the header, the marker's value or None).
 
     Raises:
         InputError: any other line, naming the file and line (exit 78): an appended command
@@ -120,6 +129,7 @@ def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int |
     pattern = _SH_LINE if kind == "sh" else _ENV_LINE
     found: dict[str, str] = {}
     generation: int | None = None
+    marker: str | None = None
     for lineno, line in enumerate(text.split("\n"), 1):
         if line == "" and lineno == text.count("\n") + 1:
             break
@@ -134,9 +144,12 @@ def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int |
             raise InputError(where, "not a line nccltune writes (only comments and assignments)", line=lineno,
                              hint="the file was changed after it was published; re-run nccltune sweep")
         name, value = match.groups()
+        if name == APPLIED_VAR and marker is None:
+            marker = value  # checked against the set by read_set
+            continue
         validate_env({name: value}, source=f"{where}:{lineno}")
         found[name] = value
-    return found, generation
+    return found, generation, marker
 
 
 def read_set(out_dir: Path) -> PublishedSet | None:
@@ -192,10 +205,12 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         raise InputError(str(json_path), f"records generation {generation!r} but lies in generation {number}: "
                          "a mixed set", hint="re-run nccltune sweep")
     texts = {JSON_NAME: raw.decode("utf-8")}
-    parts = [(SH_NAME, "sh", env), (ENV_NAME, "env", env)]
+    digest = set_digest(raw)
+    every_marker, single_marker = markers(generation or 0, digest, env, single or {})
+    parts = [(SH_NAME, "sh", env, every_marker), (ENV_NAME, "env", env, every_marker)]
     if single is not None:
-        parts += [(SINGLE_SH_NAME, "sh", single), (SINGLE_ENV_NAME, "env", single)]
-    for name, kind, expected in parts:
+        parts += [(SINGLE_SH_NAME, "sh", single, single_marker), (SINGLE_ENV_NAME, "env", single, single_marker)]
+    for name, kind, expected, expected_marker in parts:
         path = directory / name
         if number is None and not expected and name in (SINGLE_SH_NAME, SINGLE_ENV_NAME) \
                 and not os.path.lexists(path):
@@ -204,16 +219,20 @@ def read_set(out_dir: Path) -> PublishedSet | None:
             text = _read_trusted(path, "published file").decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InputError(str(path), f"not UTF-8 (byte {exc.start})") from exc
-        found, file_generation = parse_lines(text, str(path), kind)
+        found, file_generation, marker = parse_lines(text, str(path), kind)
         if file_generation != generation:
             raise InputError(str(path), f"is of generation {file_generation} but {json_path.name} of generation "
                              f"{generation}: a mixed set", hint="re-run nccltune sweep")
         if found != expected:
             raise InputError(str(path), f"does not hold the variables of {json_path.name}: a mixed or edited set",
                              hint="re-run nccltune sweep")
+        # A set written before the marker has none; one that is there names this very set and file.
+        if marker is not None and marker != expected_marker.value:
+            raise InputError(str(path), f"its {APPLIED_VAR} is not the marker of this set and file: a mixed or "
+                             "edited set", hint="re-run nccltune sweep")
         texts[name] = text
     return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts,
-                        single_node_env=single or {})
+                        single_node_env=single or {}, digest=digest)
 
 
 def _check_own_files(env: Mapping[str, str], directory: Path, number: int | None, where: str) -> None:
