@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO
 
 from nccltune.config import Config, PublishConfig
+from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.delivery.cdi import CDI_VERSION, KIND, SPEC_NAME, check_spec, render_spec
 from nccltune.errors import InputError
 from nccltune.publish import Provenance, Setting, publish_setting, read_set
@@ -68,6 +69,13 @@ def publish_once(cfg: Config, every: dict[str, str] = EVERY) -> None:
     publish_setting(cfg, Setting(every, prov(), SINGLE, "<system version=\"1\"/>\n"))
 
 
+def marker(cfg: Config, name: str) -> dict[str, str]:
+    """The marker line of a published file, as a variable: what a device must carry with that part."""
+    [line] = [line for line in (cfg.publish_dir / name).read_text().splitlines() if line.startswith(APPLIED_VAR)]
+    key, _, value = line.partition("=")
+    return {key: value}
+
+
 def spec_of(cfg: Config) -> dict[str, Any]:
     assert cfg.cdi_dir is not None
     doc: dict[str, Any] = json.loads((cfg.cdi_dir / SPEC_NAME).read_text())
@@ -93,8 +101,9 @@ def test_a_runtime_gives_each_device_its_env_and_the_generation_read_only(cfg: C
     gen = cfg.publish_dir / "generations" / "1"
     doc = cdi_read(cdi_check, cfg.cdi_dir, "every-job", "single-node", "files", env={"PATH": "/usr/bin"})
     injected = doc["injected"]
-    assert injected[f"{KIND}=every-job"]["env"] == {"PATH": "/usr/bin", **got.env}
-    assert injected[f"{KIND}=single-node"]["env"] == {"PATH": "/usr/bin", **got.env, **got.single_node_env}
+    assert injected[f"{KIND}=every-job"]["env"] == {"PATH": "/usr/bin", **got.env, **marker(cfg, "nccl.env")}
+    assert injected[f"{KIND}=single-node"]["env"] == {"PATH": "/usr/bin", **got.env, **got.single_node_env,
+                                                       **marker(cfg, "nccl-single-node.env")}
     assert injected[f"{KIND}=files"]["env"] == {"PATH": "/usr/bin", "NCCLTUNE_ENV_FILE": str(gen / "nccl.sh")}
     for result in injected.values():
         assert result["mounts"] == [{"source": str(gen), "destination": str(gen), "type": "bind",
@@ -137,11 +146,13 @@ def test_a_pod_through_the_files_device_and_the_wrapper_follows_the_precedence_r
         out = subprocess.run([shell, str(WRAPPER), "--standalone", "train.py"], env=env, capture_output=True,
                              timeout=60, check=True).stdout
         pairs = (item.decode().partition("=") for item in out.split(b"\0") if item)
-        return {n: v for n, _, v in pairs if n.startswith(("NCCL_", "TORCH_NCCL_"))}
+        return {n: v for n, _, v in pairs if n.startswith(("NCCL_", "TORCH_NCCL_")) or n == APPLIED_VAR}
 
     ran = job()
     assert ran["NCCL_IB_HCA"] == "^mlx5_9"
     assert ran["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and ran["NCCL_MIN_NCHANNELS"] == "32"
+    # The marker names what the wrapper added, not the pod's own value.
+    assert ran[APPLIED_VAR] == f"{got.set_id}:NCCL_TOPO_FILE,TORCH_NCCL_ASYNC_ERROR_HANDLING,NCCL_MIN_NCHANNELS"
     assert job(NCCLTUNE_DISABLE="1") == {"NCCL_IB_HCA": "^mlx5_9"}
 
 
@@ -155,8 +166,11 @@ def test_the_devices_carry_each_scope_and_mount_the_generation_read_only(cfg: Co
     def env(name: str) -> dict[str, str]:
         return dict(entry.split("=", 1) for entry in devices[name]["env"])
 
-    assert env("every-job") == got.env
-    assert env("single-node") == {**got.env, **got.single_node_env}
+    assert env("every-job") == {**got.env, **marker(cfg, "nccl.env")}
+    assert env("single-node") == {**got.env, **got.single_node_env, **marker(cfg, "nccl-single-node.env")}
+    # The marker names the set and every variable the device sets, as the published files do.
+    assert env("single-node")[APPLIED_VAR] == (f"{got.set_id}:NCCL_IB_HCA,NCCL_TOPO_FILE,"
+                                               "TORCH_NCCL_ASYNC_ERROR_HANDLING,NCCL_MIN_NCHANNELS")
     assert env("files") == {"NCCLTUNE_ENV_FILE": str(gen / "nccl.sh")}
     for edits in devices.values():
         assert edits["mounts"] == [{"hostPath": str(gen), "containerPath": str(gen), "type": "bind",
@@ -172,6 +186,8 @@ def test_the_next_publish_replaces_the_spec_atomically(cfg: Config) -> None:
     assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"].endswith("/generations/2")
     every = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
     assert every["NCCL_IB_HCA"] == "^mlx5_3"
+    got = read_set(cfg.publish_dir)
+    assert got is not None and every[APPLIED_VAR].startswith(f"{got.set_id}:") and got.generation == 2
     assert cfg.cdi_dir is not None
     assert os.listdir(cfg.cdi_dir) == [SPEC_NAME]  # no temporary file left beside it
 

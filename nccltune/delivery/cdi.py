@@ -16,6 +16,10 @@ moment), with three devices of kind ``nccltune.io/tuning``:
                    an entrypoint that starts through ``nccltune-torchrun`` (which applies the
                    precedence rule: the pod's own values kept, ``NCCLTUNE_DISABLE`` honoured)
 
+Both carry the marker of what they apply (``NCCLTUNE_APPLIED``, delivery.applied), naming the
+set and every variable of the device's env, as the published files do, so that a sweep run in such
+a pod sweeps them instead of taking them for the pod's pins.
+
 A runtime applies a device's env over the container's own (the CDI library's
 ``AddMultipleProcessEnv`` replaces a variable of the same name), so the ``every-job`` and
 ``single-node`` devices cannot keep a value the pod spec sets itself: a pod that sets its own NCCL
@@ -37,6 +41,7 @@ from typing import Any
 from ..errors import InputError
 from ..files.atomicfile import atomic_write
 from ..files.trust import ensure_dir
+from .applied import APPLIED_VAR
 
 # The least version whose features the spec uses (a mount's `type`, 0.4.0): a runtime built with an
 # older CDI library refuses a version it does not know (Debian 12's library knows 0.3.0 to 0.5.0),
@@ -64,14 +69,22 @@ def _env_list(env: Mapping[str, str]) -> list[str]:
     return [f"{name}={value}" for name, value in sorted(env.items())]
 
 
-def render_spec(generation_dir: Path, every_job: Mapping[str, str], single_node: Mapping[str, str]) -> dict[str, Any]:
-    """The CDI spec of one published generation (see the module docstring)."""
+def render_spec(generation_dir: Path, every_job: Mapping[str, str], single_node: Mapping[str, str],
+                set_id: str | None = None) -> dict[str, Any]:
+    """The CDI spec of one published generation (see the module docstring); `set_id` names the
+    set in the devices' marker (None: no marker)."""
     directory = str(generation_dir)
     mount = {"hostPath": directory, "containerPath": directory, "type": "bind", "options": list(MOUNT_OPTIONS)}
+    every = dict(sorted(every_job.items()))
+    both = {**every, **dict(sorted(single_node.items()))}
+    marks: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    if set_id is not None:
+        marks = ({APPLIED_VAR: f"{set_id}:{','.join(every)}"}, {APPLIED_VAR: f"{set_id}:{','.join(both)}"})
     devices = [
-        {"name": EVERY_JOB_DEVICE, "containerEdits": {"env": _env_list(every_job), "mounts": [dict(mount)]}},
+        {"name": EVERY_JOB_DEVICE,
+         "containerEdits": {"env": _env_list({**every, **marks[0]}), "mounts": [dict(mount)]}},
         {"name": SINGLE_NODE_DEVICE,
-         "containerEdits": {"env": _env_list({**every_job, **single_node}), "mounts": [dict(mount)]}},
+         "containerEdits": {"env": _env_list({**both, **marks[1]}), "mounts": [dict(mount)]}},
         {"name": FILES_DEVICE,
          "containerEdits": {"env": _env_list({ENV_FILE_VAR: str(generation_dir / "nccl.sh")}),
                             "mounts": [dict(mount)]}},
@@ -120,14 +133,15 @@ def prepare_dir(cdi_dir: Path) -> None:
 
 
 def write_spec(cdi_dir: Path, generation_dir: Path, every_job: Mapping[str, str],
-               single_node: Mapping[str, str]) -> Path:
-    """Write (atomically replace) ``<cdi_dir>/nccltune.io-tuning.json`` for a generation.
+               single_node: Mapping[str, str], set_id: str | None = None) -> Path:
+    """Write (atomically replace) ``<cdi_dir>/nccltune.io-tuning.json`` for a generation, the set
+    named `set_id` in the marker.
 
     Raises:
         InputError: the spec breaks a CDI rule (exit 78).
         PublishError: the OS refused the write (exit 1).
     """
-    spec = render_spec(generation_dir, every_job, single_node)
+    spec = render_spec(generation_dir, every_job, single_node, set_id)
     check_spec(spec)
     target = Path(cdi_dir) / SPEC_NAME
     prepare_dir(cdi_dir)

@@ -76,5 +76,5 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
     if cfg.cdi_dir is not None:
         # The same generation for Kubernetes pods (nccltune.delivery.cdi), after the switch like the copies above.
         write_spec(cfg.cdi_dir, Path(cfg.publish_dir) / GENERATIONS_DIR / str(published.generation),
-                   published.env, published.single_node_env)
+                   published.env, published.single_node_env, published.set_id)
     return published
