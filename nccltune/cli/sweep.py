@@ -119,6 +119,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_sweep_join(args: argparse.Namespace) -> int:
     """`nccltune sweep --join HOST:PORT`: this node runs the coordinator's trials until it stops."""
+    from ..delivery.jobenv import from_published
     from ..trials.launch import parse_endpoint
     from ..trials.launch.torchrun import join
     from ..trials.runner import find_worker_python
@@ -134,7 +135,10 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
     # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
     # there as root, so none of it may be another user's, nor reached through her link.
     work_dir = ensure_dir(ensure_dir(Path(cfg.state_dir), "state directory") / "join", "join directory")
-    trials = join(endpoint, python=python, base_env=dict(os.environ), work_dir=work_dir, user=cfg.bench.user,
+    # Its trials start from its own environment as the job set it: what this node's published set
+    # put there is no more the job's here than on the coordinator (delivery.jobenv.from_published).
+    own = from_published(os.environ, cfg.publish_dir).own(os.environ)
+    trials = join(endpoint, python=python, base_env=own, work_dir=work_dir, user=cfg.bench.user,
                   max_ranks=_joiner_ranks(cfg, bool(args.demo)), key_file=cfg.multinode.key_file)
     out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
     return EXIT_OK

@@ -26,12 +26,19 @@ Standard library only.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..errors import NccltuneError
+from ..logsetup import escaped
 from ..nccl.site import ConfSetting, SiteTuner
-from .applied import APPLIED_VAR, merged
+from ..publish import read_set
+from .applied import APPLIED_VAR, Applied, merged
+
+log = logging.getLogger(__name__)
 
 DISABLE_VAR = "NCCLTUNE_DISABLE"
 
@@ -118,3 +125,77 @@ def site_comment(site: Mapping[str, ConfSetting], tuner: SiteTuner | None) -> st
     if tuner is not None:
         lines.append(f"# kept from the site: the tuner {tuner.value} ({tuner.source})")
     return "".join(line.replace("\n", " ") + "\n" for line in lines)
+
+
+# What a sweep says when it takes none of a marker.
+_ALL_OWN = "every NCCL variable of the environment is the job's own (a pin)"
+
+
+@dataclass(frozen=True)
+class FromPublished:
+    """What of a calling environment came from nccltune's published set (``from_published``).
+
+    values: name -> value of the variables a launch set from the set, still as published: never
+    a pin, swept as if the job had not set them. generation: the set they came from (None: no
+    marker was taken). notes: why a marker, or a name it gives, was not taken (also logged)."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    generation: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def own(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """`environ` as the job itself set it: without the published values and the marker."""
+        return {name: value for name, value in environ.items() if name not in self.values and name != APPLIED_VAR}
+
+
+def from_published(environ: Mapping[str, str], publish_dir: Path) -> FromPublished:
+    """Which variables of `environ` (a sweep's calling environment) a launch form set from the set
+    published in `publish_dir`: those the marker NCCLTUNE_APPLIED names (delivery.applied) whose
+    value is still the one that set holds. The marker only ever removes pins: it is taken only
+    when it names the set read back from `publish_dir` now (``read_set``: generation and digest),
+    a name it gives counts only with the published value (a job that set its own value after the
+    launch keeps it as a pin), and a name the set does not hold is ignored; whatever is not taken
+    is said in a log line and in ``notes``. Never raises: an unreadable set takes nothing."""
+    text = environ.get(APPLIED_VAR)
+    if text is None:
+        return FromPublished()
+    marker = Applied.parse(text)
+    if marker is None:
+        return _ignored(f"{APPLIED_VAR}={escaped(text, 120)} is not a marker nccltune writes: ignored, {_ALL_OWN}")
+    named = f"{APPLIED_VAR} names the published set of generation {marker.generation} ({marker.digest})"
+    try:
+        got = read_set(publish_dir)
+    except NccltuneError as exc:
+        return _ignored(f"{named}, but the set in {publish_dir} cannot be read ({escaped(exc, 300)}): ignored, "
+                        f"{_ALL_OWN}")
+    if got is None:
+        return _ignored(f"{named}, but nothing is published in {publish_dir}: ignored, {_ALL_OWN}")
+    if got.set_id != marker.set_id:
+        return _ignored(f"{named}, but the set published in {publish_dir} is generation {got.generation} "
+                        f"({got.digest}): ignored, {_ALL_OWN}")
+    published = {**got.env, **got.single_node_env}
+    values: dict[str, str] = {}
+    foreign: list[str] = []
+    changed: list[str] = []
+    for name in dict.fromkeys(marker.names):
+        if name not in published:
+            foreign.append(name)
+        elif name in environ and environ[name] == published[name]:
+            values[name] = environ[name]
+        elif name in environ:
+            changed.append(name)
+    notes = []
+    if foreign:
+        notes.append(f"{APPLIED_VAR} names {', '.join(foreign)}, which the published set of generation "
+                     f"{got.generation} does not hold: ignored")
+    if changed:
+        notes.append(f"{', '.join(changed)}: set by the job to another value than published after the launch "
+                     "that applied it: the job's own (a pin)")
+    for note in notes:
+        log.info("%s", note)
+    return FromPublished(values, got.generation, tuple(notes))
+
+
+def _ignored(note: str) -> FromPublished:
+    log.warning("%s", note)
+    return FromPublished(notes=(note,))

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import collectives as coll
 from ..config import Config, profile_collectives
+from ..delivery.jobenv import FromPublished
 from ..errors import InputError, NccltuneError
 from ..names import unpublishable
 from ..nccl.site import conf_settings
@@ -64,10 +65,11 @@ def check_profile(cfg: Config) -> None:
 
 
 def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape | None = None, *,
-              nccl_version: str | None = None) -> Plan:
-    """The plan for this node, with the variables pinned by `env` (the calling environment) and
-    the config, less the ones sweep.unpin frees; `shape` (several nodes, NIC loopback) decides
-    which network variables can matter. `nccl_version`: the NCCL the trials will load, where
+              nccl_version: str | None = None, published: FromPublished | None = None) -> Plan:
+    """The plan for this node, with the variables pinned by `env` (the job's own environment:
+    the calling one less what `published` says nccltune's published set put there, which is never a
+    pin) and the config, less the ones sweep.unpin frees; `shape` (several nodes, NIC loopback)
+    decides which network variables can matter. `nccl_version`: the NCCL the trials will load, where
     known before them (None: unknown; the per-size candidates then use only what is safe either way)."""
     check_config_variables(cfg)
     policy = {POLICY_VAR: str(cfg.sweep.async_error_handling)}
@@ -89,7 +91,11 @@ def make_plan(cfg: Config, node: Node, env: Mapping[str, str], shape: JobShape |
         site_pins={n: (c.value, str(c.path)) for n, c in conf_settings(env).items()},
         variables=cfg.sweep.variables, exclude=cfg.sweep.exclude, policy=policy,
         sizes=size_ladder(cfg, node.demo), backend=node.backend, nranks=node.nranks, shape=shape,
+        published=published.values if published is not None else None,
     )
+    if published is not None:
+        plan.published_generation = published.generation if plan.from_published else None
+        plan.notes.extend(published.notes)
     # Over several nodes the table is measured for that job shape (its entries for a communicator of
     # those nodes); NIC loopback is a shape no job has.
     inactive = ("the tuner table is measured for a node's own ranks or a job over several nodes; NIC loopback is "

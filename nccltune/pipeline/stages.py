@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config
+from ..delivery.jobenv import FromPublished, from_published
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
@@ -138,12 +139,24 @@ class SweepPipeline:
         self.progress = progress
         self.abort_check = abort_check
         self.env = dict(os.environ if env is None else env)
+        self._published: FromPublished | None = None
         self._node = node
         self._probed: dict[str, str | None] = {}  # worker interpreter -> the NCCL version it loads
 
     @property
     def profile(self) -> str:
         return self.cfg.sweep.profile
+
+    def published_in_env(self) -> FromPublished:
+        """What of the calling environment nccltune's published set put there, by the marker a
+        launch form left (delivery.jobenv.from_published): never a pin. Read once per sweep."""
+        if self._published is None:
+            self._published = from_published(self.env, self.cfg.publish_dir)
+        return self._published
+
+    def own_env(self) -> dict[str, str]:
+        """The calling environment as the job set it: what the plan pins and the trials start from."""
+        return self.published_in_env().own(self.env)
 
     @property
     def spans_nodes(self) -> bool:
@@ -191,7 +204,8 @@ class SweepPipeline:
             nccl_version = self._plan_nccl_version()
         except UnavailableError:
             nccl_version = None  # no worker interpreter yet: the plan can still be shown
-        plan = make_plan(self.cfg, self.node(), self.env, self.job_shape(), nccl_version=nccl_version)
+        plan = make_plan(self.cfg, self.node(), self.own_env(), self.job_shape(), nccl_version=nccl_version,
+                         published=self.published_in_env())
         search = Search(plan, settings(self.cfg, plan), lambda e, p, lbl: None,
                         common=carried(plan), weights=self.workload(plan).weights)
         return plan, search
@@ -211,7 +225,8 @@ class SweepPipeline:
         started = time.monotonic()
         node = self.node()
         require_idle(node, self.cfg.sweep.force)
-        plan = make_plan(self.cfg, node, self.env, self.job_shape(), nccl_version=self._plan_nccl_version())
+        plan = make_plan(self.cfg, node, self.own_env(), self.job_shape(), nccl_version=self._plan_nccl_version(),
+                         published=self.published_in_env())
         state = Path(self.cfg.state_dir)
         try:
             ensure_dir(state, "state directory")
@@ -357,7 +372,7 @@ class _Sweep:
             self.xml_text = render_xml(self.node.topo.system)
             atomic_write(self.trial_xml, self.xml_text)
             runner = Runner(python=self.engine.python, backend=self.node.backend, nranks=self.node.nranks,
-                            base_env=fixed_part(self.pipe.env, self.cfg.sweep.pin, self.cfg.sweep.unpin),
+                            base_env=fixed_part(self.pipe.own_env(), self.cfg.sweep.pin, self.cfg.sweep.unpin),
                             topology_file=self.trial_xml, work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
                             nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,

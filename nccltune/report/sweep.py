@@ -141,6 +141,8 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         "measure": {} if unmeasured else plan.variables,
         "pruned": pruned_list(plan),
         "pinned": {n: {"value": p.value, "source": p.source, "warning": p.warning} for n, p in plan.pinned.items()},
+        "from_published": ({"generation": plan.published_generation, "env": dict(plan.from_published)}
+                           if plan.from_published else None),
         "policy": plan.policy,
         "notes": plan.notes,
         "per_size": per_size_plan_doc(plan),
@@ -179,6 +181,11 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         for name, p in plan.pinned.items():
             warn = f"  WARNING: {shown(p.warning)}" if p.warning else ""
             lines.append(f"  {name}={shown(p.value)} (from the {p.source}){warn}")
+    if plan.from_published:
+        lines.append("")
+        lines.append(f"Not pinned: set in the environment from nccltune's published set (generation "
+                     f"{plan.published_generation}) by the launch that started this sweep, so swept as if unset:")
+        lines.extend(f"  {name}={shown(value)}" for name, value in plan.from_published.items())
     if plan.policy:
         lines.append("")
         lines.append("Published by policy, not swept:")

@@ -149,6 +149,11 @@ class Plan:
     default_p2p_level: str = "PXB"
     shape: JobShape = field(default_factory=JobShape)
     per_size: PerSizePlan | None = None
+    # What would have been pinned from the environment had nccltune's published set not put it there
+    # (a launch's marker of what it applied, checked against the set: delivery.jobenv.from_published):
+    # swept as if unset; the set's generation.
+    from_published: dict[str, str] = field(default_factory=dict)
+    published_generation: int | None = None
 
     def screening_count(self) -> int:
         return sum(len(v) for v in self.variables.values())
@@ -206,8 +211,13 @@ def build_plan(
     nranks: int,
     shape: JobShape | None = None,
     site_pins: Mapping[str, tuple[str, str]] | None = None,
+    published: Mapping[str, str] | None = None,
 ) -> Plan:
     """Build the plan. Values must already be validated (see sweep.space).
+
+    `env` is the job's own environment: what nccltune's published set put into the calling one is
+    left out (delivery.jobenv.from_published), and `published` names it; those of its variables
+    that would have been pins are listed as the plan's `from_published`.
 
     `site_pins`: name -> (value, where) of what NCCL's conf files give the jobs (nccl.site): pinned
     exactly like the environment, which wins over them as in NCCL; NCCL_TOPO_FILE among them too (a
@@ -219,13 +229,9 @@ def build_plan(
     pruned: list[Pruned] = []
     pinned: dict[str, Pinned] = {}
     for name, value in env.items():
-        if name.startswith(TUNED_NAME_STARTS) and name not in unpin:
-            if name in MANAGED or name in OWN_TUNER_VARS or (name == "NCCL_TUNER_PLUGIN" and is_own_tuner(value)):
-                continue
-            tun = CATALOGUE.get(name)
-            warning = tun.validate(value) if tun else (
-                "not a setting nccltune knows; passed to every trial unchanged")
-            pinned[name] = Pinned(name, value, "environment", warning)
+        pin = _environment_pin(name, value, unpin)
+        if pin is not None:
+            pinned[name] = pin
     for name, (value, where) in (site_pins or {}).items():
         if not name.startswith(TUNED_NAME_STARTS) or name in unpin or name in pinned or name in OWN_TUNER_VARS:
             continue
@@ -242,6 +248,8 @@ def build_plan(
     plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
                 backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo),
                 shape=shape or JobShape())
+    plan.from_published = {name: value for name, value in (published or {}).items()
+                           if name not in pinned and _environment_pin(name, value, unpin) is not None}
     if backend == "gloo":
         plan.notes.append("CPU demo: the gloo backend ignores NCCL variables, so every candidate measures "
                           "the same thing; the plan is the one this topology would get on its GPUs.")
@@ -291,6 +299,18 @@ def build_plan(
     if "NCCL_MIN_NCHANNELS" in plan.variables or "NCCL_MAX_NCHANNELS" in plan.variables:
         plan.notes.append(CHANNEL_NOTE)
     return plan
+
+
+def _environment_pin(name: str, value: str, unpin: Sequence[str]) -> Pinned | None:
+    """The pin a variable of the job's environment is, or None: not NCCL's or torch's, freed by
+    sweep.unpin, or one nccltune manages (its topology file, its own tuner and table)."""
+    if not name.startswith(TUNED_NAME_STARTS) or name in unpin:
+        return None
+    if name in MANAGED or name in OWN_TUNER_VARS or (name == "NCCL_TUNER_PLUGIN" and is_own_tuner(value)):
+        return None
+    tun = CATALOGUE.get(name)
+    warning = tun.validate(value) if tun else "not a setting nccltune knows; passed to every trial unchanged"
+    return Pinned(name, value, "environment", warning)
 
 
 def plan_per_size(plan: Plan, topo: Topology, paths: PathMatrix, *, inactive_reason: str | None,
