@@ -9,6 +9,7 @@ the marker NCCLTUNE_APPLIED of what it applied included.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,7 +21,9 @@ import pytest
 from conftest import REPO
 
 from nccltune.delivery.applied import APPLIED_VAR
+from nccltune.delivery.cdi import render_spec
 from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
+from nccltune.fleet.schema import validate
 from nccltune.publish import Provenance, job_env, publish, read_set
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"
@@ -344,3 +347,93 @@ def test_a_launch_inside_another_adds_what_it_applies_to_the_marker(
 def test_a_form_that_applies_nothing_leaves_the_jobs_marker_as_it_is(state: Path, tmp_path: Path, form: str) -> None:
     everything = {**EVERY, **SINGLE, "NCCL_TOPO_FILE": "/own.xml", APPLIED_VAR: "not a marker"}
     assert through(form, state, tmp_path, everything, 1) == everything
+
+
+# -- a sweep started from a job that got the set: what nccltune published is never a pin ---------
+
+STATIC_FORMS = ["systemd-environment-file", "sourced-nccl.sh", "cdi-every-job", "cdi-single-node"]
+
+
+def static_form(form: str, state: Path, job: dict[str, str]) -> dict[str, str]:
+    """What the forms that never see the job's environment give it: the files or a CDI device's env
+    applied over the job's own (a later EnvironmentFile= of the service's own is not modelled)."""
+    got = read_set(state)
+    assert got is not None
+    if form.startswith("cdi-"):
+        spec = render_spec(got.directory, got.env, got.single_node_env, got.set_id)
+        [device] = [d for d in spec["devices"] if d["name"] == form.removeprefix("cdi-")]
+        return nccl_part({**job, **dict(e.split("=", 1) for e in device["containerEdits"]["env"])})
+    if form == "sourced-nccl.sh":
+        return env_of("sh", f'. "{state / "nccl.sh"}"; . "{state / "nccl-single-node.sh"}"', base_env(**job))
+    # systemd's EnvironmentFile=: NAME=value lines, comments skipped; a later file overrides an earlier one.
+    env = dict(job)
+    for name in ("nccl.env", "nccl-single-node.env"):
+        for line in (state / name).read_text().splitlines():
+            if line and not line.startswith(("#", ";")):
+                key, _, value = line.partition("=")
+                env[key] = value
+    return nccl_part(env)
+
+
+def planned(state: Path, job: dict[str, str]) -> dict[str, object]:
+    """`nccltune sweep --plan --json --demo` in the environment `job` (the NCCL part of a job's)."""
+    proc = nccltune("sweep", "--plan", "--json", "--demo", "--state-dir", str(state), env=base_env(**job))
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, object] = json.loads(proc.stdout)
+    validate(doc, json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
+    return doc
+
+
+def would_pin(env: dict[str, str]) -> dict[str, str]:
+    """Of a published part, what the plan would take from the environment as pins (nccltune's own
+    topology file never)."""
+    return {k: v for k, v in env.items() if k.startswith(("NCCL_", "TORCH_NCCL_")) and k != "NCCL_TOPO_FILE"}
+
+
+@requires_root
+@pytest.mark.parametrize("form", FORMS + STATIC_FORMS)
+def test_a_sweep_from_a_job_that_got_the_set_pins_none_of_it(state: Path, tmp_path: Path, form: str) -> None:
+    ran = static_form(form, state, {}) if form in STATIC_FORMS else through(form, state, tmp_path, {}, 1)
+    single = form != "cdi-every-job"
+    published = would_pin({**EVERY, **(SINGLE if single else {})})
+    assert {k: ran[k] for k in published} == published
+    doc = planned(state, ran)
+    assert doc["pinned"] == {}
+    assert doc["from_published"] == {"generation": 1, "env": published}
+
+
+@requires_root
+@pytest.mark.parametrize("form", FORMS)
+def test_a_sweep_from_a_job_with_its_own_values_keeps_them_as_pins(state: Path, tmp_path: Path, form: str) -> None:
+    """The job's own values, one that differs from the published and one equal to it, are kept by
+    the launch and stay pins; the rest of the set is swept."""
+    own = {"NCCL_ALGO": "Tree", "NCCL_IB_HCA": "^mlx5_2"}
+    doc = planned(state, through(form, state, tmp_path, own, 1))
+    assert {n: p["value"] for n, p in doc["pinned"].items()} == own  # type: ignore[attr-defined]
+    assert doc["from_published"] == {"generation": 1, "env": would_pin(
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_NVLS_ENABLE": "0", "NCCL_MIN_NCHANNELS": "32"})}
+
+
+@requires_root
+@pytest.mark.parametrize("form", FORMS + STATIC_FORMS)
+def test_a_value_the_job_overrode_after_the_launch_stays_a_pin(state: Path, tmp_path: Path, form: str) -> None:
+    ran = static_form(form, state, {}) if form in STATIC_FORMS else through(form, state, tmp_path, {}, 1)
+    doc = planned(state, {**ran, "NCCL_NVLS_ENABLE": "1"})
+    assert {n: p["value"] for n, p in doc["pinned"].items()} == {"NCCL_NVLS_ENABLE": "1"}  # type: ignore[attr-defined]
+    assert "NCCL_NVLS_ENABLE" not in doc["from_published"]["env"]  # type: ignore[index]
+
+
+@requires_root
+def test_a_forged_or_stale_marker_makes_every_value_a_pin_and_says_why(state: Path, tmp_path: Path) -> None:
+    ran = through("prolog", state, tmp_path, {}, 1)
+    got = read_set(state)
+    assert got is not None
+    for marker in (f"{got.generation}:{'0' * 16}:{ran[APPLIED_VAR].rsplit(':', 1)[1]}",
+                   f"{got.generation + 1}:{got.digest}:NCCL_IB_HCA"):
+        proc = nccltune("sweep", "--plan", "--json", "--demo", "--state-dir", str(state),
+                        env=base_env(**{**ran, APPLIED_VAR: marker}))
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert set(doc["pinned"]) == set(would_pin(ran)) and doc["from_published"] is None
+        assert "WARNING" in proc.stderr and f"the set published in {state} is generation 1" in proc.stderr
+        assert any("ignored" in note for note in doc["notes"])
