@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,6 +188,61 @@ def test_prolog_warnings_reach_the_jobs_output(slurm: Slurm, published: Path) ->
     assert got.returncode == 0, got.stderr
     assert f"nccltune-task-prolog: not using {published}: the file is group-writable" in got.stdout
     assert [t[3:] for t in task_lines(got.stdout)] == [["-", "-"]]
+
+
+# -- a sweep in a job that got the published set through the TaskProlog ----------------------------
+
+EVERY = {"NCCL_IB_HCA": "^mlx5_2", "NCCL_NVLS_ENABLE": "0"}
+SINGLE = {"NCCL_ALGO": "Ring"}
+
+
+@pytest.fixture
+def published_set(slurm: Slurm) -> Iterator[Path]:
+    """A real published set (generations, links, the marker line) where the cluster's TaskProlog
+    reads nccl.env; everything of it removed after."""
+    from nccltune.publish import Provenance, publish
+
+    publish(slurm.published, EVERY, Provenance("0", "now", "f", None, "nccl", False, None), single_node_env=SINGLE)
+    yield slurm.published
+    for entry in slurm.published.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def plan_in_job(slurm: Slurm, state: Path, *argv: str) -> dict[str, object]:
+    got = slurm.run(*argv, sys.executable, "-m", "nccltune", "sweep", "--plan", "--json", "--demo", str(SNAPSHOT),
+                    "--state-dir", str(state))
+    assert got.returncode == 0, got.stderr
+    doc: dict[str, object] = json.loads(got.stdout)
+    return doc
+
+
+def test_a_sweep_in_a_job_pins_nothing_the_task_prolog_gave_it(slurm: Slurm, published_set: Path) -> None:
+    doc = plan_in_job(slurm, published_set, "srun", "-N1", "-n1")
+    assert doc["pinned"] == {}
+    assert doc["from_published"] == {"generation": 1, "env": {**EVERY, **SINGLE}}
+
+
+def test_a_value_the_batch_script_sets_stays_a_pin_in_its_steps(slurm: Slurm, published_set: Path,
+                                                                 tmp_path: Path) -> None:
+    """The batch step gets the set from the prolog; the script then sets NCCL_IB_HCA itself, and a
+    step's prolog keeps it (and the marker the batch step got): the step's sweep pins that one only."""
+    script = tmp_path / "job.sh"
+    argv = [sys.executable, "-m", "nccltune", "sweep", "--plan", "--json", "--demo", str(SNAPSHOT),
+            "--state-dir", str(published_set)]
+    script.write_text("#!/bin/sh\nexport NCCL_IB_HCA=mlx5_0\nexec srun -N1 -n1 " + " ".join(argv) + "\n")
+    got = slurm.run("sbatch", "--wait", "-N1", f"--chdir={tmp_path}", f"--output={tmp_path / 'out'}",
+                    f"--error={tmp_path / 'err'}", script)
+    assert got.returncode == 0, (got.stderr, (tmp_path / "err").read_text())
+    out = (tmp_path / "out").read_text()
+    # The step's prolog says what it keeps in a print line, which Slurm writes before the task's output.
+    said, _, document = out.partition("\n{")
+    assert said == "nccltune-task-prolog: NCCL_IB_HCA=mlx5_0 set by the job is kept (published: ^mlx5_2)"
+    doc = json.loads("{" + document)
+    assert {n: p["value"] for n, p in doc["pinned"].items()} == {"NCCL_IB_HCA": "mlx5_0"}
+    assert doc["from_published"] == {"generation": 1, "env": {"NCCL_NVLS_ENABLE": "0", **SINGLE}}
 
 
 # -- sweeps through srun --------------------------------------------------------------------------
