@@ -1,6 +1,8 @@
 """The file formats of a published set: nccl.sh (``export NAME='value'``), nccl.env
 (``NAME=value``), their single-node twins, nccl.json (both parts, labelled, with the provenance),
-the header every file carries, and the files of a generation as bytes (``render_set``).
+the header every file carries, the marker of what a file sets that ends the sh and env files
+(``NCCLTUNE_APPLIED``, delivery.applied: the set named by its generation and the digest of its
+nccl.json), and the files of a generation as bytes (``render_set``).
 
 Values pass the value policy (policy.py) before they are rendered, so the same bytes mean the same
 thing unquoted in a shell, systemd, docker --env-file and NCCL's conf parser.
@@ -209,7 +211,8 @@ def markers(generation: int, digest: str, every_job: Mapping[str, str],
 def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
     """Every file of generation ``generation`` as it will lie in ``directory``, and the every-job
     variables as published: NCCL_TOPO_FILE names the generation's own topology file, the tuner's
-    variables its own plugin and table.
+    variables its own plugin and table. nccl.json is rendered first: the other files' marker names
+    the set by its digest.
 
     Raises:
         InputError: see validate_env; a published file larger than readers accept (exit 78).

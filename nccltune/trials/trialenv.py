@@ -3,8 +3,10 @@
 A trial's environment has two parts:
 
 - the fixed part, what every trial of a run starts from: on the node that runs the sweep, the
-  calling environment with the config's pins, without sweep.unpin's variables and without what an
-  earlier publish put there (``fixed_part``); on a joining node, its own environment;
+  calling environment as the job set it (without what a launch applied of the published set:
+  delivery.jobenv.from_published) with the config's pins, without sweep.unpin's variables and
+  without what an earlier publish put there (``fixed_part``); on a joining node, its own
+  environment as its job set it;
 - the candidate, the variables one trial tries. The search, the per-size stage and verify only
   compose candidates: every candidate but NCCL's defaults carries the policy values and, unless
   the site pins a topology file, nccltune's own as the marker publish.OWN_TOPOLOGY (``carried``).
@@ -43,7 +45,8 @@ from .nccllog import debug_env
 
 
 def fixed_part(calling: Mapping[str, str], pins: Mapping[str, str], unpin: Iterable[str]) -> dict[str, str]:
-    """What every trial of a sweep starts from: ``calling`` with the config's ``pins`` set and the
+    """What every trial of a sweep starts from: ``calling`` (the calling environment as the job set
+    it, delivery.jobenv's ``FromPublished.own``) with the config's ``pins`` set and the
     ``unpin`` variables removed, and without what an earlier publish put there (its NCCL_TOPO_FILE,
     nccltune's own tuner and table), which must not leak into NCCL's defaults. A foreign tuner
     stays: it is the site's default."""
