@@ -40,7 +40,7 @@ from .errors import NccltuneError
 from .files.atomicfile import atomic_write
 from .files.trust import ensure_dir
 from .names import DEFAULTS_LABEL
-from .publish import read_published
+from .publish import read_set
 from .store import RunKind, RunRecord, RunStatus, Store
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,19 @@ DAEMON_FILENAME = "nccltune-daemon.prom"
 # What the store's rows measured when they do not say: the sweep and verify run all_reduce.
 DEFAULT_COLLECTIVE = "all_reduce"
 # What a running daemon is doing; `nccltune_daemon_state` has one series per state (1 for the current one).
-DAEMON_STATES = ("starting", "idle", "sweep_pending", "sweeping", "verifying", "degraded", "stopping")
+# "stopped" is the last write of a daemon asked to stop (SIGTERM, a planned `systemctl stop`): its
+# heartbeat ages from then on without the daemon being stalled.
+DAEMON_STATES = ("starting", "idle", "sweep_pending", "sweeping", "verifying", "degraded", "stopping", "stopped")
 SEVERITIES = ("error", "warning", "info")
 # The class profile a daemon watches (profile.path): none there for this node, applied, or refused.
 PROFILE_STATES = ("absent", "in_force", "refused")
 _GBPS = 1e9  # GB/s as the store keeps it, to bytes per second
+# How many of the newest verifies are read to count the failures in a row: a count this high is
+# "at least this many".
+VERIFY_FAILURES_SCAN = 64
+# What stands for the generation directory in the published values when they are digested: the
+# same setting published as generation 3 on one node and 7 on another digests alike.
+GENERATION_TOKEN = "${NCCLTUNE_GENERATION_DIR}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class PublishedInfo:
     demo: bool
     state: str  # what is published: publish.setting.PUBLISHED_STATES ("tuned", "defaults", "safe")
     decision: str  # "node" (this node's own sweep) or "class" (a class profile)
-    env_digest: str  # same published variables <=> same digest, on any node
+    env_digest: str  # same values a job gets (generation directory normalised) <=> same digest, on any node
     # The class profile's identity (the start of its sha256: every node applying the same file
     # has the same); "" for a node-local decision.
     profile_generation: str
@@ -115,6 +123,9 @@ class Snapshot:
     last_sweep_duration_s: float | None = None
     last_sweep_success: bool | None = None
     last_successful_sweep_ts: float | None = None
+    # The latest sweep that published or verify that passed: when the published tuning was last
+    # shown to be current.
+    last_confirmed_ts: float | None = None
     sweeps_total: int = 0
     published: PublishedInfo | None = None
     # (collective, size_bytes, "default"|"published") -> GB/s of the latest ok sweep
@@ -124,6 +135,8 @@ class Snapshot:
     tuned_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
     last_verify_ts: float | None = None
     last_verify_success: bool | None = None
+    # The newest verifies that failed in a row (0 when the latest passed), whatever their cadence.
+    verify_consecutive_failures: int | None = None
     # (collective, size_bytes) -> measured/expected - 1, and the drift verify allowed there (positive)
     verify_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
     verify_allowed_drift_ratio: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -162,28 +175,56 @@ def _latest_finished(store: Store, fingerprint: str, kind: RunKind, statuses: tu
     return max(found, key=lambda r: (r.started_at, r.id), default=None)
 
 
-def env_digest(env: Mapping[str, str]) -> str:
-    """A short digest of a published environment: nodes that publish the same values agree on it."""
-    return hashlib.sha256(json.dumps(dict(sorted(env.items())), separators=(",", ":")).encode()).hexdigest()[:16]
+def env_digest(env: Mapping[str, str], single_node_env: Mapping[str, str] | None = None,
+               generation_dir: Path | None = None) -> str:
+    """A short digest of what a job gets from a published set: nodes that publish the same values
+    agree on it. Both parts count (a single-node job gets the second); the generation directory in
+    a value (NCCL_TOPO_FILE, the tuner's plugin and table name the generation's own copies) is
+    replaced by `GENERATION_TOKEN`, so the generation number and the publish directory do not."""
+    def normal(values: Mapping[str, str]) -> dict[str, str]:
+        if generation_dir is None:
+            return dict(sorted(values.items()))
+        prefix = str(generation_dir).rstrip("/") + "/"
+        return {k: v.replace(prefix, GENERATION_TOKEN + "/") for k, v in sorted(values.items())}
+
+    doc: object = normal(env) if not single_node_env else {"every_job": normal(env),
+                                                           "single_node": normal(single_node_env)}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def verify_failures_in_a_row(store: Store, fingerprint: str) -> int | None:
+    """How many of this node's newest finished verifies failed in a row (0 when the latest passed;
+    None without any); an interrupted verify (a job took the GPUs) neither passes nor fails."""
+    runs = [r for r in store.runs(limit=VERIFY_FAILURES_SCAN, kind="verify")
+            if r.fingerprint == fingerprint and r.finished_at is not None and r.status in ("ok", "failed")]
+    if not runs:
+        return None
+    failed = 0
+    for run in runs:
+        if run.status == "ok":
+            break
+        failed += 1
+    return failed
 
 
 def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> PublishedInfo | None:
     """nccl.json's provenance when it can be read (what launchers get), else the latest ok sweep's."""
     if publish_dir is not None:
         try:
-            got = read_published(publish_dir)
+            got = read_set(publish_dir)
         except NccltuneError as exc:
             log.warning("metrics: the published files cannot be read (%s); using the history", exc)
             got = None
         if got is not None:
-            env, prov = got
+            prov = got.provenance
             generation = prov.get("generation")
             class_profile = prov.get("class_profile")
             digest = class_profile.get("sha256") if isinstance(class_profile, dict) else None
             return PublishedInfo(
                 generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
                 demo=prov.get("demo") is True, state=str(prov.get("state") or "tuned"),
-                decision="class" if class_profile else "node", env_digest=env_digest(env),
+                decision="class" if class_profile else "node",
+                env_digest=env_digest(got.env, got.single_node_env, got.directory),
                 profile_generation=str(digest)[:16] if isinstance(digest, str) else "")
     latest = store.latest_published(fingerprint)
     if latest is None:
@@ -230,6 +271,7 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
     if verify is not None:
         snap.last_verify_ts = _unix(verify.finished_at)
         snap.last_verify_success = verify.status == "ok"
+        snap.verify_consecutive_failures = verify_failures_in_a_row(store, fingerprint)
         for row in (verify.summary or {}).get("rows", []):
             key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
             if row.get("verifiable") is False:
@@ -249,6 +291,10 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         if isinstance(ran, dict):
             snap.verify_nccl_ran_passed = bool(ran.get("passed"))
             snap.verify_nccl_ran_codes = tuple(sorted({str(f.get("code")) for f in ran.get("findings", [])}))
+    passed = _latest_finished(store, fingerprint, "verify", ("ok",))
+    confirmed = [t for t in (snap.last_successful_sweep_ts, _unix(passed.finished_at) if passed else None)
+                 if t is not None]
+    snap.last_confirmed_ts = max(confirmed, default=None)
     snap.published = _published(publish_dir, store, fingerprint)
     if live is not None:
         snap.doctor = live.doctor
@@ -318,6 +364,9 @@ class _SnapshotCollector(Collector):
                        s.last_sweep_success)
         yield from one("nccltune_last_successful_sweep_timestamp_seconds",
                        "end of the latest sweep that published (unix time)", s.last_successful_sweep_ts)
+        yield from one("nccltune_last_confirmed_timestamp_seconds", "end of the latest sweep that published or "
+                       "verify that passed (unix time): when the published tuning was last shown current",
+                       s.last_confirmed_ts)
         p = s.published
         if p is not None:
             yield from one("nccltune_published_generation",
@@ -344,6 +393,8 @@ class _SnapshotCollector(Collector):
         yield from one("nccltune_last_verify_timestamp_seconds", "end of the latest verify (unix time)",
                        s.last_verify_ts)
         yield from one("nccltune_last_verify_success", "1 if the latest verify passed", s.last_verify_success)
+        yield from one("nccltune_verify_consecutive_failures", "the newest verifies that failed in a row (0 when "
+                       "the latest passed)", s.verify_consecutive_failures)
         yield from gauge("nccltune_verify_drift_ratio", "latest verify: measured over expected bus bandwidth, minus 1",
                          per_size(s.verify_drift_ratio))
         yield from gauge("nccltune_verify_allowed_drift_ratio", "latest verify: the drop below expectation it "

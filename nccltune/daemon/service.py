@@ -246,9 +246,13 @@ class Daemon:
                 if self.opts.max_polls is not None and polls >= self.opts.max_polls:
                     log.info("stopping after %d poll(s) as asked", polls)
                     break
+            # Asked to stop (SIGTERM, max_polls): the last write says so, and the heartbeat's age no
+            # longer means a stall. After an error it stays "stopping", as a stall would look.
+            self.status_text = "stopped"
         finally:
             self.notifier.stopping("stopping")
-            self.status_text = "stopping"
+            if self.status_text != "stopped":
+                self.status_text = "stopping"
             self.write_metrics()
             self.close()
         return 0
@@ -599,7 +603,7 @@ class Daemon:
     def _metrics_state(self) -> str:
         """The daemon's state as the metrics name it (metrics.DAEMON_STATES)."""
         text = self.status_text
-        for state in ("starting", "sweeping", "verifying", "stopping", "degraded"):
+        for state in ("starting", "sweeping", "verifying", "stopping", "stopped", "degraded"):
             if text.startswith(state):
                 return state
         return "sweep_pending" if self.state.sweep_pending and not self.state.one_gpu else "idle"
