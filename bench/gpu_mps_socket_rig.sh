@@ -16,7 +16,11 @@
 # Loopback is not a NIC: the numbers say what the knobs do to NCCL's socket transport on this
 # machine, never a node's network; nothing measured here is published on a real node.
 #
-#   OUT=/tmp/x HOSTS=2 REPEATS=3 bash bench/gpu_mps_socket_rig.sh
+# One finalist by default (FINALISTS=N for more): with the topology file alone, which is always a
+# finalist, and the defaults, a round of the final check is 3 trials, so the sweep stays within
+# 25 trials (2 + 6 single values + the topology file + 1 combination + 3 x 5 rounds at most).
+#
+#   OUT=/tmp/x HOSTS=2 REPEATS=3 [FINALISTS=1] bash bench/gpu_mps_socket_rig.sh
 # $OUT receives summary-HOSTSx1.txt, grid-HOSTSx1.json and profile-HOSTSx1.json.
 set -u
 cd "$(dirname "$0")/.."
@@ -41,7 +45,8 @@ echo "rig: $HOSTS NCCL hosts on one GPU; $NOTE; work directory $W"
 step "config: the socket knobs only, all_reduce 1 MiB..1 GiB [$NOTE]"
 $PY -m nccltune keygen "$W/multinode.key" || fail keygen
 CFG=$W/rig.yaml
-$PY - "$CFG" "$W/multinode.key" <<'EOF'
+FINALISTS=${FINALISTS:-1} $PY - "$CFG" "$W/multinode.key" <<'EOF'
+import os
 import sys
 
 import yaml
@@ -51,7 +56,8 @@ from nccltune.sweep.space import CATALOGUE
 
 weights = {"1MiB": 1, "4MiB": 1, "16MiB": 1, "64MiB": 1, "256MiB": 1, "1GiB": 1}
 cfg = {"sweep": {"profile": "rig", "profiles": {"rig": {"all_reduce": weights}},
-                 "baseline_repeats": 2, "finalist_repeats": 3, "max_finalist_repeats": 5, "max_finalists": 2,
+                 "baseline_repeats": 2, "finalist_repeats": 3, "max_finalist_repeats": 5,
+                 "max_finalists": int(os.environ.get("FINALISTS", "1")),
                  "exclude": sorted(n for n, t in CATALOGUE.items() if t.kind == "perf" and n not in SOCKET_KNOBS)},
        "bench": {"min_bytes": "1MiB", "max_bytes": "1GiB", "factor": 4, "warmup_iters": 2, "iters": 5,
                  "trial_timeout_s": 300},
