@@ -18,7 +18,7 @@ from typing import Literal
 
 from .errors import EXIT_CONFIG, NccltuneError
 from .names import DEFAULTS_LABEL
-from .store import RunRecord, Store, TrialRecord
+from .store import RunRecord, Store, SweepSummary, TrialRecord, VerifySummary
 from .sweep.select import SizeStats, size_stats
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,11 @@ def side_trials(run: RunRecord, trials: Sequence[TrialRecord], side: Side) -> li
     if run.kind == "import":
         # One setting, measured in one or both placements: the one the import compares with
         # (out of place where the document has it) is its side.
-        primary = (run.summary or {}).get("placement", "out_of_place")
+        primary = run.import_summary.placement or "out_of_place"
         return [t for t in ok if (t.nccl or {}).get("placement", primary) == primary]
     if run.kind != "sweep":
         return ok  # a verification measures one setting only
-    return setting_trials(ok, "defaults" if side == "defaults" else str((run.summary or {}).get("chosen") or ""))
+    return setting_trials(ok, "defaults" if side == "defaults" else run.sweep_summary.chosen or "")
 
 
 def trial_setting(phase: str, label: str) -> str | None:
@@ -187,9 +187,9 @@ def nothing_comparable(store: Store, c: RunComparison) -> str | None:
 
 def versions(run: RunRecord) -> tuple[str | None, str | None, str | None]:
     """(NCCL, driver, torch) as the run recorded them (the summary where the record has none)."""
-    summary = run.summary or {}
-    nccl = run.nccl_version or summary.get("nccl_version")
-    torch = run.torch_version or summary.get("torch_version")
+    recorded = run.outcome
+    nccl = run.nccl_version or (None if isinstance(recorded, VerifySummary) else recorded.nccl_version)
+    torch = run.torch_version or (recorded.torch_version if isinstance(recorded, SweepSummary) else None)
     return (str(nccl) if nccl else None, run.driver_version, str(torch) if torch else None)
 
 

@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 FILENAME = "nccltune.prom"
 # What only a running daemon knows; written by the daemon alone.
 DAEMON_FILENAME = "nccltune-daemon.prom"
-# What the store's rows measured when they do not say: the sweep and verify run all_reduce.
-DEFAULT_COLLECTIVE = "all_reduce"
 # What a running daemon is doing; `nccltune_daemon_state` has one series per state (1 for the current one).
 # "stopped" is the last write of a daemon asked to stop (SIGTERM, a planned `systemctl stop`): its
 # heartbeat ages from then on without the daemon being stalled.
@@ -231,7 +229,7 @@ def _published(publish_dir: Path | None, store: Store, fingerprint: str) -> Publ
         return None
     run = store.run(latest.run_id)
     # The sweep's own record: a run that chose NCCL's defaults (pipeline/choice.py's label) published them.
-    chosen = run.summary.get("chosen") if run is not None and run.summary else None
+    chosen = run.sweep_summary.chosen if run is not None else None
     state = "defaults" if chosen == DEFAULTS_LABEL else "tuned"
     return PublishedInfo(generation=latest.generation, demo=bool(run and run.demo), state=state, decision="node",
                          env_digest=env_digest(latest.env), profile_generation="")
@@ -258,8 +256,7 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         snap.gpus = gpus if isinstance(gpus, int) else None
     if ok is not None:
         snap.last_successful_sweep_ts = _unix(ok.finished_at)
-        summary = ok.summary or {}
-        snap.nccl_version = summary.get("nccl_version") or ok.nccl_version
+        snap.nccl_version = ok.sweep_summary.nccl_version or ok.nccl_version
         for row in ok.rows:
             key = (row.collective, row.size_bytes)
             snap.busbw_gbps[(row.collective, row.size_bytes, "default")] = row.default_busbw_gbps
@@ -272,23 +269,24 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
         snap.last_verify_ts = _unix(verify.finished_at)
         snap.last_verify_success = verify.status == "ok"
         snap.verify_consecutive_failures = verify_failures_in_a_row(store, fingerprint)
-        for row in (verify.summary or {}).get("rows", []):
-            key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
-            if row.get("verifiable") is False:
+        verified = verify.verify_summary
+        for checked in verified.rows or ():
+            key = (checked.collective, checked.size_bytes)
+            if not checked.verifiable:
                 continue  # verify left it out: its noise allows a drop no measurement can show
-            if row.get("drift_pct") is not None:
-                snap.verify_drift_ratio[key] = round(float(row["drift_pct"]) / 100.0, 6)
-            if row.get("allowed_pct") is not None:
-                snap.verify_allowed_drift_ratio[key] = round(float(row["allowed_pct"]) / 100.0, 6)
-        if (verify.summary or {}).get("reference") == "class":
+            if checked.drift_pct is not None:
+                snap.verify_drift_ratio[key] = round(checked.drift_pct / 100.0, 6)
+            if checked.allowed_pct is not None:
+                snap.verify_allowed_drift_ratio[key] = round(checked.allowed_pct / 100.0, 6)
+        if verified.reference == "class":
             # The rows compared with the class carry its median as their expectation.
-            for row in (verify.summary or {}).get("rows", []):
-                if row.get("measured_gbps") is not None and row.get("expected_gbps"):
-                    key = (str(row.get("collective", DEFAULT_COLLECTIVE)), int(row["size_bytes"]))
-                    snap.class_ratio[key] = round(float(row["measured_gbps"]) / float(row["expected_gbps"]), 6)
-            snap.class_outlier = (verify.summary or {}).get("code") == "below_class"
-        ran = (verify.summary or {}).get("nccl_ran")
-        if isinstance(ran, dict):
+            for checked in verified.rows or ():
+                if checked.measured_gbps is not None and checked.expected_gbps:
+                    snap.class_ratio[(checked.collective, checked.size_bytes)] = round(
+                        checked.measured_gbps / checked.expected_gbps, 6)
+            snap.class_outlier = verified.code == "below_class"
+        ran = verified.nccl_ran
+        if ran is not None:
             snap.verify_nccl_ran_passed = bool(ran.get("passed"))
             snap.verify_nccl_ran_codes = tuple(sorted({str(f.get("code")) for f in ran.get("findings", [])}))
     passed = _latest_finished(store, fingerprint, "verify", ("ok",))

@@ -411,13 +411,13 @@ def class_findings(store: Store, fingerprint: str) -> list[Finding]:
     """A class profile is in force and the latest verify of this topology found the node below its
     class beyond noise (the verify's rule: nccltune.fleet.outlier.judge_node)."""
     run = store.latest_run(fingerprint, kind="verify", status=None)
-    summary = (run.summary or {}) if run is not None else {}
-    if run is None or summary.get("code") != "below_class":
+    verified = run.verify_summary if run is not None else None
+    if run is None or verified is None or verified.code != "below_class":
         return []
-    profile = summary.get("class_profile") or {}
-    below = [r for r in summary.get("rows", []) if r.get("ok") is False and r.get("drift_pct") is not None]
-    sizes = ", ".join(f"{r.get('collective', 'all_reduce')} {r['size_bytes']} B {float(r['drift_pct']):+.1f}% "
-                      f"(allowed -{float(r['allowed_pct']):.1f}%)" for r in below[:4])
+    profile = verified.class_profile or {}
+    below = [r for r in verified.rows or () if not r.ok and r.drift_pct is not None]
+    sizes = ", ".join(f"{r.collective} {r.size_bytes} B {r.drift_pct or 0.0:+.1f}% "
+                      f"(allowed -{r.allowed_pct or 0.0:.1f}%)" for r in below[:4])
     more = f" and {len(below) - 4} more" if len(below) > 4 else ""
     return [Finding("warning", "class-outlier",
                     f"verify {run.id} found this node below its class {profile.get('class_id', '?')} (profile "

@@ -48,7 +48,7 @@ from ..node import Node, busy_gpus, load_node, size_ladder
 from ..pipeline.planning import check_profile, workload
 from ..publish import PublishedSet, job_env, read_set
 from ..records import TrialResult
-from ..store import Store, TrialRecord
+from ..store import Store, TrialRecord, VerifyRow, VerifySummary
 from ..sweep.select import Key, d2, key_label, t_quantile
 from ..trials.credentials import rank_user
 from ..trials.launch.hosts import HOSTID_VAR
@@ -136,19 +136,6 @@ def allowed_drift_pct(threshold_pct: float, noise_pct: float, counts: SampleCoun
     return allowed
 
 
-@dataclass
-class VerifyRow:
-    size_bytes: int
-    measured_gbps: float | None
-    expected_gbps: float | None
-    allowed_pct: float
-    drift_pct: float | None
-    ok: bool
-    collective: str = "all_reduce"
-    # False: the noise there allows a drop no measurement can show (UNVERIFIABLE_PCT); not judged.
-    verifiable: bool = True
-
-
 # The verdict as a stable word beside the prose `reason` (the verify schema lists them).
 VerifyCode = Literal["passed", "all_trials_failed", "not_measured", "not_verifiable", "below_expectation",
                      "below_class",
@@ -225,8 +212,7 @@ def _expectations(store: Store, node: Node, floor_gbps: float | None, use_curren
         raise CheckFailed(f"sweep {run.id} measured none of the verify sizes "
                           f"({', '.join(format_size(s) for s in sizes)}) of {', '.join(collectives)}",
                           hint="re-run `nccltune sweep` with the current bench sizes, or pass --floor GBPS")
-    chosen = (run.summary or {}).get("chosen")
-    counts = _sample_counts(store.trials(run.id), chosen if isinstance(chosen, str) else None, use_current)
+    counts = _sample_counts(store.trials(run.id), run.sweep_summary.chosen, use_current)
     return out, f"sweep {run.id} of {run.started_at[:19]}", counts
 
 
@@ -373,7 +359,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
                     best[key] = max(best.get(key, 0.0), s.busbw_gbps)
                     samples.setdefault(key, []).append(s.busbw_gbps)
         except BaseException:
-            session.abandon("interrupted", {"error": "interrupted"})
+            session.abandon("interrupted", VerifySummary(error="interrupted"))
             raise
         finally:
             runner.close()
@@ -446,11 +432,11 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             code, passed, reason = ran.findings[0].code, False, "; ".join(f.message for f in ran.findings)
         ref_kind: Reference = "floor" if floor_gbps is not None else "class" if class_keys else "sweep"
         session.finish("ok" if passed else "failed",
-                       {"passed": passed, "code": code, "reason": reason, "expectation": expectation,
-                        "rows": [vars(r) for r in rows], "env_source": source, "method": session.method,
-                        "reference": ref_kind, "checked": checked,
-                        "class_profile": class_prov if class_keys else None,
-                        "nccl_ran": ran.doc() if ran else None})
+                       VerifySummary(passed=passed, code=code, reason=reason, expectation=expectation,
+                                     rows=tuple(rows), env_source=source, method=session.method,
+                                     reference=ref_kind, checked=checked,
+                                     class_profile=class_prov if class_keys else None,
+                                     nccl_ran=ran.doc() if ran else None))
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=rows, demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
                         nccl_version=nccl_version, code=code, reference=ref_kind, checked=checked,
@@ -551,7 +537,7 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
                                     env=env, status=outcome.result.status, reason=outcome.result.reason,
                                     wall_s=outcome.result.wall_s, nccl=outcome.result.nccl)
         except BaseException:
-            store.finish_run(run_id, status="interrupted", summary={"error": "interrupted"})
+            store.finish_run(run_id, status="interrupted", summary=VerifySummary(error="interrupted"))
             raise
         report.wall_s = time.monotonic() - started
         passed, code, reason, ran = _one_gpu_verdict(report, node.demo)
@@ -563,9 +549,9 @@ def verify_one_gpu(cfg: Config, node: Node, *, use_current: bool = False, quick:
         expectation = f"what the published set holds: {plan.holds}"
         nccl_version = next((o.result.nccl_version for o in report.outcomes if o.result.nccl_version), None)
         store.finish_run(run_id, status="ok" if passed else "failed",
-                         summary={"passed": passed, "code": code, "reason": reason, "expectation": expectation,
-                                  "env_source": source, "reference": "none", "checked": checked,
-                                  "nccl_ran": ran.doc() if ran else None, "one_gpu": report.doc()})
+                         summary=VerifySummary(passed=passed, code=code, reason=reason, expectation=expectation,
+                                               env_source=source, reference="none", checked=checked,
+                                               nccl_ran=ran.doc() if ran else None, one_gpu=report.doc()))
     return VerifyResult(passed=passed, reason=reason, env=env, env_source=source, rows=[], demo=node.demo,
                         fingerprint=node.fingerprint, run_id=run_id, expectation=expectation,
                         nccl_version=nccl_version, code=code, reference="none", checked=checked,

@@ -49,13 +49,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if run is not None and _measured_nothing(run):
             if args.plot:
                 raise CheckFailed(f"sweep {run.id} measured nothing, so there is nothing to plot: "
-                                  f"{(run.summary or {}).get('summary', '')}")
+                                  f"{run.sweep_summary.line or ''}")
             out(dumps(report_doc(run, [], plot=None)) if fmt == "json" else
                 f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}: "
-                f"{(run.summary or {}).get('summary', 'nothing measured')}.\nNo table: it ran no trial.")
+                f"{run.sweep_summary.line or 'nothing measured'}.\nNo table: it ran no trial.")
             return EXIT_OK
         # A sweep's rows are a table of the store; a verification keeps its own in its summary.
-        if run is None or not (run.rows if run.kind == "sweep" else (run.summary or {}).get("rows")):
+        if run is None or not (run.rows if run.kind == "sweep" else run.verify_summary.rows):
             raise CheckFailed("no finished sweep to report on")
         trials = store.trials(run.id)
     if run.kind == "verify":
@@ -78,7 +78,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _measured_nothing(run: RunRecord) -> bool:
     """A finished sweep that ran no trial (one GPU: nothing between GPUs to measure)."""
-    return run.kind == "sweep" and run.status == "ok" and not run.rows and (run.summary or {}).get("trials") == 0
+    return run.kind == "sweep" and run.status == "ok" and not run.rows and run.sweep_summary.trials == 0
 
 
 def _report_format(args: argparse.Namespace) -> str:
@@ -111,7 +111,8 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
 
     if run.kind == "import" and args.plot:
         raise UsageError(f"run {run.id} is an import: --plot needs a sweep run")
-    collective = args.collective or str((run.summary or {}).get("collective") or "all_reduce")
+    recorded = run.import_summary.collective if run.kind == "import" else None
+    collective = args.collective or recorded or "all_reduce"
     doc = run_document(run, trials, collective=collective, trial_seq=args.trial, setting=args.setting or "published")
     if fmt == "nccl-tests-json":
         which = f"run {run.id}" + ("" if args.run is not None else " (the last sweep; --run ID for another)")

@@ -8,7 +8,6 @@ import logging
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import collectives as coll
 from ..config import Config, profile_collectives
@@ -237,11 +236,6 @@ def measured_start_s(cfg: Config, node: Node, nnodes: int = 1) -> float | None:
     measured at each size). None without such a sweep or history."""
     from ..store import Store
 
-    def nodes_of(summary: Mapping[str, Any] | None) -> int:
-        job = (summary or {}).get("job")
-        got = job.get("nnodes") if isinstance(job, Mapping) else None
-        return got if isinstance(got, int) and not isinstance(got, bool) else 1
-
     path = cfg.state_path("history.db")
     if not path.is_file():
         return None
@@ -250,7 +244,7 @@ def measured_start_s(cfg: Config, node: Node, nnodes: int = 1) -> float | None:
         with Store(path) as store:
             run = next((r for r in store.runs(limit=10, kind="sweep")
                         if r.fingerprint == node.fingerprint and r.backend == node.backend
-                        and nodes_of(r.summary) == nnodes), None)
+                        and r.sweep_summary.job_nnodes == nnodes), None)
             trials = store.trials(run.id) if run is not None else []
     except (OSError, NccltuneError) as exc:
         log.debug("no measured trial start from the history: %s", exc)

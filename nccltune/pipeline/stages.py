@@ -41,7 +41,7 @@ from ..publish import (
 )
 from ..publish.tuning import tuning_fingerprint
 from ..records import Backend, ReportRow
-from ..store import Phase, RunStatus, Store
+from ..store import Phase, RunStatus, Store, SweepSummary
 from ..sweep.plan import JobShape, Plan
 from ..sweep.select import Key, key_label, size_stats
 from ..sweep.strategy import Search, SearchResult
@@ -261,12 +261,12 @@ class SweepPipeline:
             published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
-            store.finish_run(run_id, status=status, summary={"error": str(exc) or type(exc).__name__, "trials": 0})
+            store.finish_run(run_id, status=status, summary=SweepSummary.ended(str(exc) or type(exc).__name__, 0))
             raise
         log.info("%s", UNMEASURED_SUMMARY)
         recorded = resolve_topology(every_job, cfg.topology_file)  # the run's record names the stable copy
-        store.finish_run(run_id, status="ok", summary={"chosen": "nothing measured", "summary": UNMEASURED_SUMMARY,
-                                                         "trials": 0, "failed": [], "plan_pruned": len(plan.pruned)},
+        store.finish_run(run_id, status="ok", summary=SweepSummary(chosen="nothing measured", line=UNMEASURED_SUMMARY,
+                                                                     trials=0, failed=(), plan_pruned=len(plan.pruned)),
                          chosen_env=recorded, published_generation=published.generation)
         return SweepReport(
             run_id=run_id, demo=node.demo, backend=node.backend, fingerprint=node.fingerprint, plan=plan,
@@ -317,29 +317,27 @@ class _Sweep:
             choice = choose(result, self.plan, self.cfg.topology_file, session.results, self.node.demo)
             held = None if self.launch is not None or self.pipe.over_profile else self._held_by_profile()
             published = self._publish(choice, session) if self.launch is None and held is None else None
-            summary = self._summary(choice, session)
             if held is not None:
-                summary["not_published"] = held
+                self.not_published = held
                 log.warning("not published: %s", held)
             if self.launch is not None:
-                summary["job"] = self.launch.record()
-                summary["not_published"] = (f"measured for the job shape {self.launch.shape.label}: a class "
-                                            "profile decides for it (nccltune export, nccltune fleet decide)")
-            self.not_published = summary.get("not_published")
+                self.not_published = (f"measured for the job shape {self.launch.shape.label}: a class "
+                                      "profile decides for it (nccltune export, nccltune fleet decide)")
+            summary = self._summary(choice, session)
             session.finish("ok", summary, chosen_env=choice.env,
                            published_generation=published.generation if published else None, rows=choice.rows)
         except BaseException as exc:
             if published is not None:
                 # The generation is current and every job gets it: the run is what published it,
                 # whatever ended the sweep afterwards (the record close_dead_runs makes after a kill).
-                session.finish("ok", {"error": str(exc) or type(exc).__name__, "trials": session.seq,
-                                      "ended_after_publish": published.generation},
+                session.finish("ok", SweepSummary.ended(str(exc) or type(exc).__name__, session.seq,
+                                                        ended_after_publish=published.generation),
                                chosen_env=choice.env, published_generation=published.generation,
                                rows=choice.rows)
                 raise
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit, TrialAborted))
             session.abandon("interrupted" if interrupted else "failed",
-                            {"error": str(exc) or type(exc).__name__, "trials": session.seq})
+                            SweepSummary.ended(str(exc) or type(exc).__name__, session.seq))
             raise
         finally:
             session.runner.close()
@@ -380,7 +378,7 @@ class _Sweep:
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,
-                                  summary={"error": str(exc) or type(exc).__name__, "trials": 0})
+                                  summary=SweepSummary.ended(str(exc) or type(exc).__name__, 0))
             raise
         return TrialSession(self.store, self.run_id, runner, self.plan.sizes, cfg=self.cfg, node=self.node,
                             progress=self.pipe.progress, collectives=self.workload.collectives,
@@ -453,18 +451,20 @@ class _Sweep:
                                     "single_node_env": " ".join(f"{k}={v}" for k, v in sorted(single_node.items()))}
         return published
 
-    def _summary(self, choice: Choice, session: TrialSession) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "chosen": choice.label, "summary": choice.summary, "nccl_version": session.nccl_version,
-            "torch_version": session.torch_version, "method": session.method, "trials": session.seq,
-            "failed": session.failed, "plan_pruned": len(self.plan.pruned),
-            "collectives": list(self.workload.collectives), "not_measured": self._not_measured(session)}
+    def _summary(self, choice: Choice, session: TrialSession) -> SweepSummary:
+        table: dict[str, Any] | None = None
         if self.table is not None:
             # The table's text lies in the run's directory (table_path); the store keeps the path.
-            out["tuner_table"] = {**self.table.as_dict(), "published": self.published_table or None}
+            table = {**self.table.as_dict(), "published": self.published_table or None}
         elif self.plan.per_size is not None:
-            out["tuner_table"] = {"status": self.plan.per_size.inactive_text}
-        return out
+            table = {"status": self.plan.per_size.inactive_text}
+        return SweepSummary(
+            chosen=choice.label, line=choice.summary, nccl_version=session.nccl_version,
+            torch_version=session.torch_version, method=session.method, trials=session.seq,
+            failed=tuple(session.failed), plan_pruned=len(self.plan.pruned),
+            collectives=tuple(self.workload.collectives), not_measured=self._not_measured(session),
+            tuner_table=table, not_published=self.not_published,
+            job=self.launch.record() if self.launch is not None else None)
 
     def _not_measured(self, session: TrialSession) -> dict[str, str]:
         """The profile's collectives without numbers, with why: known before the trials, or as the

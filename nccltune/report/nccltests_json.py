@@ -46,7 +46,7 @@ from ..files.inputfile import loads_strict, read_input_file
 from ..names import DEMO_LABEL, VARIABLE_NAME_RE
 from ..publish import PATH_VARIABLES, check_names, validate_env
 from ..records import Measurement
-from ..store import RunBackend, RunRecord, Store, TrialRecord
+from ..store import ImportSummary, RunBackend, RunRecord, Store, TrialRecord, VerifySummary
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def placement_of(run: RunRecord, trial: TrialRecord) -> Placement:
     stored = (trial.nccl or {}).get("placement")
     if stored in PLACEMENTS:
         return "in_place" if stored == "in_place" else "out_of_place"
-    method = str((run.summary or {}).get("method") or "")
+    method = run.outcome.method or ""
     if method:
         return "in_place" if method.startswith("in-place") else "out_of_place"
     return "in_place" if run.backend == "gloo" else "out_of_place"
@@ -276,23 +276,24 @@ def run_document(run: RunRecord, trials: Sequence[TrialRecord], *, collective: s
             by_placement[placement] = rows
     if not by_placement:
         raise CheckFailed(f"{selection.what} of run {run.id} has no {collective} measurements")
-    summary = run.summary or {}
-    imported = run.kind == "import"
+    recorded = run.outcome
+    # An import keeps what the document said of its elements; nccltune's own run measured as its collective does.
+    imported = recorded if isinstance(recorded, ImportSummary) else None
     nranks = run.nranks
     warmup, iters = _iterations(run)
     sizes = sorted({r.size_bytes for rows in by_placement.values() for r in rows})
-    counts: dict[str, Any] = summary["counts"] if imported and isinstance(summary.get("counts"), dict) else {}
+    counts: dict[str, int] = (imported.counts if imported is not None else None) or {}
     results = []
     for size in sizes:
-        if imported:
+        if imported is not None:
             count: int | None = int(counts.get(str(size), size // 4))
         else:
             count = coll.counts(size, nranks or 1)[0] if nranks or not coll.split else None
         entry: dict[str, Any] = {
             "size": size, "count": count,
-            "type": str(summary.get("datatype", ELEMENT_TYPE)) if imported else ELEMENT_TYPE,
-            "redop": str(summary.get("redop", coll.perf_redop)) if imported else coll.perf_redop,
-            "root": f"{int(summary.get('root', coll.perf_root)) if imported else coll.perf_root:6d}",
+            "type": (imported.datatype or ELEMENT_TYPE) if imported is not None else ELEMENT_TYPE,
+            "redop": (imported.redop or coll.perf_redop) if imported is not None else coll.perf_redop,
+            "root": f"{coll.perf_root if imported is None or imported.root is None else imported.root:6d}",
         }
         for placement in PLACEMENTS:
             row = next((r for r in by_placement.get(placement, []) if r.size_bytes == size), None)
@@ -306,10 +307,10 @@ def run_document(run: RunRecord, trials: Sequence[TrialRecord], *, collective: s
     wrong = sum(1 for r in filled if r.nwrong)
     first = min(selection.trials, key=lambda t: t.started_at)
     last = max(selection.trials, key=lambda t: t.started_at)
-    document: dict[str, Any] = summary["document"] if imported and isinstance(summary.get("document"), dict) else {}
+    document: dict[str, Any] = (imported.document if imported is not None else None) or {}
     topo = run.topology or {}
     config: dict[str, Any] = {}
-    if imported:
+    if imported is not None:
         config = {k: v for k, v in ((run.config or {}).get("nccl_tests") or {}).items() if k != "devices"}
         devices = [d for d in topo.get("devices") or [] if isinstance(d, dict)]
     else:
@@ -322,13 +323,14 @@ def run_document(run: RunRecord, trials: Sequence[TrialRecord], *, collective: s
                     else None, "device": None, "device_hex": None, "device_info": None}
                    for r in range(nranks or 0)]
     config["devices"] = devices
-    args = (run.config or {}).get("args") if imported else None
+    args = (run.config or {}).get("args") if imported is not None else None
     return {
         "version": FORMAT_VERSION,
-        "start_time": document.get("start_time") if imported else _local_time(first.started_at),
+        "start_time": document.get("start_time") if imported is not None else _local_time(first.started_at),
         "args": list(args) if isinstance(args, list) else [coll.perf_binary],
         "env": [f"{k}={v}" for k, v in sorted(_common_env(selection.trials).items())],
-        "nccl_version": version_code(run.nccl_version or summary.get("nccl_version")),
+        "nccl_version": version_code(run.nccl_version
+                                     or (None if isinstance(recorded, VerifySummary) else recorded.nccl_version)),
         "config": config,
         "results": results,
         "out_of_bounds": {"count": wrong, "okay": _bool_text(wrong == 0)},
@@ -339,9 +341,10 @@ def run_document(run: RunRecord, trials: Sequence[TrialRecord], *, collective: s
             "run_id": run.id, "run_kind": run.kind, "shows": selection.what,
             "trials": [t.seq for t in selection.trials], "collective": collective, "backend": run.backend,
             "demo": run.demo, "label": DEMO_LABEL if run.demo else None, "fingerprint": run.fingerprint,
-            "method": summary.get("method"),
+            "method": recorded.method,
         },
-        "end_time": document.get("end_time") if imported else _local_time(last.started_at, last.wall_s or 0.0),
+        "end_time": (document.get("end_time") if imported is not None
+                     else _local_time(last.started_at, last.wall_s or 0.0)),
     }
 
 
@@ -677,26 +680,26 @@ def import_document(store: Store, doc: PerfDocument, *, fingerprint: str) -> int
                                               algbw_gbps=row.algbw_gbps, busbw_gbps=row.busbw_gbps,
                                               correct=not row.nwrong, collective=doc.collective) for row in rows])
     except BaseException:
-        store.finish_run(run_id, status="failed", summary={"error": "the import stopped before its last trial",
-                                                           "trials": seq})
+        store.finish_run(run_id, status="failed",
+                         summary=ImportSummary(error="the import stopped before its last trial", trials=seq))
         raise
     sizes = sorted({row.size_bytes for c in doc.cycles for rows in c.values() for row in rows})
     placements = [p for p in PLACEMENTS if any(p in c for c in doc.cycles)]
-    summary = {
+    summary = ImportSummary(
         # What history shows: nccl-tests' own numbers, or a document nccltune wrote of one of its runs.
-        "chosen": f"{doc.binary} (nccl-tests)" if doc.source_run is None else
+        chosen=f"{doc.binary} (nccl-tests)" if doc.source_run is None else
         f"{doc.binary} document of run {doc.source_run}",
-        "summary": (f"imported {doc.path}: {doc.binary}, {doc.nranks} ranks, {len(sizes)} sizes, "
-                    f"{len(doc.cycles)} cycle(s), {' and '.join(PLACEMENT_WORDS[p] for p in placements)}"),
-        "source_file": doc.path, "collective": doc.collective, "binary": doc.binary, "nranks": doc.nranks,
-        "placement": doc.primary, "method": f"{PLACEMENT_WORDS[doc.primary].replace(' ', '-')}; {doc.binary} "
-                                           "(nccl-tests document)",
-        "datatype": doc.datatype, "redop": doc.redop, "root": doc.root,
-        "counts": {str(s): c for s, c in sorted(doc.counts.items())}, "cycles": len(doc.cycles),
-        "nccl_version": doc.nccl_version, "trials": seq, "notes": list(doc.notes), "not_measured": {},
-        "document": {"version": FORMAT_VERSION, "start_time": doc.start_time, "end_time": doc.end_time,
-                     "out_of_bounds": doc.out_of_bounds, "average_bus_bandwidth": doc.average_bus_bandwidth},
-    }
+        line=(f"imported {doc.path}: {doc.binary}, {doc.nranks} ranks, {len(sizes)} sizes, "
+              f"{len(doc.cycles)} cycle(s), {' and '.join(PLACEMENT_WORDS[p] for p in placements)}"),
+        source_file=doc.path, collective=doc.collective, binary=doc.binary, nranks=doc.nranks,
+        placement=doc.primary, method=f"{PLACEMENT_WORDS[doc.primary].replace(' ', '-')}; {doc.binary} "
+                                      "(nccl-tests document)",
+        datatype=doc.datatype, redop=doc.redop, root=doc.root,
+        counts={str(s): c for s, c in sorted(doc.counts.items())}, cycles=len(doc.cycles),
+        nccl_version=doc.nccl_version, trials=seq, notes=tuple(doc.notes), not_measured={},
+        document={"version": FORMAT_VERSION, "start_time": doc.start_time, "end_time": doc.end_time,
+                  "out_of_bounds": doc.out_of_bounds, "average_bus_bandwidth": doc.average_bus_bandwidth},
+    )
     store.finish_run(run_id, status="ok", summary=summary)
     log.info("imported %s as run %d", doc.path, run_id)
     return run_id

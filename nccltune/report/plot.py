@@ -31,7 +31,7 @@ from ..errors import UnavailableError
 from ..files.atomicfile import atomic_write
 from ..names import DEFAULTS_LABEL, DEMO_LABEL, format_size
 from ..records import ALL_REDUCE
-from ..store import RunRecord, TrialRecord
+from ..store import RunRecord, TrialRecord, VerifySummary
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -144,10 +144,10 @@ def _date(run: RunRecord) -> str | None:
 def title_facts(run: RunRecord) -> list[str]:
     """What the numbers were measured on, as the title lists it: host, GPUs, NCCL version (or the
     backend, where it was not NCCL) and date. A fact the run did not record is left out."""
-    summary = run.summary or {}
+    recorded = run.outcome
     facts: list[str | None] = [f"host {run.hostname}" if _text(run.hostname) else None,
                                _gpus(run.topology if isinstance(run.topology, Mapping) else {})]
-    nccl = _text(run.nccl_version) or _text(summary.get("nccl_version"))
+    nccl = _text(run.nccl_version) or _text(None if isinstance(recorded, VerifySummary) else recorded.nccl_version)
     if nccl:
         facts.append(f"NCCL {nccl}")
     elif run.backend != "nccl":
@@ -239,7 +239,7 @@ def build_figure(run: RunRecord, trials: Sequence[TrialRecord]) -> Figure:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise UnavailableError("matplotlib is not installed", hint="pip install 'nccltune[plot]'") from exc
-    chosen = _text((run.summary or {}).get("chosen"))
+    chosen = _text(run.sweep_summary.chosen)
     lines = lines_by_collective(trials) or {ALL_REDUCE: {}}
     rows = len(lines)
     # A Figure of its own (not pyplot's): nothing global to close, and Agg whatever the caller set.

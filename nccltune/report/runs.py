@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..names import DEMO_LABEL, format_size
-from ..store import RunRecord, TrialRecord
+from ..store import RunRecord, TrialRecord, VerifySummary
 from ..sweep.select import key_label
 from .common import fmt_bw, report_row, size_row
 from .sweep import TABLE_UNITS, rows_text
@@ -48,7 +48,8 @@ def history_text(runs: Sequence[RunRecord]) -> str:
         return "No runs yet."
     lines = [f"{'id':>4}  {'kind':6}  {'status':11}  {'started':25}  {'backend':10}  chosen"]
     for r in runs:
-        chosen = (r.summary or {}).get("chosen") or (r.summary or {}).get("error") or ""
+        recorded = r.outcome
+        chosen = (None if isinstance(recorded, VerifySummary) else recorded.chosen) or recorded.error or ""
         demo = " [CPU demo]" if r.demo else ""
         lines.append(f"{r.id:>4}  {r.kind:6}  {r.status:11}  {r.started_at[:25]:25}  {r.backend:10}  {chosen}{demo}")
     return "\n".join(lines)
@@ -71,7 +72,7 @@ def report_doc(run: RunRecord, trials: Sequence[TrialRecord], plot: str | None,
     doc: dict[str, Any] = {"kind": "report", "run": _run_dict(run), "label": DEMO_LABEL if run.demo else None,
                            "sizes": [report_row(r) for r in run.rows], "plot": plot, "trials": len(trials)}
     if perf is not None:
-        doc["imported"] = {"placement": (run.summary or {}).get("placement"), "sizes": perf_rows(perf)}
+        doc["imported"] = {"placement": run.import_summary.placement, "sizes": perf_rows(perf)}
     return doc
 
 
@@ -125,39 +126,37 @@ def perf_table(perf: Mapping[str, Any]) -> list[str]:
 
 def import_doc(run: RunRecord, perf: Mapping[str, Any]) -> dict[str, Any]:
     """What `nccltune import --json` prints: the run it made and what it holds, size by size."""
-    s = run.summary or {}
-    return {"kind": "import", "run_id": run.id, "file": s.get("source_file"), "collective": s.get("collective"),
-            "binary": s.get("binary"), "nranks": s.get("nranks"), "backend": run.backend, "demo": run.demo,
+    s = run.import_summary
+    return {"kind": "import", "run_id": run.id, "file": s.source_file, "collective": s.collective,
+            "binary": s.binary, "nranks": s.nranks, "backend": run.backend, "demo": run.demo,
             "label": DEMO_LABEL if run.demo else None, "nccl_version": run.nccl_version,
-            "hostname": run.hostname, "fingerprint": run.fingerprint, "cycles": s.get("cycles"),
-            "placement": s.get("placement"), "summary": s.get("summary"), "notes": list(s.get("notes") or []),
+            "hostname": run.hostname, "fingerprint": run.fingerprint, "cycles": s.cycles,
+            "placement": s.placement, "summary": s.line, "notes": list(s.notes or []),
             "sizes": perf_rows(perf)}
 
 
 def import_text(run: RunRecord, perf: Mapping[str, Any]) -> str:
     """An imported run: where it came from, the nccl-tests table, and what to run next."""
-    s = run.summary or {}
+    s = run.import_summary
     lines = [f"*** {DEMO_LABEL} ***"] if run.demo else []
-    lines.append(f"Import {run.id} of {run.started_at}: {s.get('binary')} ({run.backend}), {s.get('nranks')} ranks, "
-                 f"NCCL {run.nccl_version or 'n/a'}, from {s.get('source_file')}")
+    lines.append(f"Import {run.id} of {run.started_at}: {s.binary} ({run.backend}), {s.nranks} ranks, "
+                 f"NCCL {run.nccl_version or 'n/a'}, from {s.source_file}")
     shows = str((perf.get("nccltune") or {}).get("shows") or "")
-    lines.append(f"{s.get('datatype', 'float')}, {s.get('redop')}; {s.get('cycles')} cycle(s)"
+    lines.append(f"{s.datatype or 'float'}, {s.redop}; {s.cycles} cycle(s)"
                  + (f"; {shows}" if shows else ""))
     lines.extend(perf_table(perf))
-    lines.extend(f"Note: {n}" for n in s.get("notes") or [])
+    lines.extend(f"Note: {n}" for n in s.notes or ())
     return "\n".join(lines)
 
 
 def report_text(run: RunRecord, trials: Sequence[TrialRecord] = ()) -> str:
-    s = run.summary or {}
+    s = run.sweep_summary
     lines = []
     if run.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {run.id} of {run.started_at} ({run.status}), fingerprint {run.fingerprint}")
-    raw = s.get("not_measured")
-    not_measured = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else None
-    lines.extend(rows_text(run.rows, trials, str(s.get("chosen") or "") or None, not_measured))
-    lines.append(str(s.get("summary", "")))
+    lines.extend(rows_text(run.rows, trials, s.chosen or None, s.not_measured))
+    lines.append(s.line or "")
     return "\n".join(lines)
 
 
@@ -168,7 +167,7 @@ def verify_doc(r: VerifyResult) -> dict[str, Any]:
             "expectation": r.expectation, "env_source": r.env_source, "env": r.env, "nccl_version": r.nccl_version,
             "checked": r.checked, "one_gpu": r.one_gpu,
             "sizes": [size_row(row.size_bytes, row.collective,
-                               **{k: v for k, v in vars(row).items() if k not in ("size_bytes", "collective")})
+                               **{k: v for k, v in row.to_doc().items() if k not in ("size_bytes", "collective")})
                       for row in r.rows]}
 
 
@@ -236,11 +235,11 @@ def one_gpu_lines(report: Mapping[str, Any] | None) -> list[str]:
 def verify_run_text(run: RunRecord) -> str:
     """A verification from the history (`nccltune report --run ID`): measured against expected bus
     bandwidth per size, from the rows its summary keeps ("-" where a size has no number)."""
-    summary = run.summary or {}
-    lines = [f"Verification {run.id} of {run.started_at} ({run.status}): {summary.get('reason', '')}"]
-    for row in summary.get("rows", []):
-        measured, expected, drift = row.get("measured_gbps"), row.get("expected_gbps"), row.get("drift_pct")
-        lines.append(f"  {row.get('size_bytes')} B: measured {'-' if measured is None else fmt_bw(measured)}, "
+    verified = run.verify_summary
+    lines = [f"Verification {run.id} of {run.started_at} ({run.status}): {verified.reason or ''}"]
+    for row in verified.rows or ():
+        measured, expected, drift = row.measured_gbps, row.expected_gbps, row.drift_pct
+        lines.append(f"  {row.size_bytes} B: measured {'-' if measured is None else fmt_bw(measured)}, "
                      f"expected {'-' if expected is None else fmt_bw(expected)}"
                      + (f", drift {drift:+.1f}%" if drift is not None else ""))
     return "\n".join(lines)

@@ -5,6 +5,8 @@
     schema.py    the tables, versioned with `PRAGMA user_version` and grown by migrations
     database.py  the file: trust, WAL and busy timeout, a corrupt file moved aside, one write
                  transaction at a time, disk errors as nccltune's errors
+    summaries.py a run's summary as typed records (SweepSummary, VerifySummary with its
+                 VerifyRow, ImportSummary): what every writer builds and every reader gets
     history.py   Store: runs, trials, measurements and report rows, written and read
 """
 
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 from .history import Store
 from .rows import Phase, PublishedEnv, PublishedRun, RunBackend, RunKind, RunRecord, RunStatus, TrialRecord
+from .summaries import ImportSummary, RunSummary, SummaryError, SweepSummary, VerifyRow, VerifySummary
 
 __all__ = [
+    "ImportSummary",
     "Phase",
     "PublishedEnv",
     "PublishedRun",
@@ -21,6 +25,11 @@ __all__ = [
     "RunKind",
     "RunRecord",
     "RunStatus",
+    "RunSummary",
     "Store",
+    "SummaryError",
+    "SweepSummary",
     "TrialRecord",
+    "VerifyRow",
+    "VerifySummary",
 ]

@@ -35,6 +35,7 @@ from .rows import (
     run_record,
     trial_record,
 )
+from .summaries import ImportSummary, RunSummary, SweepSummary, VerifySummary
 
 # One logger for the whole store, named as its messages have always been.
 log = logging.getLogger(__package__)
@@ -181,13 +182,14 @@ class Store:
         run_id: int,
         *,
         status: RunStatus,
-        summary: Mapping[str, Any] | None = None,
+        summary: RunSummary | Mapping[str, Any] | None = None,
         chosen_env: Mapping[str, str] | None = None,
         published_generation: int | None = None,
         rows: Sequence[ReportRow] = (),
     ) -> None:
-        """Close a run with its final status, the selector's summary, the report's rows and what
-        was published.
+        """Close a run with its final status, its summary, the report's rows and what was
+        published. The summary is its kind's record (what nccltune writes), or a document as an
+        older nccltune stored it (the tests' histories).
 
         Raises:
             KeyError: no run with that id.
@@ -196,13 +198,14 @@ class Store:
                 belong in `rows`).
         """
         check_choice("status", status, RUN_STATUSES - {"running"})
-        if summary is not None and "rows" in summary and rows:
+        doc = summary.to_doc() if isinstance(summary, (SweepSummary, VerifySummary, ImportSummary)) else summary
+        if doc is not None and "rows" in doc and rows:
             raise ValueError("the report's rows go in `rows`, not in the summary")
         for r in rows:
             if not all(math.isfinite(v) for v in (r.weight, r.default_busbw_gbps, r.default_noise_pct,
                                                    r.tuned_busbw_gbps, r.ratio)):
                 raise ValueError(f"report row at {r.size_bytes} bytes is not finite: {r}")
-        summary_json = None if summary is None else dump_json(dict(summary))
+        summary_json = None if doc is None else dump_json(dict(doc))
         chosen_json = None if chosen_env is None else dump_json(dict(sorted(chosen_env.items())))
         with self._db.write() as conn:
             cur = conn.execute(
@@ -232,13 +235,14 @@ class Store:
             recovered = published is not None and published.run_id in ids
             if published is not None and recovered:
                 trials = conn.execute("SELECT COUNT(*) FROM trials WHERE run_id = ?", (published.run_id,)).fetchone()
-                summary = {"chosen": "as published", "trials": int(trials[0]),
-                           "summary": f"ended after publishing generation {published.generation}, before its "
-                                      "result was recorded: the published set is its result"}
+                summary = SweepSummary(
+                    chosen="as published", trials=int(trials[0]),
+                    line=f"ended after publishing generation {published.generation}, before its result was "
+                         "recorded: the published set is its result")
                 conn.execute(
                     "UPDATE runs SET status = 'ok', finished_at = ?, summary_json = ?, chosen_env_json = ?, "
                     "published_generation = ? WHERE id = ? AND status = 'running'",
-                    (iso(published.published_at), dump_json(summary),
+                    (iso(published.published_at), dump_json(summary.to_doc()),
                      dump_json(dict(sorted(published.env.items()))), published.generation, published.run_id))
             conn.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
         if published is not None and recovered:

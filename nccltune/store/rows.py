@@ -13,9 +13,12 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any, Literal
 
+from ..errors import InputError
 from ..records import Measurement, ReportRow, TrialStatus
+from .summaries import ImportSummary, RunSummary, SummaryError, SweepSummary, VerifySummary
 
 RunStatus = Literal["running", "ok", "failed", "interrupted"]
 # "import": a document of another tool (nccl-tests' -J output) read into the history, for
@@ -32,14 +35,17 @@ RUN_STATUSES: frozenset[str] = frozenset(typing.get_args(RunStatus))
 RUN_KINDS: frozenset[str] = frozenset(typing.get_args(RunKind))
 RUN_BACKENDS: frozenset[str] = frozenset(typing.get_args(RunBackend))
 PHASES: frozenset[str] = frozenset(typing.get_args(Phase))
+_S = typing.TypeVar("_S", SweepSummary, VerifySummary, ImportSummary)
 
 
 @dataclass(frozen=True)
 class RunRecord:
     """A sweep, verify or import run. JSON columns come back decoded; times are ISO-8601 UTC text.
 
-    `rows` is a sweep's report, size by size, from the report_rows table. `summary` shows the
-    same rows under "rows" too, as the JSON documents (history, report) have always carried them.
+    `rows` is a sweep's report, size by size, from the report_rows table. `summary` is the stored
+    document, with the same rows under "rows" too, as the JSON documents (history, report) have
+    always carried it; code reads it typed, through `sweep_summary`, `verify_summary`,
+    `import_summary` or `outcome`.
     """
 
     id: int
@@ -62,6 +68,42 @@ class RunRecord:
     chosen_env: dict[str, str] | None
     published_generation: int | None
     rows: tuple[ReportRow, ...] = ()
+
+    @cached_property
+    def outcome(self) -> RunSummary:
+        """The summary as its kind's record (empty where the run kept none).
+
+        Raises:
+            InputError: a stored field of the wrong type (exit 78), named with the run.
+        """
+        kind: type[SweepSummary] | type[VerifySummary] | type[ImportSummary] = (
+            VerifySummary if self.kind == "verify" else ImportSummary if self.kind == "import" else SweepSummary)
+        try:
+            return kind.from_doc(self.summary if isinstance(self.summary, dict) else {})
+        except SummaryError as exc:
+            raise InputError(f"history run {self.id}", f"summary field {exc}",
+                             hint="the history holds a summary nccltune did not write") from None
+
+    def _summary_of(self, kind: type[_S]) -> _S:
+        got = self.outcome
+        if not isinstance(got, kind):
+            raise TypeError(f"run {self.id} is a {self.kind} run: its summary is no {kind.__name__}")
+        return got
+
+    @property
+    def sweep_summary(self) -> SweepSummary:
+        """The summary of a sweep run (TypeError for another kind)."""
+        return self._summary_of(SweepSummary)
+
+    @property
+    def verify_summary(self) -> VerifySummary:
+        """The summary of a verify run (TypeError for another kind)."""
+        return self._summary_of(VerifySummary)
+
+    @property
+    def import_summary(self) -> ImportSummary:
+        """The summary of an import run (TypeError for another kind)."""
+        return self._summary_of(ImportSummary)
 
     @property
     def configured_nranks(self) -> int | None:

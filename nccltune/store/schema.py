@@ -113,16 +113,18 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     for run_id, text in conn.execute(
         "SELECT id, summary_json FROM runs WHERE kind = 'sweep' AND summary_json IS NOT NULL"
     ).fetchall():
-        summary = load_json(text)
-        if not isinstance(summary, dict) or not isinstance(summary.get("rows"), list):
+        # The version-1 document as it lies in the file: a migration reads the layout it migrates
+        # from, not today's records (summaries.py), so that it stays as it ran in the field.
+        v1_doc = load_json(text)
+        if not isinstance(v1_doc, dict) or not isinstance(v1_doc.get("rows"), list):
             continue
         try:
-            rows = [ReportRow.from_dict(doc) for doc in summary["rows"]]
+            rows = [ReportRow.from_dict(doc) for doc in v1_doc["rows"]]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("run %s: report rows kept in its summary, not readable as rows (%s)", run_id, exc)
             continue
         insert_report_rows(conn, int(run_id), rows)
-        rest = {k: v for k, v in summary.items() if k != "rows"}
+        rest = {k: v for k, v in v1_doc.items() if k != "rows"}
         conn.execute("UPDATE runs SET summary_json = ? WHERE id = ?", (dump_json(rest), run_id))
 
 

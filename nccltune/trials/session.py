@@ -29,7 +29,7 @@ from ..names import short_hostname
 from ..node import Node, iterations
 from ..publish import GENERATIONS_DIR, read_set
 from ..records import ReportRow, TrialResult
-from ..store import Phase, PublishedRun, RunKind, RunStatus, Store
+from ..store import Phase, PublishedRun, RunKind, RunStatus, RunSummary, Store
 from .runner import Runner, find_worker_python
 
 log = logging.getLogger(__name__)
@@ -217,13 +217,13 @@ class TrialSession:
         self.results.append((recorded, result))
         return result
 
-    def finish(self, status: RunStatus, summary: Mapping[str, Any], *, chosen_env: Mapping[str, str] | None = None,
+    def finish(self, status: RunStatus, summary: RunSummary, *, chosen_env: Mapping[str, str] | None = None,
                published_generation: int | None = None, rows: Sequence[ReportRow] = ()) -> None:
         """Close the run with what it found."""
         self.store.finish_run(self.run_id, status=status, summary=summary, chosen_env=chosen_env,
                               published_generation=published_generation, rows=rows)
 
-    def abandon(self, status: RunStatus, summary: Mapping[str, Any]) -> None:
+    def abandon(self, status: RunStatus, summary: RunSummary) -> None:
         """Stop whatever trial runs (its rank processes are killed) and close the run as ended early."""
         self.runner.kill()
         self.store.finish_run(self.run_id, status=status, summary=summary)
