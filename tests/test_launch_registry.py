@@ -32,3 +32,12 @@ def test_registry_imports_alone_without_the_launch_package():
             "assert 'nccltune.trials.launch.torchrun' not in sys.modules; "
             "assert 'nccltune.trials.launch.channel' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_peer_messages_are_read_as_strictly_as_files():
+    from nccltune.trials.launch.channel import strict_json
+
+    assert strict_json(b'{"seq": 1}') == {"seq": 1}
+    for bad in (b'{"kill": 1, "kill": 2}', b'{"gain": NaN}', b"[" * 200 + b"]" * 200, b'"\xff"'):
+        with pytest.raises(ValueError):
+            strict_json(bad)
