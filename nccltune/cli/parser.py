@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ..collectives import NAMES as COLLECTIVE_NAMES
 from ..errors import UsageError
+from ..trials.launch.registry import CHOICES as LAUNCHER_CHOICES
 from .common import DEMO_STATE_DIR
 
 
@@ -227,7 +228,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="run the trials of the sweep coordinated at HOST:PORT (its --rdzv-endpoint)")
     sw.add_argument("--loopback", action="store_true",
                     help="single-node NIC loopback: P2P and SHM off, so traffic goes through the NICs")
-    sw.add_argument("--launcher", choices=("auto", "local", "torchrun", "srun"), default="auto",
+    sw.add_argument("--launcher", choices=LAUNCHER_CHOICES, default="auto",
                     help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
                          "with --nodes > 1, else local)")
 

@@ -74,12 +74,13 @@ from ...files.trust import without_python_paths
 from ...publish import resolve_topology
 from ...sweep.plan import JobShape
 from ..held import Child
+from .registry import CHOICES
 
 log = logging.getLogger(__name__)
 
 RANKEXEC = Path(__file__).parent.parent / "rankexec.py"
 WORKER = Path(__file__).parent.parent / "worker.py"
-LAUNCHERS = ("auto", "local", "torchrun", "srun")
+LAUNCHERS = CHOICES  # registry.CHOICES, under the name callers import
 DEFAULT_RDZV_PORT = 29400  # torchrun's own default for c10d
 KILL_GRACE_S = 5.0  # SIGTERM to SIGKILL, for an agent or srun
 # What root reads of what a trial's processes print (they run as the rank user and may print

@@ -92,6 +92,7 @@ from ...config import MAX_MESSAGE_BYTES as MAX_SIZE_BYTES
 from ...config import MultinodeConfig
 from ...errors import InputError, UnavailableError
 from ...files import trust
+from ...files.inputfile import loads_strict
 from ...logsetup import escaped
 from ...publish import PATH_VARIABLES, TOPO_FILE_VAR, validate_env
 from .. import nccllog
@@ -222,20 +223,21 @@ def _is_mac(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and _HEX.fullmatch(value) is not None
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
-
-
 def strict_json(data: bytes | str) -> Any:
-    """JSON without NaN or Infinity.
+    """A peer's message read as every input is (files.inputfile.loads_strict: no NaN or Infinity,
+    no key twice, bounded depth, no lone surrogate), from UTF-8 bytes or text.
 
     Raises:
-        ValueError: not JSON, or nested too deep to read.
+        ValueError: not UTF-8, not JSON, or refused by loads_strict.
     """
     try:
-        return json.loads(data, parse_constant=_refuse_constant)
-    except RecursionError as exc:
-        raise ValueError("nested too deep") from exc
+        return loads_strict(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except ValueError as exc:
+        # A peer's report names a non-finite number as such, as the channel always has.
+        constant = str(exc).removesuffix(" is not JSON")
+        if constant in ("NaN", "Infinity", "-Infinity"):
+            raise ValueError(f"{constant} is not a number") from None
+        raise
 
 
 # -- one connection --------------------------------------------------------------------------------------
