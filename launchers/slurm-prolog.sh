@@ -205,6 +205,9 @@ nccltune_check_single() {
     [ -e "$nccltune_path" ] || [ -L "$nccltune_path" ] || return 0
     nccltune_env_file=$nccltune_path
     nccltune_trusted "$nccltune_path" || return 1
+    # A file named as it is (the CDI files device's): the generation its own header gives.
+    [ -n "${nccltune_gen:-}" ] || \
+        nccltune_gen=$(LC_ALL=C sed -n 's/^# generation: \([0-9][0-9]*\)$/\1/p' -- "$nccltune_real" | head -n 1)
     if [ -n "${nccltune_gen:-}" ] && \
         ! LC_ALL=C grep -q -x -e "# generation: $nccltune_gen" -- "$nccltune_path" 2>/dev/null; then
         nccltune_warn "it is not of generation $nccltune_gen, which current names (a mixed set)"
