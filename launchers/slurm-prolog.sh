@@ -22,7 +22,8 @@
 # a job is never blocked by nccltune. Nothing published, or a set that cannot be used (untrusted
 # owner or mode, unreadable, a line nccltune does not write, a mixed or vanished generation, and
 # that of nccl-single-node.env too: the set is used whole or not at all), exports nothing of it:
-# the task runs untuned, with NCCL's defaults, one print line says why, and
+# the task runs untuned, with NCCL's defaults, one print line says why (for a refused set: nothing
+# published is not said, see nccltune_untuned), and
 # NCCLTUNE_APPLIED=untuned:nothing-published or untuned:refused records it, unless the task
 # already has a marker of an earlier launch.
 # The exit status is always 0: a missing tuning must not fail a job. Problems are said on stdout
@@ -67,8 +68,11 @@ nccltune_warn() {
 
 # nccltune_untuned WHY REASON: the failure policy: nothing of the set exported, WHY said once,
 # and the line export NCCLTUNE_APPLIED=untuned:REASON unless the task has a marker of its own.
+# A node that has published nothing yet is not said: the prolog's only voice is every task's
+# stdout (a print line), which a job's output, nccltune's own sweep steps included, must not get
+# on every node before its first publish; the marker records it.
 nccltune_untuned() {
-    printf "%s: %s; the job runs untuned (NCCL's defaults)\n" "$nccltune_prog" "$1" >&2
+    [ "$2" = nothing-published ] || printf "%s: %s; the job runs untuned (NCCL's defaults)\n" "$nccltune_prog" "$1" >&2
     [ -n "${NCCLTUNE_APPLIED+set}" ] || printf 'export NCCLTUNE_APPLIED=untuned:%s\n' "$2"
 }
 

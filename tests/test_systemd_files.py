@@ -371,12 +371,10 @@ def test_prolog_refuses_file_not_owned_by_root(env_dir: Path) -> None:
     assert "not root" in said(proc.stdout)
 
 
-def test_prolog_without_file_says_so_once_and_marks_the_task_untuned(env_dir: Path) -> None:
+def test_prolog_without_file_marks_the_task_untuned_and_prints_nothing(env_dir: Path) -> None:
+    # Its only voice is every task's stdout: a node that has published nothing yet is not said.
     proc = run_prolog(["/bin/sh"], env_dir / "absent.env")
-    assert (proc.returncode, proc.stderr) == (0, "")
-    assert exports(proc.stdout) == ["export NCCLTUNE_APPLIED=untuned:nothing-published"]
-    assert said(proc.stdout) == (f"nccltune-task-prolog: nothing is published at {env_dir / 'absent.env'}; the job "
-                                 "runs untuned (NCCL's defaults)")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "export NCCLTUNE_APPLIED=untuned:nothing-published\n", "")
 
 
 def _trust_check(script: Path) -> str:
