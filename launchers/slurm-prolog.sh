@@ -18,6 +18,14 @@
 # by nobody else, in a directory only root can change; otherwise nothing is exported. nccltune
 # publishes nccl.env as a link into its current generation; the link is resolved once and the
 # generation's own file is read (see nccltune_resolve).
+# Failure policy (docs/launch-failures.md, the same as nccltune exec/env and nccltune-torchrun):
+# a job is never blocked by nccltune. Nothing published, or a set that cannot be used (untrusted
+# owner or mode, unreadable, a line nccltune does not write, a mixed or vanished generation, and
+# that of nccl-single-node.env too: the set is used whole or not at all), exports nothing of it:
+# the task runs untuned, with NCCL's defaults, one print line says why (for a refused set: nothing
+# published is not said, see nccltune_untuned), and
+# NCCLTUNE_APPLIED=untuned:nothing-published or untuned:refused records it, unless the task
+# already has a marker of an earlier launch.
 # The exit status is always 0: a missing tuning must not fail a job. Problems are said on stdout
 # as "print TEXT" lines, which slurmstepd writes to the task's standard output (slurmd throws a
 # TaskProlog's stderr away, so a warning there reaches no one); the checks below write to stderr
@@ -48,11 +56,24 @@ nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
 nccltune_gen=
 nccltune_set=
 nccltune_applied=
+nccltune_single=
+nccltune_why=
 # Names and values that Slurm passes through unchanged and that no shell would expand.
 nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
 
+# nccltune_warn WHY: why the published set is not used; the first reason is the one said (once).
 nccltune_warn() {
-    printf '%s: not using %s: %s\n' "$nccltune_prog" "$nccltune_env_file" "$1" >&2
+    [ -n "$nccltune_why" ] || nccltune_why="not using $nccltune_env_file: $1"
+}
+
+# nccltune_untuned WHY REASON: the failure policy: nothing of the set exported, WHY said once,
+# and the line export NCCLTUNE_APPLIED=untuned:REASON unless the task has a marker of its own.
+# A node that has published nothing yet is not said: the prolog's only voice is every task's
+# stdout (a print line), which a job's output, nccltune's own sweep steps included, must not get
+# on every node before its first publish; the marker records it.
+nccltune_untuned() {
+    [ "$2" = nothing-published ] || printf "%s: %s; the job runs untuned (NCCL's defaults)\n" "$nccltune_prog" "$1" >&2
+    [ -n "${NCCLTUNE_APPLIED+set}" ] || printf 'export NCCLTUNE_APPLIED=untuned:%s\n' "$2"
 }
 
 # nccltune_mode_ok WHAT MODE UID: 0 when MODE and UID (fields of `ls -ldn`) say that only root
@@ -130,10 +151,24 @@ nccltune_trusted() {
     nccltune_mode_ok directory "$nccltune_mode" "$nccltune_uid"
 }
 
-# nccltune_print FILE NAME: the valid lines of FILE as "export NAME=value"; counts the rest on
-# stderr, naming the file as NAME.
-nccltune_print() {
+# nccltune_lines_ok FILE: 0 when FILE is readable and holds only comments and NAME=value lines
+# with a plain value (a file with any other line is not used at all).
+nccltune_lines_ok() {
+    if [ ! -r "$1" ]; then
+        nccltune_warn "it is not readable by uid $(id -u)"
+        return 1
+    fi
     # LC_ALL=C: in other locales [A-Z] can match lower-case and accented letters.
+    nccltune_bad=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' -- "$1")
+    if [ "${nccltune_bad:-0}" != 0 ]; then
+        nccltune_warn "it holds $nccltune_bad line(s) that are not NAME=value with a plain value (see: nccltune env)"
+        return 1
+    fi
+}
+
+# nccltune_print FILE: the lines of FILE (checked by nccltune_lines_ok) as "export NAME=value",
+# less what the task already has.
+nccltune_print() {
     nccltune_lines=$(LC_ALL=C grep -E -e "$nccltune_valid" -- "$1")
     while IFS= read -r nccltune_line; do
         [ -n "$nccltune_line" ] || continue
@@ -156,11 +191,6 @@ nccltune_print() {
     done <<EOF_LINES
 $nccltune_lines
 EOF_LINES
-    nccltune_skipped=$(LC_ALL=C grep -E -v -c -e "$nccltune_valid" -e '^[[:space:]]*(#.*)?$' -- "$1")
-    if [ "${nccltune_skipped:-0}" -gt 0 ] 2>/dev/null; then
-        printf '%s: %s: skipped %s line(s) that are not NAME=value with a plain value\n' \
-            "$nccltune_prog" "$2" "$nccltune_skipped" >&2
-    fi
 }
 
 # nccltune_single_node: 0 when the job is known to run on one node (see the header).
@@ -171,22 +201,24 @@ nccltune_single_node() {
     return 1
 }
 
-# nccltune_print_single: the valid lines of nccl-single-node.env of the generation nccl.env came from.
-nccltune_print_single() {
-    nccltune_single=$(dirname -- "$nccltune_real")/nccl-single-node.env
-    [ -e "$nccltune_single" ] || [ -L "$nccltune_single" ] || return 0
-    nccltune_env_file=$nccltune_single
-    nccltune_trusted "$nccltune_single" || return 0
-    if [ -n "$nccltune_gen" ] && \
-        ! LC_ALL=C grep -q -x -e "# generation: $nccltune_gen" -- "$nccltune_single" 2>/dev/null; then
+# nccltune_check_single: sets nccltune_single to nccl-single-node.env of the generation nccl.env
+# came from, once it passes every check (none there: empty); 1 when it is there and fails one.
+# Checked whatever the job's size, before anything is exported: a set is used whole or not at all.
+nccltune_check_single() {
+    nccltune_path=$(dirname -- "$nccltune_real")/nccl-single-node.env
+    [ -e "$nccltune_path" ] || [ -L "$nccltune_path" ] || return 0
+    nccltune_env_file=$nccltune_path
+    nccltune_trusted "$nccltune_path" || return 1
+    # A file named as it is (the CDI files device's): the generation its own header gives.
+    [ -n "${nccltune_gen:-}" ] || \
+        nccltune_gen=$(LC_ALL=C sed -n 's/^# generation: \([0-9][0-9]*\)$/\1/p' -- "$nccltune_real" | head -n 1)
+    if [ -n "${nccltune_gen:-}" ] && \
+        ! LC_ALL=C grep -q -x -e "# generation: $nccltune_gen" -- "$nccltune_path" 2>/dev/null; then
         nccltune_warn "it is not of generation $nccltune_gen, which current names (a mixed set)"
-        return 0
+        return 1
     fi
-    if [ ! -r "$nccltune_single" ]; then
-        nccltune_warn "it is not readable by uid $(id -u)"
-        return 0
-    fi
-    nccltune_print "$nccltune_single" "$nccltune_single"
+    nccltune_lines_ok "$nccltune_path" || return 1
+    nccltune_single=$nccltune_path
 }
 
 # nccltune_prior NAMES: sets nccltune_names to NAMES when it is a list a marker may hold (NCCL_*,
@@ -235,16 +267,15 @@ case ${NCCLTUNE_DISABLE:-0} in
 esac
 
 nccltune_main() {
-    if [ -e "$nccltune_env_file" ] || [ -L "$nccltune_env_file" ]; then
-        if ! nccltune_resolve "$nccltune_env_file" || ! nccltune_trusted "$nccltune_real"; then
-            :
-        elif [ ! -r "$nccltune_real" ]; then
-            nccltune_warn "it is not readable by uid $(id -u)"
-        else
-            nccltune_print "$nccltune_real" "$nccltune_env_file"
-            nccltune_single_node && nccltune_print_single
-            nccltune_mark
-        fi
+    if [ ! -e "$nccltune_env_file" ] && [ ! -L "$nccltune_env_file" ]; then
+        nccltune_untuned "nothing is published at $nccltune_env_file" nothing-published
+    elif nccltune_resolve "$nccltune_env_file" && nccltune_trusted "$nccltune_real" && \
+            nccltune_lines_ok "$nccltune_real" && nccltune_check_single; then
+        nccltune_print "$nccltune_real"
+        [ -n "$nccltune_single" ] && nccltune_single_node && nccltune_print "$nccltune_single"
+        nccltune_mark
+    else
+        nccltune_untuned "$nccltune_why" refused
     fi
 }
 

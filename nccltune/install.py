@@ -4,7 +4,12 @@ run as, and nothing else.
 
 The files ship in the source tree's `systemd/`, `examples/` and `launchers/` folders (or their
 copies installed as package data). ExecStart is rewritten to the nccltune executable actually
-installed, so the unit never points at a path that does not exist. Install first makes a plan
+installed, so the unit never points at a path that does not exist, and ReadWritePaths= to every
+directory the config lets nccltune write in (``Config.written_dirs``: the config below the prefix,
+or the defaults). ``--prefix DIR`` is a DESTDIR, for packages and images: the files go below DIR,
+but every path written inside them (ExecStart, ReadWritePaths=, the manifest's file names) is the
+final one without DIR, and ExecStart is ``--binary`` or the units' own /usr/local/bin/nccltune,
+never the nccltune running the install (a build checkout's venv). Install first makes a plan
 (what it would write and run): `--dry-run` prints it, otherwise it is carried out and a manifest
 of every file written, with its SHA-256, is kept in /etc/nccltune/installed.json. Uninstall removes
 only the files whose content is still what install wrote (an edited config or wrapper stays, and
@@ -46,6 +51,10 @@ LAUNCHERS = (
     ("slurm-prolog.sh", "etc/slurm/nccltune-task-prolog.sh"),
 )
 MANIFEST = "etc/nccltune/installed.json"
+CONFIG = "etc/nccltune/config.yaml"
+# The executable the shipped units name, ExecStart's below a prefix unless --binary says otherwise.
+SHIPPED_EXE = "/usr/local/bin/nccltune"
+READ_WRITE_KEY = "ReadWritePaths="
 ENABLE = (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "nccltune.service"])
 DISABLE = ["systemctl", "disable", "--now", "nccltune.service"]
 # The device nodes the ranks open: the GPUs (and MIG capabilities), and RDMA for NCCL's IB transport.
@@ -89,6 +98,7 @@ class Write:
     text: str
     mode: int
     note: str
+    final: Path  # where it lies on the installed system: `path` without the prefix
 
 
 @dataclass
@@ -98,13 +108,23 @@ class InstallPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def unit_text(name: str, exe: str) -> str:
-    """A shipped unit with ExecStart (not ExecReload's kill) pointing at `exe`."""
+def read_write_paths(dirs: tuple[Path, ...]) -> str:
+    """The units' ReadWritePaths= line for `dirs`: each '-'-prefixed, so that a directory not made
+    yet does not stop the service from starting (ProtectSystem=strict keeps everything else
+    read-only)."""
+    return READ_WRITE_KEY + " ".join(systemd_quote(f"-{d}") for d in dirs)
+
+
+def unit_text(name: str, exe: str, dirs: tuple[Path, ...] | None = None) -> str:
+    """A shipped unit with ExecStart (not ExecReload's kill) pointing at `exe`, and its
+    ReadWritePaths= listing `dirs` (None: as shipped, the defaults' list)."""
     lines = []
     for line in (units_dir() / name).read_text().splitlines():
         for key in ("ExecStart=", "ExecReload="):
             if line.startswith(key) and "nccltune" in line.split()[0]:
                 line = key + systemd_quote(exe) + line[len(key) + len(line[len(key):].split()[0]):]
+        if dirs is not None and line.startswith(READ_WRITE_KEY):
+            line = read_write_paths(dirs)
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -196,29 +216,45 @@ def check_binary(exe: str) -> None:
 
 def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True) -> InstallPlan:
     """What install writes and runs, after the trust rule for the prefix and the executable;
-    writes nothing.
+    writes nothing. Below a prefix other than / (a DESTDIR) every path written inside a file is
+    the final one.
 
     Raises:
-        InputError: the prefix or the executable may not be trusted (exit 78).
+        InputError: the prefix or the executable may not be trusted, or the config below the
+            prefix is not valid (exit 78).
     """
-    exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
+    from .config import load_config
+
     real_prefix = check_prefix(prefix)
-    check_binary(exe)
+    destdir = real_prefix != Path("/")
+    if destdir:
+        # The target system's executable, never this process's (a build checkout's venv).
+        exe = binary or SHIPPED_EXE
+        # Root runs it on the target, which may be this very system: as given, and in the image.
+        check_binary(exe)
+        check_binary(str(prefix / exe.lstrip("/")))
+    else:
+        exe = binary or shutil.which("nccltune") or str(Path(sys.argv[0]).resolve())
+        check_binary(exe)
+    # The directories the service may write, from the target's config (its paths are final ones).
+    dirs = load_config(prefix / CONFIG).written_dirs()
     plan = InstallPlan()
-    target = prefix / "etc/systemd/system"
+
+    def add(where: str, text: str, mode: int, note: str) -> None:
+        plan.writes.append(Write(prefix / where, text, mode, note, Path("/") / where))
+
     for name in UNITS:
-        plan.writes.append(Write(target / name, unit_text(name, exe), 0o644, f"(ExecStart {exe})"))
-    config = prefix / "etc/nccltune/config.yaml"
+        add(f"etc/systemd/system/{name}", unit_text(name, exe, dirs), 0o644, f"(ExecStart {exe})")
     example = shipped_dir("examples", "examples") / "config.yaml"
-    if example.exists() and not config.exists():
-        plan.writes.append(Write(config, example.read_text(), 0o644, "(all defaults; edit to taste)"))
+    if example.exists() and not (prefix / CONFIG).exists():
+        add(CONFIG, example.read_text(), 0o644, "(all defaults; edit to taste)")
     launchers = shipped_dir("launchers", "launchers")
     for source, where in LAUNCHERS:
-        plan.writes.append(Write(prefix / where, (launchers / source).read_text(), 0o755, ""))
+        add(where, (launchers / source).read_text(), 0o755, "")
     prolog = prefix / LAUNCHERS[1][1]
     plan.notes.append(f"for Slurm: TaskProlog=/{LAUNCHERS[1][1]} in slurm.conf (one TaskProlog per node: "
                       f"call {prolog.name} from an existing one)")
-    if real_prefix == Path("/"):
+    if not destdir:
         plan.commands.extend(rank_user_commands())
     else:
         plan.notes.append(f"on the target, create the user the benchmark ranks run as (bench.user): "
@@ -227,6 +263,14 @@ def plan_install(prefix: Path, *, binary: str | None = None, enable: bool = True
     if enable:
         plan.commands.extend(list(c) for c in ENABLE)
     return plan
+
+
+def installed_path(prefix: Path, name: str) -> Path:
+    """Where a file the manifest names (its final path) lies below `prefix`. A manifest written
+    before the names were final ones names the prefixed path itself."""
+    if prefix != Path("/") and Path(name).is_relative_to(prefix):
+        return Path(name)
+    return prefix / name.lstrip("/")
 
 
 def _read_manifest(prefix: Path) -> dict[str, str]:
@@ -271,7 +315,7 @@ def install_units(prefix: Path, *, binary: str | None = None, enable: bool = Tru
         # Each directory walked under the trust rule before anything is made in it.
         ensure_dir(w.path.parent, "install directory")
         atomic_write(w.path, w.text, w.mode)
-        manifest[str(w.path)] = sha256(w.text)
+        manifest[str(w.final)] = sha256(w.text)
         done.append(f"installed {w.path} {w.note}".rstrip())
     ensure_dir((prefix / MANIFEST).parent, "install directory")
     atomic_write(prefix / MANIFEST, json.dumps({"files": manifest}, indent=1, sort_keys=True) + "\n")
@@ -298,7 +342,7 @@ def uninstall(prefix: Path, *, disable: bool = True, dry_run: bool = False) -> l
             _run(DISABLE)
             done.append(" ".join(DISABLE))
     for name, digest in sorted(manifest.items()):
-        path = Path(name)
+        path = installed_path(prefix, name)
         try:
             # Removed by name, in a directory nobody else could have switched.
             trusted_target(path, "installed file", follow_last=False)

@@ -71,8 +71,9 @@ def test_topo_shows_the_demo_topology_where_the_node_cannot_be_read(after_demo: 
     else:
         pytest.skip("this machine has NVML: topo reads the node itself")
     rc, out, err = run("topo")
-    assert rc == 0, err
+    assert rc == 69, "a recording shown because the node could not be read is EX_UNAVAILABLE"
     assert "showing the CPU demo's recorded topology" in err and "h200x2-nvswitch-vm.json" in err
+    assert "NOT this node's" in err and "exiting 69" in err
     assert "GPU0" in out
     rc, out2, err = run("topo", "--demo")
     assert rc == 0, err

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -173,16 +175,61 @@ def test_uninstall_removes_only_unchanged_files_and_never_the_state(tmp_path: Pa
     assert rc == 0 and "nothing to uninstall" in out
 
 
-def test_uninstall_without_prefix_disables_the_service_first(tmp_path: Path) -> None:
+def test_uninstall_with_disable_disables_the_service_first(tmp_path: Path) -> None:
+    from nccltune.install import uninstall as uninstall_units
+
     env, calls = fake_systemctl(tmp_path)
     root = tmp_path / "root"
     assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0
-    # The manifest names absolute paths: uninstall at "/" finds it where this install put it.
-    with mock.patch("nccltune.install.MANIFEST", str(root / "etc/nccltune/installed.json").lstrip("/")):
-        rc, _out, err = uninstall(env=env)
-    assert rc == 0, err
+    # What `nccltune uninstall` (no prefix) does, below a prefix: disable, remove, reload.
+    with mock.patch.dict(os.environ, env):
+        uninstall_units(root, disable=True)
     assert calls.read_text().splitlines() == ["disable --now nccltune.service", "daemon-reload"]
     assert not (root / "etc/systemd/system/nccltune.service").exists()
+
+
+def test_a_prefix_is_a_destdir_every_recorded_path_is_the_final_one(tmp_path: Path) -> None:
+    root = tmp_path / "destdir"
+    config = root / "etc/nccltune/config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("state_dir: /srv/nccltune\npublish:\n  cdi_dir: /var/run/cdi\n  nccl_conf: /etc/nccl.conf\n"
+                      "  metrics_dir: /var/lib/node-exporter\n")
+    # No --binary: ExecStart is the target's nccltune, never the one running this install.
+    rc, _out, err = install("--prefix", root)
+    assert rc == 0, err
+    for name in UNITS:
+        text = (root / "etc/systemd/system" / name).read_text()
+        assert "ExecStart=/usr/local/bin/nccltune " in text
+        assert str(root) not in text and ".venv" not in text and sys.prefix not in text
+        assert ("ReadWritePaths=-/srv/nccltune -/var/run/cdi -/etc -/var/lib/node-exporter\n" in text)
+    manifest = json.loads((root / "etc/nccltune/installed.json").read_text())
+    assert sorted(manifest["files"]) == ["/etc/slurm/nccltune-task-prolog.sh",
+                                         "/etc/systemd/system/nccltune-sweep.service",
+                                         "/etc/systemd/system/nccltune.service", "/usr/local/bin/nccltune-torchrun"]
+    # Uninstall below the same DESTDIR finds every file by its final name.
+    rc, _out, err = uninstall("--prefix", root)
+    assert rc == 0, err
+    assert not (root / "etc/systemd/system/nccltune.service").exists()
+    assert not (root / "usr/local/bin/nccltune-torchrun").exists()
+
+
+def test_the_shipped_units_list_what_the_default_config_writes() -> None:
+    from nccltune.config.schema import Config
+    from nccltune.install import read_write_paths
+
+    line = read_write_paths(Config().written_dirs())
+    assert line == "ReadWritePaths=-/var/lib/nccltune"
+    for name in UNITS:
+        assert [x for x in (SOURCE / name).read_text().splitlines() if x.startswith("ReadWritePaths=")] == [line]
+
+
+def test_written_dirs_names_each_directory_once_and_none_below_another() -> None:
+    from nccltune.config.schema import Config, PublishConfig
+
+    cfg = Config(state_dir="/var/lib/nccltune", publish=PublishConfig(
+        dir="pub", topology_file="/var/lib/nccltune/topo/x.xml", cdi_dir="/etc/cdi", nccl_conf="/etc/nccl.conf",
+        metrics_dir="metrics"))
+    assert cfg.written_dirs() == (Path("/var/lib/nccltune"), Path("/etc"))
 
 
 def test_uninstall_refuses_a_manifest_others_may_edit(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def test_torchrun_wrapper_uses_nothing_of_a_file_with_a_line_it_does_not_know(tm
     proc = run_wrapper("sh", tmp_path, state, ["train.py"], {})
     assert proc.returncode == 0
     pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
-    assert nccl_part({n: v for n, _, v in pairs}) == {}
+    assert nccl_part({n: v for n, _, v in pairs}) == {APPLIED_VAR: "untuned:refused"}
     assert "holds lines other than export NAME='value'" in proc.stderr.decode()
 
 

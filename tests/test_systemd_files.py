@@ -231,7 +231,7 @@ def test_launchers_refuse_a_mixed_set(shell: list[str], fake_torchrun: Path, env
     assert proc.stdout == ARGS
     assert "not of generation 2" in proc.stderr and "mixed set" in proc.stderr
     prolog = run_prolog(shell, env_dir / "nccl.env")
-    assert exports(prolog.stdout) == [] and "mixed set" in said(prolog.stdout)
+    assert exports(prolog.stdout) == [REFUSED] and "mixed set" in said(prolog.stdout)
 
 
 @requires_root
@@ -242,7 +242,7 @@ def test_launchers_check_every_directory_of_the_set(fake_torchrun: Path, env_dir
     proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "nccl.sh")
     assert proc.stdout == ARGS and "world-writable" in proc.stderr
     prolog = run_prolog(["/bin/sh"], env_dir / "nccl.env")
-    assert exports(prolog.stdout) == [] and "world-writable" in said(prolog.stdout)
+    assert exports(prolog.stdout) == [REFUSED] and "world-writable" in said(prolog.stdout)
 
 
 @requires_root
@@ -255,11 +255,12 @@ def test_wrapper_does_not_half_apply_broken_file(fake_torchrun: Path, env_dir: P
     assert "it holds lines other than export NAME='value'" in proc.stderr
 
 
-def test_wrapper_without_file_just_runs_torchrun(fake_torchrun: Path, env_dir: Path) -> None:
+def test_wrapper_without_file_runs_torchrun_untuned_and_says_so_once(fake_torchrun: Path, env_dir: Path) -> None:
     proc = run_wrapper(["/bin/sh"], fake_torchrun, env_dir / "absent.sh")
     assert proc.returncode == 0
     assert proc.stdout == ARGS
-    assert proc.stderr == ""
+    assert proc.stderr == (f"nccltune-torchrun: nothing is published at {env_dir / 'absent.sh'}; the job runs "
+                           "untuned (NCCL's defaults)\n")
 
 
 def test_wrapper_passes_torchrun_exit_status(tmp_path: Path, env_dir: Path) -> None:
@@ -279,6 +280,10 @@ def run_prolog(shell: list[str], env_file: Path) -> subprocess.CompletedProcess[
     )
 
 
+# What the prolog exports for a set it refuses (docs/launch-failures.md): the untuned marker only.
+REFUSED = "export NCCLTUNE_APPLIED=untuned:refused"
+
+
 def exports(stdout: str) -> list[str]:
     """The prolog's export lines, in order."""
     return [line for line in stdout.splitlines() if line.startswith("export ")]
@@ -293,7 +298,7 @@ def said(stdout: str) -> str:
 
 @requires_root
 @SHELLS
-def test_prolog_prints_only_valid_lines_and_runs_nothing(shell: list[str], env_dir: Path) -> None:
+def test_prolog_uses_nothing_of_a_file_with_a_foreign_line_and_runs_nothing(shell: list[str], env_dir: Path) -> None:
     marker = env_dir.parent / "pwned"
     env_file = env_dir / "nccl.env"
     hostile = [
@@ -313,6 +318,9 @@ def test_prolog_prints_only_valid_lines_and_runs_nothing(shell: list[str], env_d
         " NCCL_INDENTED=1",
         "NCCL_=1",
     ]
+    valid = ["NCCL_ALGO=Ring", "NCCL_IB_HCA=^mlx5_2,mlx5_0:1", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+             "NCCL_TOPO_FILE=/var/lib/nccltune/ncclTopology.xml", "NCCLTUNE_PROFILE=llm-training",
+             "NCCL_DEBUG_SUBSYS=INIT,ENV", "NCCL_SOCKET_IFNAME=%eth0,=ib0,+eth1@x"]
     env_file.write_text(
         "# published by nccltune\n"
         "NCCL_ALGO=Ring\n"
@@ -328,17 +336,16 @@ def test_prolog_prints_only_valid_lines_and_runs_nothing(shell: list[str], env_d
     env_file.chmod(0o644)
     proc = run_prolog(shell, env_file)
     assert proc.returncode == 0
-    assert exports(proc.stdout) == [
-        "export NCCL_ALGO=Ring",
-        "export NCCL_IB_HCA=^mlx5_2,mlx5_0:1",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
-        "export NCCL_TOPO_FILE=/var/lib/nccltune/ncclTopology.xml",
-        "export NCCLTUNE_PROFILE=llm-training",
-        "export NCCL_DEBUG_SUBSYS=INIT,ENV",
-        "export NCCL_SOCKET_IFNAME=%eth0,=ib0,+eth1@x",
-    ]
-    assert f"skipped {len(hostile)} line(s)" in said(proc.stdout) and proc.stderr == ""
+    # The set is used whole or not at all (docs/launch-failures.md): nothing of it, one line why.
+    assert exports(proc.stdout) == [REFUSED]
+    assert said(proc.stdout).count("\n") == 0 and proc.stderr == ""
+    assert f"holds {len(hostile)} line(s) that are not NAME=value with a plain value" in said(proc.stdout)
+    assert "the job runs untuned" in said(proc.stdout)
     assert not marker.exists()
+    # Only the valid lines: all of them exported.
+    env_file.write_text("".join(line + "\n" for line in valid))
+    proc = run_prolog(shell, env_file)
+    assert exports(proc.stdout) == [f"export {line}" for line in valid] and proc.stdout.count("print ") == 0
 
 
 @requires_root
@@ -349,7 +356,7 @@ def test_prolog_refuses_group_writable_file(shell: list[str], env_dir: Path) -> 
     env_file.chmod(0o664)
     proc = run_prolog(shell, env_file)
     assert proc.returncode == 0
-    assert exports(proc.stdout) == []
+    assert exports(proc.stdout) == [REFUSED]
     assert "group-writable" in said(proc.stdout)
 
 
@@ -360,13 +367,14 @@ def test_prolog_refuses_file_not_owned_by_root(env_dir: Path) -> None:
         os.chown(env_file, 65534, 65534)
     proc = run_prolog(["/bin/sh"], env_file)
     assert proc.returncode == 0
-    assert exports(proc.stdout) == []
+    assert exports(proc.stdout) == [REFUSED]
     assert "not root" in said(proc.stdout)
 
 
-def test_prolog_without_file_is_silent(env_dir: Path) -> None:
+def test_prolog_without_file_marks_the_task_untuned_and_prints_nothing(env_dir: Path) -> None:
+    # Its only voice is every task's stdout: a node that has published nothing yet is not said.
     proc = run_prolog(["/bin/sh"], env_dir / "absent.env")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "export NCCLTUNE_APPLIED=untuned:nothing-published\n", "")
 
 
 def _trust_check(script: Path) -> str:

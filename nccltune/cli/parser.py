@@ -302,10 +302,12 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
     ins.add_argument("--prefix", metavar="DIR",
-                     help="install below DIR (images, tests); implies --no-enable unless --enable")
+                     help="install below DIR as a DESTDIR (packages, images, tests): every path written "
+                          "inside the files is the final one; implies --no-enable unless --enable")
     ins.add_argument("--no-enable", action="store_true", help="do not run systemctl daemon-reload/enable")
     ins.add_argument("--enable", action="store_true", help="run systemctl even with --prefix")
-    ins.add_argument("--binary", metavar="PATH", help="nccltune executable for ExecStart (default: this one)")
+    ins.add_argument("--binary", metavar="PATH",
+                     help="ExecStart's nccltune (default: this one; below --prefix, /usr/local/bin/nccltune)")
     ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
 
     uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")

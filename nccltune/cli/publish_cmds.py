@@ -6,9 +6,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..errors import EXIT_OK, CheckFailed, UsageError
+from ..errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
 from .common import load_cfg, out, reading_cfg
+
+if TYPE_CHECKING:
+    from ..publish import PublishedSet
 
 
 def _job_nnodes(args: argparse.Namespace) -> int | None:
@@ -27,25 +31,43 @@ def cmd_env(args: argparse.Namespace) -> int:
     single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
     can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
     """
-    from ..delivery.jobenv import decide, filter_text, site_comment
+    from ..delivery.jobenv import JobDecision, filter_text, launch, site_comment, untuned_text
     from ..nccl.site import conf_settings
     from ..nccl.sitetuner import default_conf_files, existing_tuner
-    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, job_env, read_set
+    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, read_set
     from ..report.sweep import single_node_comment
 
     cfg = reading_cfg(args)
     nnodes = _job_nnodes(args)
-    got = read_set(cfg.publish_dir)
-    if got is None:
-        raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
     fmt = "json" if args.json else args.format
+    got: PublishedSet | None
+    decision: JobDecision | None = None
+    if fmt == "json" or args.as_published:
+        # The files as they are, for inspection or for a file others read: a set that cannot be
+        # used is an error here (exit 78 or 1), not an untuned job.
+        got = read_set(cfg.publish_dir)
+        if got is None:
+            raise CheckFailed(f"nothing is published in {cfg.publish_dir}", hint="run `nccltune sweep` first")
+    else:
+        # For a job: the failure policy and the precedence rule (nccltune.delivery.jobenv.launch).
+        job = launch(cfg.publish_dir, os.environ, nnodes)
+        if job.untuned is not None:
+            print(f"nccltune: {job.message}", file=sys.stderr)
+            # What the job gets (sourced, it sets nothing but the marker); the status says why.
+            sys.stdout.write(untuned_text(job, fmt))
+            return job.exit_code
+        got, decision = job.published, job.decision
+        if got is None:  # opted out: the set is shown commented out where it can be read
+            got = _readable_set(cfg.publish_dir)
+        if got is None:
+            sys.stdout.write("# nccltune: nothing applied (NCCLTUNE_DISABLE is set)\n")
+            return EXIT_OK
     if fmt == "json":
         sys.stdout.write(got.texts[JSON_NAME])
         return EXIT_OK
     name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
     # For a job (the default) the precedence rule applies to what is printed: what the calling
-    # environment already sets, or everything under NCCLTUNE_DISABLE, is shown as a comment.
-    decision = None if args.as_published else decide(job_env(got, nnodes), os.environ, got.set_id)
+    # environment already sets is shown as a comment.
     sys.stdout.write(got.texts[name] if decision is None else filter_text(got.texts[name], decision))
     if got.single_node_env and nnodes == 1:
         single = got.texts[single_name]
@@ -59,6 +81,15 @@ def cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _readable_set(publish_dir: Path) -> PublishedSet | None:
+    from ..publish import read_set
+
+    try:
+        return read_set(publish_dir)
+    except NccltuneError:
+        return None
+
+
 # What shells return for a command that is missing (127) or cannot be run (126).
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_RUN = 126
@@ -68,9 +99,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     """Run a command with the published environment: the every-job part, plus the single-node
     part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1), less what
     the calling environment sets itself, and the marker NCCLTUNE_APPLIED of what it added;
-    nothing under NCCLTUNE_DISABLE."""
-    from ..delivery.jobenv import decide
-    from ..publish import job_env, read_set
+    nothing under NCCLTUNE_DISABLE; untuned, said on stderr, when the set cannot be used."""
+    from ..delivery.jobenv import launch
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -79,18 +109,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("nccltune exec: give a command after --, e.g. nccltune exec -- torchrun train.py")
     cfg = load_cfg(args)
     nnodes = _job_nnodes(args)
-    got = read_set(cfg.publish_dir)
-    env = dict(os.environ)
-    if got is None:
-        print(f"nccltune: nothing published in {cfg.publish_dir}; running with the current environment",
-              file=sys.stderr)
-    else:
-        # The every-job part always; the single-node part only for a job known to run on one node;
-        # of those, what the job does not set itself (the rule in nccltune.delivery.jobenv).
-        decision = decide(job_env(got, nnodes), env, got.set_id)
-        for note in decision.notes("nccltune"):
-            print(note, file=sys.stderr)
-        env = decision.environment(env)
+    # The failure policy and the precedence rule in one place (nccltune.delivery.jobenv.launch):
+    # a set that cannot be used runs the command untuned, said once here, never refused.
+    job = launch(cfg.publish_dir, os.environ, nnodes)
+    if job.untuned is not None:
+        print(f"nccltune: {job.message}", file=sys.stderr)
+    for note in job.decision.notes("nccltune"):
+        print(note, file=sys.stderr)
+    env = job.environment(os.environ)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_OK, NccltuneError, UnavailableError
-from .common import DEMO_STATE_DIR, absolute, load_cfg, note, out, output_file
+from ..errors import EXIT_OK, EXIT_UNAVAILABLE, NccltuneError, UnavailableError
+from .common import DEMO_STATE_DIR, absolute, load_cfg, out, output_file
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,11 @@ def cmd_topo(args: argparse.Namespace) -> int:
         demo_fallback = None if source is not None else _demo_snapshot()
         if demo_fallback is None:
             raise
-        note(f"cannot read this node ({sys.exc_info()[1]}); showing the CPU demo's recorded "
-             f"topology {demo_fallback} (--demo SNAPSHOT or --input FILE to choose)")
+        # Shown so that a user without a GPU sees what topo prints, but never as this node's
+        # reading: a script that asked for the node gets 69 (EX_UNAVAILABLE) either way.
+        print(f"nccltune: cannot read this node ({sys.exc_info()[1]}); showing the CPU demo's recorded "
+              f"topology {demo_fallback} instead, NOT this node's, and exiting 69 (--demo SNAPSHOT or "
+              "--input FILE to choose a recording)", file=sys.stderr, flush=True)
         source = demo_fallback
         topo = load_topology(source, with_nics=not args.no_nics)
     paths = compute_paths(topo)
@@ -70,7 +73,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         out(with_class_line(topology_text(topo, paths, with_nics=not args.no_nics), topo, cls, version_note))
         if args.xml:
             out(f"\nWrote NCCL topology file {args.xml} (use it with NCCL_TOPO_FILE={args.xml})")
-    return EXIT_OK
+    return EXIT_UNAVAILABLE if demo_fallback is not None else EXIT_OK
 
 
 def _demo_snapshot() -> str | None:

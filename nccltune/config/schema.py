@@ -335,6 +335,16 @@ class Config:
         """The node_exporter textfile directory, or None when metrics are off."""
         return self._under_state(self.publish.metrics_dir)
 
+    def written_dirs(self) -> tuple[Path, ...]:
+        """Every directory nccltune may write in under this config: the state and publish
+        directories, the topology copy's, the CDI spec directory, the NCCL conf file's (its block is
+        replaced by a rename there) and the metrics textfile directory; one below another listed
+        is left out. The one list the units' ReadWritePaths= is made from (install.py)."""
+        dirs = [Path(self.state_dir), self.publish_dir, self.topology_file.parent]
+        dirs += [d for d in (self.cdi_dir, self.nccl_conf.parent if self.nccl_conf else None, self.metrics_dir) if d]
+        unique = list(dict.fromkeys(dirs))
+        return tuple(d for d in unique if not any(o != d and d.is_relative_to(o) for o in unique))
+
     @property
     def profile_path(self) -> Path | None:
         """The class profile the daemon keeps applied (profile.path), or None."""

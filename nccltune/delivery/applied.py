@@ -23,6 +23,12 @@ it set them (the every-job part, then the single-node part, each sorted as the f
   inside another launch of the same set adds its names to those the job's marker already gives
   (a marker of another set, or one that is not of this form, is replaced).
 
+A launch that could not use the published set (nothing published, or a set that cannot be
+trusted, read or checked: docs/launch-failures.md) runs the job untuned and leaves
+``untuned:REASON`` instead (``untuned_marker``; REASON one of ``UNTUNED_REASONS``), unless the job
+already has a marker of an earlier launch, which then stays as it is (the values it names are still
+that launch's). It names no set and no variable, so a sweep takes it as "nothing came from nccltune".
+
 The marker is never trusted for anything but leaving a pin out: a sweep drops a named variable
 from its pins only while the job's value equals the value the state directory's own published set
 holds (delivery.jobenv.from_published), so a forged marker can at most get a job's own value that
@@ -46,6 +52,25 @@ _MARKER_RE = re.compile(rf"(?P<generation>0|[1-9][0-9]{{0,17}}):(?P<digest>[0-9a
                         rf"(?P<names>{_NAME}(?:,{_NAME})*)?")
 # Far beyond what a set can name (two parts of at most 256 variables); a longer value is no marker.
 MAX_MARKER_CHARS = 1 << 20
+# What a launch that used nothing of the published set leaves, and why: nothing is published, or
+# what is there is refused (untrusted, unreadable, malformed, a mixed or stale generation).
+UNTUNED_PREFIX = "untuned:"
+NOTHING_PUBLISHED = "nothing-published"
+REFUSED = "refused"
+UNTUNED_REASONS = (NOTHING_PUBLISHED, REFUSED)
+
+
+def untuned_marker(reason: str) -> str:
+    """The marker's value for a launch that ran the job untuned for `reason` (UNTUNED_REASONS)."""
+    if reason not in UNTUNED_REASONS:
+        raise ValueError(f"not an untuned reason: {reason!r}")
+    return UNTUNED_PREFIX + reason
+
+
+def untuned_reason(text: str) -> str | None:
+    """The reason an untuned marker gives, or None when `text` is not one."""
+    reason = text.removeprefix(UNTUNED_PREFIX)
+    return reason if text.startswith(UNTUNED_PREFIX) and reason in UNTUNED_REASONS else None
 
 
 def set_digest(json_bytes: bytes) -> str:

@@ -15,7 +15,14 @@ The other way round, ``from_published`` is what a sweep started from such a job 
 calling environment: the variables the marker names whose values are still the ones the state
 directory's published set holds came from nccltune, not from the job, and are never its pins.
 
-`nccltune exec` and `nccltune env` call `decide` here. The shell launchers (launchers/nccltune-torchrun,
+The failure policy (docs/launch-failures.md): a job is never blocked by nccltune. When nothing is
+published, or the published set cannot be trusted, read or checked, the job runs untuned (NCCL's
+defaults: nothing of the set applied), the launch says so once on stderr, and the marker says
+``untuned:REASON`` (delivery.applied) unless the job's own marker of an earlier launch stays.
+``launch`` is that policy for `nccltune exec` and `nccltune env`; `NCCLTUNE_DISABLE` is looked at
+first, so an opted-out job never reads the set at all.
+
+`nccltune exec` and `nccltune env` call `launch` here. The shell launchers (launchers/nccltune-torchrun,
 launchers/slurm-prolog.sh) cannot import Python and carry the same three steps in sh; the tests run
 every form against the same jobs and compare the results with `decide`. Forms that never see the
 job's environment (systemd EnvironmentFile=, docker --env-file, the nccl.conf block, a CDI device's
@@ -32,11 +39,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import NccltuneError
+from ..errors import EXIT_CHECK_FAILED, EXIT_OK, NccltuneError
 from ..logsetup import escaped
 from ..nccl.site import ConfSetting, SiteTuner
-from ..publish import read_set
-from .applied import APPLIED_VAR, Applied, merged
+from ..publish import PublishedSet, job_env, read_set
+from .applied import APPLIED_VAR, NOTHING_PUBLISHED, REFUSED, Applied, merged, untuned_marker, untuned_reason
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,59 @@ def decide(offered: Mapping[str, str], environ: Mapping[str, str], set_id: str |
     kept = {name: (environ[name], value) for name, value in offered.items() if name in environ}
     marker = None if set_id is None else merged(environ.get(APPLIED_VAR), set_id, applied)
     return JobDecision(applied, kept, marker=marker)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one launch hands a job (``launch``): the decision over the published set it read, or,
+    with ``untuned`` set (a reason of delivery.applied.UNTUNED_REASONS), nothing of the set, and
+    ``message`` the one line that says why (for stderr) and ``exit_code`` the code of the failure
+    (errors.py: 78 untrusted or malformed, 1 unreadable or nothing published), which `nccltune env`
+    exits with after printing what the job gets; `nccltune exec` runs the command all the same."""
+
+    decision: JobDecision
+    published: PublishedSet | None = None
+    untuned: str | None = None
+    message: str = ""
+    exit_code: int = EXIT_OK
+
+    def environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The job's environment as this launch leaves it."""
+        return self.decision.environment(environ)
+
+
+def launch(publish_dir: Path, environ: Mapping[str, str], nnodes: int | None) -> Launch:
+    """THE failure policy and the precedence rule for a job whose own environment is `environ`,
+    of `nnodes` nodes (None: it does not say), from the set published in `publish_dir`. Never
+    raises for the set: nothing published, or a set ``read_set`` refuses (untrusted, unreadable,
+    malformed, mixed, a generation that is gone), gives an untuned launch."""
+    if opted_out(environ):
+        return Launch(JobDecision(opted_out=True))
+    try:
+        got = read_set(publish_dir)
+    except NccltuneError as exc:
+        return _untuned(REFUSED, f"the published set in {publish_dir} cannot be used "
+                        f"({escaped(exc.message, 600)})", environ, exc.exit_code)
+    if got is None:
+        return _untuned(NOTHING_PUBLISHED, f"nothing is published in {publish_dir}", environ, EXIT_CHECK_FAILED)
+    return Launch(decide(job_env(got, nnodes), environ, got.set_id), got)
+
+
+def _untuned(reason: str, why: str, environ: Mapping[str, str], exit_code: int) -> Launch:
+    # The job's marker of an earlier launch stays: the values it names are still that launch's.
+    marker = untuned_marker(reason) if APPLIED_VAR not in environ else None
+    return Launch(JobDecision(marker=marker), untuned=reason,
+                  message=f"{why}; the job runs untuned (NCCL's defaults)", exit_code=exit_code)
+
+
+def untuned_text(got: Launch, fmt: str) -> str:
+    """What `nccltune env` prints for an untuned launch (``fmt`` "sh" or "env"): a comment, and
+    the marker where the launch sets one, so that the text can still be sourced or loaded."""
+    lines = [f"# nccltune: nothing of the published set applied ({got.untuned}): the job runs untuned"]
+    if got.decision.marker is not None:
+        quote = "'" if fmt == "sh" else ""
+        lines.append(f"{'export ' if fmt == 'sh' else ''}{APPLIED_VAR}={quote}{got.decision.marker}{quote}")
+    return "\n".join(lines) + "\n"
 
 
 def filter_text(text: str, decision: JobDecision) -> str:
@@ -159,6 +219,11 @@ def from_published(environ: Mapping[str, str], publish_dir: Path) -> FromPublish
     text = environ.get(APPLIED_VAR)
     if text is None:
         return FromPublished()
+    reason = untuned_reason(text)
+    if reason is not None:
+        note = f"{APPLIED_VAR}={text}: the launch applied nothing of the published set: {_ALL_OWN}"
+        log.info("%s", note)
+        return FromPublished(notes=(note,))
     marker = Applied.parse(text)
     if marker is None:
         return _ignored(f"{APPLIED_VAR}={escaped(text, 120)} is not a marker nccltune writes: ignored, {_ALL_OWN}")
