@@ -17,7 +17,7 @@ from nccltune.topology.nodeclass import class_id_of
 from tests.demo_state import clean_env
 from tests.fleet_fixtures import h200x2_export
 
-RING = {"NCCL_ALGO": "Ring"}
+RING = {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
 
 
 def _export(tmp_path: Path, host: str, nccl: str, torch: str = "2.11.0") -> Path:
@@ -81,6 +81,9 @@ def test_status_shows_versions_and_what_is_in_force_per_node(tmp_path: Path) -> 
     assert nodes["gpu-c"]["in_force"] == nodes["gpu-d"]["in_force"] == IN_FORCE_SAFE
     assert nodes["gpu-c"]["canary"] is True and nodes["gpu-d"]["canary"] is False
     assert "nccl 2.28.9 (profile) vs 2.29.1 (node)" in nodes["gpu-d"]["why"]
+    # What they serve: the wiring and error handling, not the old version's algorithm pin.
+    assert cls["safe_part"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert "NCCL_ALGO" in cls["left_out_after_upgrade"]
     text = _status(str(exports), "--profiles", str(profiles), cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     line = next(x for x in text.stdout.splitlines() if x.strip().startswith("gpu-c:"))

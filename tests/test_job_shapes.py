@@ -51,3 +51,13 @@ def test_every_command_of_the_pages_parses(page: str) -> None:
     assert lines, f"docs/{page} shows no command"
     for line in lines:
         build_parser().parse_args(shlex.split(line)[1:])  # argparse exits 2 on a bad line
+
+
+def test_the_safe_part_after_an_upgrade_keeps_only_wiring_and_error_handling() -> None:
+    from nccltune.fleet.upgrade import safe_part
+
+    env = {"NCCL_ALGO": "Ring", "NCCL_IB_HCA": "mlx5_0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+           "NCCL_BUFFSIZE": "8388608", "NCCL_SOMETHING_NEW": "1"}
+    kept, left_out = safe_part(env)
+    assert kept == {"NCCL_IB_HCA": "mlx5_0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert left_out == ["NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_SOMETHING_NEW"]

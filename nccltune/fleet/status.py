@@ -25,6 +25,7 @@ from ..topology.nodeclass import class_id_of
 from .apply import VERSION_FACTS
 from .decide import PROFILE_KIND, read_json_document
 from .export import EXPORT_KIND
+from .upgrade import safe_part
 
 IN_FORCE_OWN = "own choice (no class profile)"
 IN_FORCE_PROFILE = "profile (every part)"
@@ -51,9 +52,12 @@ class ClassStatus:
     profile: str | None
     profile_versions: dict[str, str | None] | None  # the previous profile's (before an upgrade)
     nodes: list[NodeStatus]
+    safe: dict[str, str]  # the previous profile's safe part (fleet/upgrade.py)
+    left_out: list[str]  # what of its env an upgraded node does not get
 
     def as_dict(self) -> dict[str, Any]:
         return {"class": self.class_id, "profile": self.profile, "profile_versions": self.profile_versions,
+                "safe_part": self.safe, "left_out_after_upgrade": self.left_out,
                 "nodes": [n.as_dict() for n in self.nodes]}
 
 
@@ -137,9 +141,14 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
     if previous is None and profiles:
         previous = profiles[0][1]["node_class"]["id"]
     prof_path, prof_versions = None, None
+    safe: dict[str, str] = {}
+    left_out: list[str] = []
     if previous is not None:
         path, prof = by_id[previous]
         prof_path, prof_versions = str(path), {"nccl": prof["versions"]["nccl"], "driver": prof["versions"]["driver"]}
+        safe, left_out = safe_part(prof["env"])
+        if prof.get("tuner_table"):
+            left_out.append("the tuner table")
     canaries: set[str] = set()
     nodes = []
     for path, doc in sorted(members, key=lambda m: str(m[1]["hostname"])):
@@ -155,7 +164,7 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
             canaries.add(cid)
             nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_SAFE,
                                     "; ".join(_differs(versions, prof_versions)), canary))
-    return ClassStatus(hw, prof_path, prof_versions, nodes)
+    return ClassStatus(hw, prof_path, prof_versions, nodes, safe, left_out)
 
 
 def render(classes: Sequence[ClassStatus]) -> str:
@@ -167,6 +176,8 @@ def render(classes: Sequence[ClassStatus]) -> str:
             pv = cls.profile_versions or {}
             lines.append(f"class {cls.class_id} (without versions): profile {cls.profile} "
                          f"(NCCL {pv.get('nccl') or 'unknown'}, driver {pv.get('driver') or 'unknown'})")
+            lines.append(f"  safe part after an upgrade: {', '.join(cls.safe) or 'nothing (NCCL defaults)'}; "
+                         f"left out: {', '.join(cls.left_out) or 'nothing'}")
         for n in cls.nodes:
             v = n.versions
             role = "  [canary: re-measures against the profile]" if n.canary else ""
