@@ -10,6 +10,8 @@ from .common import load_cfg, out, output_file
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    if args.fleet_command == "status":
+        return _status(args)
     from ..config import profile_collectives
     from ..files.atomicfile import atomic_write
     from ..fleet.decide import decide, dumps_profile, load_exports, rules_from
@@ -27,4 +29,19 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")
     out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from ..fleet.status import export_paths, fleet_status, render
+
+    classes = fleet_status(export_paths([Path(p) for p in args.exports]),
+                           None if args.profiles is None else Path(args.profiles))
+    if args.json:
+        sys.stdout.write(json.dumps({"classes": [c.as_dict() for c in classes]}, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(render(classes))
     return EXIT_OK

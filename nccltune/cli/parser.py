@@ -115,6 +115,8 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
               "nccltune fleet decide node*.json --out class.json"),
     "fleet decide": ("Pool the exports of one node class into a class profile that `nccltune apply` publishes.",
                      "nccltune fleet decide node1.json node2.json --out class.json"),
+    "fleet status": ("Per node class: the NCCL, driver and torch each node runs and what is in force there.",
+                     "nccltune fleet status exports/ --profiles profiles/"),
     "apply": ("Publish a class profile on this node after checking that it was decided for this node's class.",
               "nccltune apply /shared/profiles/"),
 }
@@ -376,6 +378,13 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
     dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
     dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
+    st = fsub.add_parser("status", help="per class: each node's NCCL/driver/torch and what is in force")
+    _common(st)
+    st.add_argument("exports", nargs="+", metavar="EXPORT",
+                    help="files written by `nccltune export` on each node, or directories of them")
+    st.add_argument("--profiles", metavar="PROFILES",
+                    help="a class profile, or a directory of them named <class id>.json")
+    st.add_argument("--json", action="store_true", help="print one JSON document")
 
     app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
     _common(app)

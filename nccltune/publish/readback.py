@@ -35,6 +35,7 @@ from .formats import (
 from .generations import CURRENT_NAME, GENERATIONS_DIR, current_generation
 from .policy import JOB_NNODES_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, check_scopes, validate_env
 from .setting import PublishError
+from .shapes import part_for_shape
 
 
 @dataclass(frozen=True)
@@ -263,10 +264,7 @@ def job_env(published: PublishedSet, nnodes: int | None) -> dict[str, str]:
     """What a job gets from a published set: the every-job part, plus the single-node part only
     when the job is known to span exactly one node (``nnodes == 1``). A job that does not say
     (None) or spans more nodes never receives values measured between one node's GPUs."""
-    env = dict(published.env)
-    if nnodes == 1:
-        env.update(published.single_node_env)
-    return env
+    return part_for_shape(published.env, {1: published.single_node_env}, nnodes)
 
 
 def job_nnodes(environ: Mapping[str, str]) -> int | None:
