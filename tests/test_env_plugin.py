@@ -55,7 +55,7 @@ def env_file(tmp_path: Path) -> Path:
 @contextmanager
 def job(**env: str | None) -> Iterator[None]:
     """The job's environment for one init: the shape variables and the tuned names unset unless given."""
-    names = {*SHAPE_VARS, *TUNED, "NCCLTUNE_ENV_FILE", "NCCL_DEBUG", *env}
+    names = {*SHAPE_VARS, *TUNED, "NCCLTUNE_ENV_TABLE", "NCCL_DEBUG", *env}
     saved = {k: os.environ.get(k) for k in names}
     try:
         for k in names:
@@ -96,12 +96,12 @@ def test_exports_v1_named_nccltune(plugin: EnvV1) -> None:
 ])
 def test_three_versions_get_their_own_section_or_none(plugin: EnvV1, env_file: Path, version: tuple[int, int, int],
                                                       expected: dict[str, str | None]) -> None:
-    assert answers(plugin, version, NCCLTUNE_ENV_FILE=str(env_file), NCCLTUNE_JOB_NNODES="2") == expected
+    assert answers(plugin, version, NCCLTUNE_ENV_TABLE=str(env_file), NCCLTUNE_JOB_NNODES="2") == expected
 
 
 def test_the_jobs_value_wins_and_unknown_names_are_unset(plugin: EnvV1, env_file: Path) -> None:
     got = answers(plugin, (2, 28, 9), (*TUNED, "NCCL_SOCKET_IFNAME", "NCCL_NO_SUCH_THING"),
-                  NCCLTUNE_ENV_FILE=str(env_file), NCCLTUNE_JOB_NNODES="1", NCCL_MIN_NCHANNELS="2",
+                  NCCLTUNE_ENV_TABLE=str(env_file), NCCLTUNE_JOB_NNODES="1", NCCL_MIN_NCHANNELS="2",
                   NCCL_SOCKET_IFNAME="eth0")
     assert got == {"NCCL_MIN_NCHANNELS": "2",  # the job's own value over the tuned 16
                    "NCCL_P2P_LEVEL": "NVL",  # single node
@@ -123,29 +123,29 @@ def test_the_jobs_value_wins_and_unknown_names_are_unset(plugin: EnvV1, env_file
 ])
 def test_the_job_shape_picks_single_or_multi(plugin: EnvV1, env_file: Path, shape: dict[str, str],
                                              p2p: str | None) -> None:
-    got = answers(plugin, (2, 28, 9), NCCLTUNE_ENV_FILE=str(env_file), **shape)  # type: ignore[arg-type]
+    got = answers(plugin, (2, 28, 9), NCCLTUNE_ENV_TABLE=str(env_file), **shape)  # type: ignore[arg-type]
     assert got["NCCL_P2P_LEVEL"] == p2p
     assert got["NCCL_MIN_NCHANNELS"] == "16"  # scope all: whatever the shape
 
 
 def test_debug_lines_say_what_was_loaded_and_answered(plugin: EnvV1, env_file: Path,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
-    answers(plugin, (2, 28, 9), NCCLTUNE_ENV_FILE=str(env_file), NCCLTUNE_JOB_NNODES="2", NCCL_DEBUG="INFO",
+    answers(plugin, (2, 28, 9), NCCLTUNE_ENV_TABLE=str(env_file), NCCLTUNE_JOB_NNODES="2", NCCL_DEBUG="INFO",
             NCCL_MIN_NCHANNELS="2")
     err = capfd.readouterr().err
     assert f"NCCL INFO nccltune env: env file {env_file}: NCCL 2.28.9 section, a job of 2 nodes " \
            "(NCCLTUNE_JOB_NNODES): 3 tuned variables" in err
     assert "NCCL_P2P_LEVEL=SYS (tuned, multi)" in err
     assert "NCCL_MIN_NCHANNELS=2 from the job's environment (the job's value wins over the tuned 16)" in err
-    answers(plugin, (2, 28, 9), NCCLTUNE_ENV_FILE=str(env_file), NCCLTUNE_JOB_NNODES="2")
+    answers(plugin, (2, 28, 9), NCCLTUNE_ENV_TABLE=str(env_file), NCCLTUNE_JOB_NNODES="2")
     assert capfd.readouterr().err == ""  # without NCCL_DEBUG=INFO the plugin says nothing
 
 
 def test_no_file_variable_or_no_section_answers_from_the_environment(plugin: EnvV1, env_file: Path,
                                                                      capfd: pytest.CaptureFixture[str]) -> None:
     assert answers(plugin, (2, 28, 9), NCCL_DEBUG="INFO", NCCL_P2P_LEVEL="LOC")["NCCL_P2P_LEVEL"] == "LOC"
-    assert "no env file (NCCLTUNE_ENV_FILE is not set)" in capfd.readouterr().err
-    answers(plugin, (2, 31, 0), NCCLTUNE_ENV_FILE=str(env_file), NCCL_DEBUG="INFO")
+    assert "no env file (NCCLTUNE_ENV_TABLE is not set)" in capfd.readouterr().err
+    answers(plugin, (2, 31, 0), NCCLTUNE_ENV_TABLE=str(env_file), NCCL_DEBUG="INFO")
     assert f"env file {env_file} has no section for NCCL 2.31.0" in capfd.readouterr().err
 
 
@@ -164,7 +164,7 @@ def test_a_malformed_file_answers_nothing(plugin: EnvV1, env_file: Path, capfd: 
                                           edit: object, why: str) -> None:
     text = edit(render_env_file(VALUES))  # type: ignore[operator]
     env_file.write_text(text)
-    got = answers(plugin, (2, 28, 9), NCCLTUNE_ENV_FILE=str(env_file), NCCLTUNE_JOB_NNODES="2", NCCL_DEBUG="INFO")
+    got = answers(plugin, (2, 28, 9), NCCLTUNE_ENV_TABLE=str(env_file), NCCLTUNE_JOB_NNODES="2", NCCL_DEBUG="INFO")
     assert got == dict.fromkeys(TUNED)
     assert f"env file {env_file}{why}" in capfd.readouterr().err
     with pytest.raises(InputError):  # nccltune's own parser refuses it too
@@ -172,7 +172,7 @@ def test_a_malformed_file_answers_nothing(plugin: EnvV1, env_file: Path, capfd: 
 
 
 def test_an_untrusted_file_answers_nothing(plugin: EnvV1, env_file: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    run = {"NCCLTUNE_ENV_FILE": str(env_file), "NCCLTUNE_JOB_NNODES": "2", "NCCL_DEBUG": "INFO"}
+    run = {"NCCLTUNE_ENV_TABLE": str(env_file), "NCCLTUNE_JOB_NNODES": "2", "NCCL_DEBUG": "INFO"}
     env_file.chmod(0o664)
     assert answers(plugin, (2, 28, 9), **run) == dict.fromkeys(TUNED)
     assert "not used (the file is writable by group or others)" in capfd.readouterr().err
@@ -183,7 +183,7 @@ def test_an_untrusted_file_answers_nothing(plugin: EnvV1, env_file: Path, capfd:
     env_file.parent.chmod(0o755)
     link = env_file.with_name("link.txt")
     link.symlink_to(env_file)
-    assert answers(plugin, (2, 28, 9), **{**run, "NCCLTUNE_ENV_FILE": str(link)}) == dict.fromkeys(TUNED)
+    assert answers(plugin, (2, 28, 9), **{**run, "NCCLTUNE_ENV_TABLE": str(link)}) == dict.fromkeys(TUNED)
     assert "not used (cannot open" in capfd.readouterr().err  # O_NOFOLLOW: a link is never followed
     if os.geteuid() == 0:
         os.chown(env_file, 65534, 65534)

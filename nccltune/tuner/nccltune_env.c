@@ -8,7 +8,7 @@
  *   cc -std=c11 -O2 -fPIC -shared -Wall -Wextra -Werror -o libnccl-env-nccltune.so nccltune_env.c
  *
  * Environment, read once at init:
- *   NCCLTUNE_ENV_FILE     path of the env file (unset or empty: every lookup is the environment's)
+ *   NCCLTUNE_ENV_TABLE     path of the env file (unset or empty: every lookup is the environment's)
  *   NCCLTUNE_JOB_NNODES, then SLURM_JOB_NUM_NODES, then WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun),
  *   then OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE: the job's node count; none of them: the
  *   shape is unknown and only `all` values apply.
@@ -433,7 +433,7 @@ static void load(const char *path) {
 }
 
 static ncclResult_t env_init(uint8_t ncclMajor, uint8_t ncclMinor, uint8_t ncclPatch, const char *suffix) {
-  const char *path = getenv("NCCLTUNE_ENV_FILE");
+  const char *path = getenv("NCCLTUNE_ENV_TABLE");
   char version[16];
   (void)suffix;
   memset(&plugin, 0, sizeof plugin);
@@ -442,7 +442,7 @@ static ncclResult_t env_init(uint8_t ncclMajor, uint8_t ncclMinor, uint8_t ncclP
   plugin.nnodes = job_nodes(plugin.nnodes_from, sizeof plugin.nnodes_from);
   nccltune_version_text(plugin.version, version, sizeof version);
   if (path == NULL || path[0] == '\0') {
-    say("NCCL %s; no env file (NCCLTUNE_ENV_FILE is not set); every variable is the environment's", version);
+    say("NCCL %s; no env file (NCCLTUNE_ENV_TABLE is not set); every variable is the environment's", version);
     return ncclSuccess;
   }
   load(path);
