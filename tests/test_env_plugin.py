@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from nccltune.errors import InputError
+from nccltune.publish import Provenance, Tuner, publish, read_set
 from nccltune.tuner.build import ENV_LIBRARY_NAME, build_env_plugin
 from nccltune.tuner.envfile import EnvValue, env_values, parse_env_file, render_env_file
 
@@ -208,3 +209,34 @@ def test_render_and_parse_agree_and_refuse_what_the_plugin_refuses() -> None:
         render_env_file((EnvValue("2.28.9", "all", "NCCL_A", "1"), EnvValue("2.28.9", "multi", "NCCL_A", "2")))
     with pytest.raises(InputError, match=r":3: value before the first 'nccl <version>'"):
         parse_env_file("nccltune-env-table 1\n# x\nall NCCL_A 1\nend 1\n", "f")
+
+
+def _prov() -> Provenance:
+    return Provenance(nccltune_version="0", created_at="now", topology_fingerprint="f", nccl_version="2.28.9",
+                      backend="nccl", demo=False, profile=None, tuning_fingerprint="abc123")
+
+
+def test_publishing_names_the_env_plugin_only_with_its_file(plugin: EnvV1, tmp_path: Path) -> None:
+    built = build_env_plugin(tmp_path / "built")
+    assert built.ok and built.path is not None
+    text = render_env_file(VALUES)
+    publish(tmp_path / "s", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
+                                                     env_plugin=built.path, env_text=text))
+    gen = tmp_path / "s" / "generations" / "1"
+    got = read_set(tmp_path / "s")
+    assert got is not None
+    assert got.env["NCCL_ENV_PLUGIN"] == str(gen / ENV_LIBRARY_NAME)
+    assert got.env["NCCLTUNE_ENV_TABLE"] == str(gen / "env-plugin.txt")
+    assert (gen / "env-plugin.txt").read_text() == text
+    # What a job gets loads: the published plugin answers from the published file.
+    published = EnvV1.in_dll(ctypes.CDLL(got.env["NCCL_ENV_PLUGIN"]), "ncclEnvPlugin_v1")
+    assert answers(published, (2, 28, 9), NCCLTUNE_ENV_TABLE=got.env["NCCLTUNE_ENV_TABLE"],
+                   NCCLTUNE_JOB_NNODES="1")["NCCL_P2P_LEVEL"] == "NVL"
+    # Without the file, no NCCL_ENV_PLUGIN: the tuner alone is published.
+    publish(tmp_path / "t", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
+                                                     env_plugin=built.path))
+    alone = read_set(tmp_path / "t")
+    assert alone is not None and "NCCL_ENV_PLUGIN" not in alone.env and "NCCLTUNE_ENV_TABLE" not in alone.env
+    # And nobody else may set them: they name files only the publisher writes.
+    with pytest.raises(InputError, match="NCCL_ENV_PLUGIN"):
+        publish(tmp_path / "u", {"NCCL_ENV_PLUGIN": "/tmp/other.so"}, _prov())
