@@ -57,7 +57,7 @@ class BuildPyWithTuner(build_py):
             return
         out.mkdir(parents=True, exist_ok=True)
         library = out / tb.LIBRARY_NAME
-        cmd = [compiler, *tb.BASE_FLAGS, "-o", str(library), str(source / tb.SOURCE_NAME)]
+        cmd = [compiler, *tb.BASE_FLAGS, "-o", str(library), str(source / tb.SOURCE_NAME), *tb.LINK_FLAGS]
         subprocess.run(cmd, check=True)
         (out / tb.STAMP_NAME).write_text(tb.stamp_text(source))
         BuildPyWithTuner.built_plugin = True

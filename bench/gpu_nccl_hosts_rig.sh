@@ -213,8 +213,9 @@ if [ -z "$TABLE" ] && [ "$BACKEND" = nccl ]; then
   rstep "a hand-written table for ${HOSTS}x1 (not a tuning result), nccltune's plugin built on this node"
   FP=0123abcd4567ef89
   TABLE=$W/hand.table
-  printf 'nccltune-tuner-table 1\nfingerprint %s\nallreduce 0 1099511627776 %s %s 1 tree simple 0\nallgather 0 1099511627776 %s %s 1 ring ll 0\nend 2\n' \
-    "$FP" "$HOSTS" "$HOSTS" "$HOSTS" "$HOSTS" > "$TABLE"
+  NCCL_V=$($PY -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))')  # the table's section
+  printf 'nccltune-tuner-table 2\nfingerprint %s\nnccl %s\nallreduce 0 1099511627776 %s %s 1 tree simple 0\nallgather 0 1099511627776 %s %s 1 ring ll 0\nend 2\n' \
+    "$FP" "$NCCL_V" "$HOSTS" "$HOSTS" "$HOSTS" "$HOSTS" > "$TABLE"
   cat "$TABLE"
   PLUGIN=$($PY -c 'import sys
 from pathlib import Path

@@ -39,10 +39,13 @@ fi
 nm -D "$LIB" 2>/dev/null | grep ncclTunerPlugin
 
 step "tables and the all-reduce"
+# The table's section is the running NCCL's (bench/gpu_nccl_plugins.sh tries other versions).
+V=$($PY -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))')
 # One entry for this one-rank shape (which NCCL never asks about) and one for a 2-GPU node.
 cat > "$OUT/valid.txt" <<EOF
-nccltune-tuner-table 1
+nccltune-tuner-table 2
 fingerprint $FP
+nccl $V
 allreduce 0 1099511627776 1 1 1 ring simple 0
 allreduce 0 1048575 1 2 2 ring ll128 16
 end 2
@@ -111,9 +114,9 @@ run_case() {
 }
 
 run_case valid "$OUT/valid.txt" "$FP" \
-  "NCCL INFO nccltune tuner: table .*valid.txt \(2 entries\) is valid; one-rank communicator, deferring to NCCL"
+  "NCCL INFO nccltune tuner: table .*valid.txt \(NCCL $V section, 2 entries\) is valid; one-rank communicator, deferring to NCCL"
 run_case malformed "$OUT/malformed.txt" "$FP" \
-  "NCCL WARN nccltune tuner: table .*malformed.txt:4 is malformed \(unknown protocol 'll64'\); deferring to NCCL"
+  "NCCL WARN nccltune tuner: table .*malformed.txt:5 is malformed \(unknown protocol 'll64'\); deferring to NCCL"
 run_case stale "$OUT/valid.txt" fedcba9876543210 \
   "NCCL WARN nccltune tuner: table .*valid.txt is stale \(fingerprint $FP, this node expects fedcba9876543210\)"
 

@@ -51,11 +51,12 @@ IDENTITY_VARIABLES: dict[str, str] = {
     "NCCL_MNNVL_CLIQUE_ID": "names the NVLink clique a node is in; NVML gives each node its own",
 }
 # nccltune's variables in a published set: the tuner plugin's table and the fingerprint it checks,
-# which the publisher writes for the generation's own files. Every other NCCLTUNE_* name is
+# and the env plugin's file (NCCLTUNE_ENV_TABLE), which the publisher writes for the generation's
+# own files. Every other NCCLTUNE_* name is
 # nccltune's internal (a job's NCCLTUNE_DISABLE and NCCLTUNE_JOB_NNODES, the CDI spec's
 # NCCLTUNE_ENV_FILE, the launch forms' NCCLTUNE_APPLIED) or a test hook (NCCLTUNE_WORKER_FAULT),
 # never a setting of a job's NCCL.
-PUBLISHED_OWN = frozenset({"NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT"})
+PUBLISHED_OWN = frozenset({"NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT", "NCCLTUNE_ENV_TABLE"})
 
 
 def unpublishable(name: str) -> str | None:

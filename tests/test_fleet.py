@@ -618,13 +618,20 @@ def test_apply_builds_the_plugin_for_the_profiles_table(tmp_path: Path) -> None:
     from nccltune.tuner.table import parse_table
 
     exports = [_per_size_export(h, tmp_path) for h in ("a", "b")]
-    prof = decide(exports, Rules("both", min_gain_pct=1.0, max_regression_pct=2.0, custom_profiles=BOTH))
+    unkeyed = decide(exports, Rules("both", min_gain_pct=1.0, max_regression_pct=2.0, custom_profiles=BOTH))
     fp = "0123456789abcdef"
+    # A table applies only to the NCCL it was measured with: a profile that names none is refused.
+    assert unkeyed["versions"]["nccl"] is None
+    with pytest.raises(InputError, match=r"versions\.nccl: the profile names no NCCL version") as no_version:
+        profile_tuner(Config(), unkeyed, "p.json", fp, {})
+    assert no_version.value.exit_code == 78
+    prof = {**unkeyed, "versions": {**unkeyed["versions"], "nccl": "2.28.9"}}
     if find_compiler() is not None:
         tuner, note = profile_tuner(Config(), prof, "p.json", fp, {})
         assert tuner is not None and note == "tuner table of 2 entries"
         table = parse_table(tuner.table_text, "t")
         assert table.fingerprint == fp  # the node's own tuning fingerprint, which the plugin checks
+        assert table.versions() == ("2.28.9",)  # the class's NCCL: the table's one section
         assert [(e.collective, e.algo, e.proto, e.min_bytes) for e in table.entries] == [
             (e["collective"], e["algo"], e["proto"], e["min_bytes"]) for e in prof["tuner_table"]]
         assert tuner.plugin_bytes().startswith(b"\x7fELF")

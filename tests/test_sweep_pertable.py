@@ -59,7 +59,7 @@ def test_a_candidate_that_wins_only_at_small_sizes_gives_entries_only_there() ->
     c = choose_per_size(BASE, [m], default_used=DEFAULT_USED, default_channels=16, min_gain_pct=1.0,
                         max_regression_pct=2.0)
     assert set(c.wins) == {64 * KIB, 256 * KIB}
-    table = to_table(c, fingerprint=FP, nranks=2)
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")
     assert len(table.entries) == 1  # the two small sizes merge
     e = table.entries[0]
     assert (e.algo, e.proto, e.channels) == ("tree", "ll", 0)
@@ -76,7 +76,7 @@ def test_a_gain_within_the_noise_gives_no_entry() -> None:
     c = choose_per_size(noisy_base, [m], default_used=DEFAULT_USED, default_channels=16, min_gain_pct=1.0,
                         max_regression_pct=2.0)
     assert c.wins == {}
-    assert to_table(c, fingerprint=FP, nranks=2).entries == ()
+    assert to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9").entries == ()
 
 
 def test_adjacent_equal_choices_merge_and_different_ones_do_not() -> None:
@@ -89,7 +89,7 @@ def test_adjacent_equal_choices_merge_and_different_ones_do_not() -> None:
     got = [(sp.sizes, sp.cell.algo, sp.cell.proto) for sp in spans(c)]
     assert got == [((64 * KIB, 256 * KIB), "tree", "ll"), ((MIB, 4 * MIB), "ring", "ll128"),
                    ((16 * MIB,), "tree", "ll")]
-    table = to_table(c, fingerprint=FP, nranks=2)
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")
     # Contiguous and non-overlapping: each entry starts where the previous one ended.
     for left, right in zip(table.entries, table.entries[1:], strict=False):
         assert right.min_bytes == left.max_bytes + 1
@@ -110,7 +110,7 @@ def test_fewer_channels_go_into_the_table() -> None:
                               noise_pct=0.0, n=1), used)
     c = choose(m)
     assert c.single_node_env == {}  # type: ignore[attr-defined]
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
     assert [(e.algo, e.proto, e.channels) for e in table.entries] == [("ring", "ll", 8)]
 
 
@@ -121,11 +121,11 @@ def test_more_channels_than_the_defaults_stay_a_single_node_variable() -> None:
                              noise_pct=0.0, n=1), used)
     c = choose(m)
     assert c.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}  # type: ignore[attr-defined]
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
     # The table never asks for 32 (NCCL would cap it); every size outside the win is held at the defaults'
     # 16 channels with what the defaults used there, and the won sizes are left to NCCL at the raised count.
     assert all(e.channels != 32 for e in table.entries)
-    by_size = {s: table.choice("allreduce", s, 1, 2, 2) for s in SIZES}
+    by_size = {s: table.choice("allreduce", s, 1, 2, 2, "2.28.9") for s in SIZES}
     assert by_size[MIB] is None and by_size[4 * MIB] is None  # NCCL with 32 channels, as measured
     for s in (64 * KIB, 256 * KIB, 16 * MIB):
         e = by_size[s]
@@ -139,14 +139,14 @@ def test_pinned_counts_are_the_ones_nccls_log_showed_at_that_size() -> None:
     m = Measured(SizeCandidate(channels=32), stats({64 * KIB: 95.0, 256 * KIB: 95.0, MIB: 120.0, 4 * MIB: 95.0,
                                                     16 * MIB: 95.0}, noise_pct=0.0, n=1))
     c = choose(m, default_used=default_used)
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
-    got = {s: e.channels for s in SIZES if (e := table.choice("allreduce", s, 1, 2, 2)) is not None}
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
+    got = {s: e.channels for s in SIZES if (e := table.choice("allreduce", s, 1, 2, 2, "2.28.9")) is not None}
     assert got == {64 * KIB: 4, 256 * KIB: 16, 4 * MIB: 16, 16 * MIB: 16}
     # Without a raise, a lower count that won is capped by what NCCL's log showed it used.
     low = Measured(SizeCandidate(channels=8), stats({s: 120.0 for s in SIZES}, noise_pct=0.0, n=1),
                    {s: Seen("ring", "ll", 2 if s == 64 * KIB else 8) for s in SIZES})
     c = choose(low)
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
     assert [(e.min_bytes, e.channels) for e in table.entries][:2] == [(64 * KIB, 2), (128 * KIB, 8)]
 
 
@@ -187,7 +187,7 @@ def _mixed_choice() -> object:
 
 def test_the_rendered_table_parses_and_the_plugin_applies_it_per_size(tmp_path: Path) -> None:
     c = _mixed_choice()
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
     text = render_table(table)
     assert parse_table(text, "table.txt") == table
     path = tmp_path / "table.txt"
@@ -231,7 +231,7 @@ def test_the_report_shows_the_entries_and_the_sizes_they_cover() -> None:
     from nccltune.report.sweep import table_lines
 
     c = _mixed_choice()
-    table = to_table(c, fingerprint=FP, nranks=2)  # type: ignore[arg-type]
+    table = to_table(c, fingerprint=FP, nranks=2, nccl="2.28.9")  # type: ignore[arg-type]
     out = TableOutcome("active", c, table, render_table(table), None, spans(c), default_channels=16)  # type: ignore[arg-type]
     lines = table_lines(out)
     assert lines[0] == "Tuner table: active"
@@ -276,15 +276,15 @@ def test_each_collective_gets_its_own_entries_and_tree_never_wins_all_gather() -
     assert ag_part is not None and ar_part is not None
     assert {s: w.candidate for s, w in ag_part.wins.items()} == {s: RING_LL for s in SMALL}
     assert {s: w.candidate for s, w in ar_part.wins.items()} == {s: TREE_LL128 for s in LARGE}
-    table = to_table(t, fingerprint=FP, nranks=2)
+    table = to_table(t, fingerprint=FP, nranks=2, nccl="2.28.9")
     got = [(e.collective, e.algo, e.proto, e.min_bytes, e.max_bytes) for e in table.entries]
     # all_gather's range is in NCCL's own byte count, one rank's block: the measured sizes over 2 ranks.
     assert got == [("allgather", "ring", "ll", 64 * KIB // 2, (math.isqrt(256 * KIB * MIB) - 1) // 2),
                    ("allreduce", "tree", "ll128", math.isqrt(256 * KIB * MIB), 16 * MIB)]
     assert all(e.algo != "tree" for e in table.entries if e.collective == "allgather")
     assert parse_table(render_table(table), "t.txt") == table  # per-collective entries the plugin accepts
-    assert table.choice("allgather", 64 * KIB // 2, 1, 2, 2) is not None  # NCCL's count: one rank's block
-    assert table.choice("allreduce", 64 * KIB, 1, 2, 2) is None
+    assert table.choice("allgather", 64 * KIB // 2, 1, 2, 2, "2.28.9") is not None  # NCCL's count: one rank's block
+    assert table.choice("allreduce", 64 * KIB, 1, 2, 2, "2.28.9") is None
     assert t.single_node_env == {}
 
 
@@ -296,11 +296,11 @@ def test_a_raise_is_used_for_every_collective_or_for_none() -> None:
     ag = {raised: {s: 99.0 for s in SIZES}}
     t = _table(_inputs(ag, ar, used={s: Seen("ring", "simple", 32) for s in SIZES}))
     assert t.single_node_env == {"NCCL_MIN_NCHANNELS": "32"}
-    table = to_table(t, fingerprint=FP, nranks=2)
+    table = to_table(t, fingerprint=FP, nranks=2, nccl="2.28.9")
     for s in SIZES:
-        e = table.choice("allgather", s // 2, 1, 2, 2)  # NCCL's count: one rank's block of 2
+        e = table.choice("allgather", s // 2, 1, 2, 2, "2.28.9")  # NCCL's count: one rank's block of 2
         assert e is not None and (e.algo, e.proto, e.channels) == (*DEFAULT_USED[s][:2], 16)  # pinned at the defaults
-    assert table.choice("allreduce", MIB, 1, 2, 2) is None  # NCCL at the raised count, as measured
+    assert table.choice("allreduce", MIB, 1, 2, 2, "2.28.9") is None  # NCCL at the raised count, as measured
     assert "of every collective" in " ".join(t.notes)
     # NCCL's log did not show what all_gather's defaults used: it cannot be pinned, so nobody gets the raise.
     t = _table(_inputs(ag, ar, ag_used={}, used={s: Seen("ring", "simple", 32) for s in SIZES}))
@@ -397,7 +397,7 @@ def test_the_report_names_the_collective_of_every_entry() -> None:
     ag = {RING_LL: {s: 120.0 if s in SMALL else 95.0 for s in SIZES}}
     ar = {TREE_LL128: {s: 125.0 if s in LARGE else 90.0 for s in SIZES}}
     t = _table(_inputs(ag, ar))
-    table = to_table(t, fingerprint=FP, nranks=2)
+    table = to_table(t, fingerprint=FP, nranks=2, nccl="2.28.9")
     out = TableOutcome("active", t, table, render_table(table), None, spans(t), default_channels=16)
     lines = table_lines(out)
     assert "  allgather  [64KiB, 512KiB) (measured 64KiB, 256KiB): ring/ll" in lines

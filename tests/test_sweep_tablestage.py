@@ -167,14 +167,14 @@ def test_demo_sweep_end_to_end_shows_the_table_not_measured_with_nccl(tmp_path: 
     table = run.summary["tuner_table"]
     assert table["status"] == "not measured with NCCL: CPU demo"
     assert table["published"] is None  # nothing from the table is published
-    path = Path(table["table_path"])
-    assert path.parent == state / "runs" / f"{run.id:05d}"
-    parsed = parse_table(path.read_text(), str(path))
-    assert len(parsed.entries) == len(table["entries"])
+    # A table is keyed by the NCCL version it was measured with; gloo ran none, so the demo's table
+    # is shown (entries, report) and has no file.
+    assert table["table_path"] is None
+    assert any("no NCCL version to key it by" in n for n in table["notes"])
     sweep_schema = json.loads((REPO / "schemas" / "sweep.schema.json").read_text())
     validate(table, sweep_schema["$defs"]["tuner_table"], sweep_schema)
+    assert table["entries"]
     assert {e["collective"] for e in table["entries"]} <= {"allreduce"}  # balanced weighs all_reduce alone
-    assert all((e.nnodes, e.nranks, e.ranks_per_node) == (1, 2, 2) for e in parsed.entries)
     for e in table["entries"]:
         assert f"{e['algo']}/{e['proto']}" in got.stdout
     # Nothing of the tuner reaches the published environment.
@@ -191,7 +191,7 @@ def test_the_table_and_plugin_are_published_in_the_set_and_the_single_node_part_
     run_dir = tmp_path / "runs" / "00007"
     built = build_plugin(run_dir)
     assert built.ok and built.path is not None, built.message
-    text = render_table(TunerTable(fp, (TableEntry("allreduce", 0, 1 << 20, 1, 2, 2, "ring", "ll", 0),)))
+    text = render_table(TunerTable(fp, (TableEntry("allreduce", 0, 1 << 20, 1, 2, 2, "ring", "ll", 0, nccl="2.28.9"),)))
     prov = Provenance(nccltune_version="0", created_at="2026-12-01T00:00:00+00:00", topology_fingerprint="t",
                       nccl_version=None, backend="nccl", demo=False, profile="balanced", tuning_fingerprint=fp)
     publish_dir = tmp_path / "published"
@@ -230,6 +230,7 @@ class _Trials:
 
     def __init__(self, sizes: list[int], speed: Callable[[dict[str, str], str, str, int], float]) -> None:
         self.sizes, self.speed = sizes, speed
+        self.nccl_version = "2.28.9"  # what the trials' NCCL said: the table's section
         self.seq = 0
         self.results: list[tuple[dict[str, str], TrialResult]] = []
 

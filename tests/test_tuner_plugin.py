@@ -26,8 +26,10 @@ from tuner_harness import (
     Comm,
     ConstantsV5,
     ConstantsV7,
+    NcclHost,
     TunerV5,
     TunerV6,
+    compile_host,
     cost_table,
     filled_constants,
     init,
@@ -66,8 +68,8 @@ def v5(plugins: tuple[ctypes.CDLL, TunerV5, TunerV6]) -> TunerV5:
 
 
 def entry(coll: str = "allreduce", lo: int = 0, hi: int = MIB, nodes: int = 1, ranks: int = 2, rpn: int = 2,
-          algo: str = "ring", proto: str = "ll128", channels: int = 16) -> TableEntry:
-    return TableEntry(coll, lo, hi, nodes, ranks, rpn, algo, proto, channels)
+          algo: str = "ring", proto: str = "ll128", channels: int = 16, nccl: str = "2.28.9") -> TableEntry:
+    return TableEntry(coll, lo, hi, nodes, ranks, rpn, algo, proto, channels, nccl)
 
 
 def write_table(path: Path, *entries: TableEntry, fingerprint: str = FP) -> Path:
@@ -327,14 +329,77 @@ def test_null_pointers_from_the_caller_are_survived(v5: TunerV5, comm_with: Make
 
 def test_no_logger_and_no_nvl_info(v5: TunerV5, tmp_path: Path) -> None:
     path = write_table(tmp_path / "t", entry(nodes=1, ranks=2, rpn=2))
+    # Without a logger the plugin cannot find the NCCL that loaded it (loaded RTLD_LOCAL, outside the
+    # global scope), so it cannot tell which section applies: it defers, silently (no logger).
     with table_env(path, FP):
         c = init(v5, 2, 1, None, with_logger=False)
-    assert c.init_rc == 0 and c.ctx.value
-    assert_chose(c.call("allreduce", 1), "ring", "ll128", 16)
+    assert c.init_rc == 0 and c.ctx.value and c.lines == []
+    assert_untouched(c.call("allreduce", 1))
     with table_env(tmp_path / "missing", FP):
         quiet = init(v5, 2, 1, None, with_logger=False)
     assert quiet.init_rc == 0 and quiet.lines == []
     assert c.finalize() == 0 and quiet.finalize() == 0
+
+
+# ---- the running NCCL's version picks the section ------------------------------------------------------------
+
+TWO_SECTIONS = (entry(lo=0, hi=MIB, algo="ring", proto="ll128", channels=16, nccl="2.28.9"),
+                entry(lo=0, hi=MIB, algo="tree", proto="simple", channels=0, nccl="2.27.7"))
+
+
+@pytest.mark.parametrize(("nccl", "chosen"), [("2.28.9", ("ring", "ll128", 16)), ("2.27.7", ("tree", "simple", 0)),
+                                              ("2.31.0", None)])
+def test_two_sections_three_versions(v5: TunerV5, tmp_path: Path, nccl: str,
+                                     chosen: tuple[str, str, int] | None) -> None:
+    path = write_table(tmp_path / "t", *TWO_SECTIONS)
+    with table_env(path, FP):
+        c = init(v5, 2, 1, (1, 2, 2), nccl=nccl)
+    assert c.init_rc == 0 and len(c.lines) == 1 and c.lines[0].level == LOG_INFO
+    if chosen is None:
+        assert c.lines[0].message == (f"nccltune tuner: table {path} has no section for NCCL {nccl} (sections: "
+                                      "2.28.9, 2.27.7); deferring to NCCL")
+        assert_untouched(c.call("allreduce", 4 * KIB))
+    else:
+        assert f"using table {path} (NCCL {nccl} section, 1 entries" in c.lines[0].message
+        assert_chose(c.call("allreduce", 4 * KIB), *chosen)
+        assert_untouched(c.call("allreduce", 2 * MIB))  # past the section's range: no other section's entry
+    assert c.finalize() == 0
+
+
+def test_a_patch_release_is_another_version(v5: TunerV5, tmp_path: Path) -> None:
+    path = write_table(tmp_path / "t", *TWO_SECTIONS)
+    with table_env(path, FP):
+        c = init(v5, 2, 1, (1, 2, 2), nccl="2.28.7")
+    assert "has no section for NCCL 2.28.7" in c.lines[0].message
+    assert_untouched(c.call("allreduce", 4 * KIB))
+    assert c.finalize() == 0
+
+
+def test_version_unknown_defers_with_one_line(v5: TunerV5, tmp_path: Path) -> None:
+    path = write_table(tmp_path / "t", *TWO_SECTIONS)
+    with table_env(path, FP):
+        c = init(v5, 2, 1, (1, 2, 2), nccl=None)  # the host's ncclGetVersion fails
+    assert len(c.lines) == 1 and c.lines[0].level == LOG_INFO
+    assert "is valid, but the running NCCL's version is unknown" in c.lines[0].message
+    assert "deferring to NCCL" in c.lines[0].message
+    assert_untouched(c.call("allreduce", 4 * KIB))
+    assert c.finalize() == 0
+
+
+def test_the_version_comes_from_the_library_the_logger_lives_in(v5: TunerV5, tmp_path: Path) -> None:
+    # Two NCCLs in one process: one in the global scope saying 2.27.7, and the RTLD_LOCAL one that
+    # calls init saying 2.28.9. The caller's wins; without a logger the global one answers.
+    global_host = NcclHost(compile_host(tmp_path, "libnccl-global.so"), global_scope=True)
+    global_host.set_version("2.27.7")
+    path = write_table(tmp_path / "t", *TWO_SECTIONS)
+    with table_env(path, FP):
+        local = init(v5, 2, 1, (1, 2, 2), nccl="2.28.9")
+        fallback = init(v5, 2, 1, (1, 2, 2), with_logger=False)
+    assert "NCCL 2.28.9 section" in local.lines[0].message
+    assert_chose(local.call("allreduce", 4 * KIB), "ring", "ll128", 16)
+    assert_chose(fallback.call("allreduce", 4 * KIB), "tree", "simple", 0)
+    assert local.finalize() == 0 and fallback.finalize() == 0
+    global_host.set_version(None)  # it stays loaded for the rest of this process: make it answer nothing
 
 
 # ---- table problems: one line, then defer ---------------------------------------------------------------------
@@ -400,7 +465,7 @@ def test_malformed_table_names_the_line(v5: TunerV5, tmp_path: Path) -> None:
     path.write_text(text)
     c = _problem(v5, path)
     assert c.lines[0].level == LOG_WARN
-    assert f"{path}:5 is malformed (min_bytes 'x' is not a byte count)" in c.lines[0].message
+    assert f"{path}:6 is malformed (min_bytes 'x' is not a byte count)" in c.lines[0].message
 
 
 def test_one_bad_entry_discards_the_whole_table(v5: TunerV5, tmp_path: Path) -> None:
@@ -459,11 +524,13 @@ def test_no_expected_fingerprint_means_not_applied(v5: TunerV5, tmp_path: Path) 
 
 def test_wrong_format_version(v5: TunerV5, tmp_path: Path) -> None:
     path = tmp_path / "t"
-    path.write_text(render_table(TunerTable(FP, (GOOD,))).replace("nccltune-tuner-table 1", "nccltune-tuner-table 2"))
-    c = _problem(v5, path)
-    assert c.lines[0].level == LOG_WARN
-    assert f"{path}:1 is of another format version (format version 2, this plugin reads version 1)" in \
-        c.lines[0].message
+    for other in ("1", "3"):  # version 1 had no NCCL sections: never applied as if it were for any NCCL
+        path.write_text(render_table(TunerTable(FP, (GOOD,))).replace("nccltune-tuner-table 2",
+                                                                      f"nccltune-tuner-table {other}"))
+        c = _problem(v5, path)
+        assert c.lines[0].level == LOG_WARN
+        assert f"{path}:1 is of another format version (format version {other}, this plugin reads version 2)" in \
+            c.lines[0].message
 
 
 def test_one_rank_communicator_defers_with_one_line(v5: TunerV5, tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ ENV = {"NCCL_TUNER_PLUGIN": "/tmp/tp/libnccl-tuner-nccltune.so", "NCCLTUNE_TUNER
 
 
 def _ran(algo: str, proto: str) -> dict[str, object]:
-    table = TunerTable("0123abcd4567ef89", (TableEntry("allreduce", 0, 1 << 40, 2, 2, 1, algo, proto, 0),))
+    table = TunerTable("0123abcd4567ef89",
+                       (TableEntry("allreduce", 0, 1 << 40, 2, 2, 1, algo, proto, 0, nccl="2.28.9"),))
     return what_ran(parse_nccl_log(LOG.read_text()), ENV, table).doc()
 
 

@@ -62,7 +62,7 @@ FP = "0123abcd4567ef89"
 
 def _table(*shapes: int, algo: str = "ring", proto: str = "ll", hi: int = 1 << 20) -> TunerTable:
     """An all_reduce entry up to `hi` bytes for each shape N x 1."""
-    return TunerTable(FP, tuple(TableEntry("allreduce", 0, hi, n, n, 1, algo, proto, 0) for n in shapes))
+    return TunerTable(FP, tuple(TableEntry("allreduce", 0, hi, n, n, 1, algo, proto, 0, nccl="2.28.9") for n in shapes))
 
 
 # -- what the check forms ---------------------------------------------------------------------------
@@ -70,12 +70,12 @@ def _table(*shapes: int, algo: str = "ring", proto: str = "ll", hi: int = 1 << 2
 
 def test_the_tables_shapes_n_x_1_are_formed_up_to_the_bound_and_the_others_named() -> None:
     table = TunerTable(FP, (
-        TableEntry("allreduce", 0, 1 << 20, 2, 2, 1, "ring", "ll", 0),
-        TableEntry("allgather", 8 << 20, 1 << 40, 2, 2, 1, "ring", "simple", 0),
-        TableEntry("allreduce", 0, 1 << 40, 4, 4, 1, "tree", "simple", 0),
-        TableEntry("allreduce", 0, 1 << 40, 8, 8, 1, "ring", "ll", 0),
-        TableEntry("allreduce", 0, 1 << 40, 2, 8, 4, "ring", "ll", 0),
-        TableEntry("allreduce", 0, 1 << 40, 1, 8, 8, "nvls", "simple", 0),
+        TableEntry("allreduce", 0, 1 << 20, 2, 2, 1, "ring", "ll", 0, nccl="2.28.9"),
+        TableEntry("allgather", 8 << 20, 1 << 40, 2, 2, 1, "ring", "simple", 0, nccl="2.28.9"),
+        TableEntry("allreduce", 0, 1 << 40, 4, 4, 1, "tree", "simple", 0, nccl="2.28.9"),
+        TableEntry("allreduce", 0, 1 << 40, 8, 8, 1, "ring", "ll", 0, nccl="2.28.9"),
+        TableEntry("allreduce", 0, 1 << 40, 2, 8, 4, "ring", "ll", 0, nccl="2.28.9"),
+        TableEntry("allreduce", 0, 1 << 40, 1, 8, 8, "nvls", "simple", 0, nccl="2.28.9"),
     ))
     env = {"NCCL_TUNER_PLUGIN": "/p.so", "NCCLTUNE_TUNER_TABLE": "/t.txt"}
     plan = plan_checks(env, table, None, quick=False)

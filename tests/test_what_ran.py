@@ -21,7 +21,8 @@ def _log(name: str) -> str:
 
 
 def _table(algo: str, proto: str, nnodes: int = 2) -> TunerTable:
-    return TunerTable("0123abcd4567ef89", (TableEntry("allreduce", 0, 1 << 40, nnodes, nnodes, 1, algo, proto, 0),))
+    return TunerTable("0123abcd4567ef89",
+                      (TableEntry("allreduce", 0, 1 << 40, nnodes, nnodes, 1, algo, proto, 0, nccl="2.28.9"),))
 
 
 def _env(table: str = "/tmp/tp/ll.table", **extra: str) -> dict[str, str]:

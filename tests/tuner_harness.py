@@ -2,18 +2,25 @@
 
 The library comes from build_plugin into a temporary directory, or from NCCLTUNE_TEST_TUNER_LIB when
 the sanitizer run hands the same tests an instrumented build.
+
+NCCL's part is played by nccl_host.c, compiled here: init gets that library's logger, and the plugin
+asks the library the logger lives in for its version (ncclGetVersion), as it asks the libnccl that
+loaded it. The default host is loaded RTLD_LOCAL, as torch loads libnccl, and says 2.28.9.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nccltune.tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS
+from nccltune.tuner.build import find_compiler
+from nccltune.tuner.table import ALGORITHMS, COLLECTIVES, PROTOCOLS, nccl_version_code
 
 LIB_ENV = "NCCLTUNE_TEST_TUNER_LIB"
 TABLE_ENV = "NCCLTUNE_TUNER_TABLE"
@@ -108,6 +115,43 @@ def cells(table: ctypes.Array[ctypes.Array[ctypes.c_float]]) -> list[list[float]
     return [[table[a][p] for p in range(len(PROTOCOLS))] for a in range(len(ALGORITHMS))]
 
 
+HOST_SOURCE = Path(__file__).with_name("nccl_host.c")
+SINK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_char_p)
+
+
+class NcclHost:
+    """One loaded copy of nccl_host.c: its logger, and the version its ncclGetVersion reports."""
+
+    def __init__(self, path: Path, *, global_scope: bool = False) -> None:
+        self.lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL if global_scope else ctypes.RTLD_LOCAL)
+        self.logger = ctypes.cast(self.lib.host_log, ctypes.c_void_p).value
+        self.set_version("2.28.9")
+
+    def set_version(self, version: str | None) -> None:
+        """What ncclGetVersion reports; None makes it fail."""
+        self.lib.host_set_version(nccl_version_code(version) or 0 if version else 0, 1 if version else 0)
+
+
+def compile_host(out_dir: Path, name: str = "libnccl-host.so") -> Path:
+    """nccl_host.c compiled into out_dir (each copy a library of its own)."""
+    compiler = find_compiler()
+    assert compiler is not None, "the tests need a C compiler"
+    out = out_dir / name
+    subprocess.run([compiler, "-std=c11", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+                    str(HOST_SOURCE)], check=True, capture_output=True)
+    return out
+
+
+_default_host: list[NcclHost] = []
+
+
+def default_host() -> NcclHost:
+    """The host every init uses unless told otherwise: loaded once per process, RTLD_LOCAL."""
+    if not _default_host:
+        _default_host.append(NcclHost(compile_host(Path(tempfile.mkdtemp(prefix="nccltune-host-")))))
+    return _default_host[0]
+
+
 @dataclass
 class LogLine:
     level: int
@@ -149,22 +193,29 @@ def load(path: Path) -> tuple[ctypes.CDLL, TunerV5, TunerV6]:
 
 
 def init(plugin: TunerV5 | TunerV7, n_ranks: int, n_nodes: int, nvl: tuple[int, int, int] | None = None, *,
-         with_logger: bool = True, comm_id: int = 0x1234, constants: ctypes.Structure | None = None) -> Comm:
-    """init as NCCL calls it; nvl is (nNvlDomains, min, max ranks per domain), None passes NULL, as
-    does constants=None."""
+         with_logger: bool = True, comm_id: int = 0x1234, constants: ctypes.Structure | None = None,
+         host: NcclHost | None = None, nccl: str | None = "2.28.9") -> Comm:
+    """init as NCCL calls it, from `host` (default_host()) reporting NCCL `nccl` (None: its
+    ncclGetVersion fails); nvl is (nNvlDomains, min, max ranks per domain), None passes NULL, as
+    do constants=None and with_logger=False (no logger: the plugin cannot find the host through it)."""
     lines: list[LogLine] = []
 
-    def record(level: int, flags: int, file: bytes | None, line: int, fmt: bytes | None, msg: bytes | None) -> None:
+    def record(level: int, flags: int, fmt: bytes | None, msg: bytes | None) -> None:
         # An exception here would be swallowed by ctypes: record everything, the tests assert on it.
         lines.append(LogLine(level, flags, (fmt or b"").decode(), (msg or b"").decode()))
 
-    logger = LOGGER(record) if with_logger else LOGGER()
+    nccl_host = host or default_host()
+    nccl_host.set_version(nccl)
+    sink = SINK(record)
+    nccl_host.lib.host_set_sink(sink)
+    logger = LOGGER(nccl_host.logger) if with_logger else LOGGER()
     info = NvlDomainInfo(*nvl) if nvl is not None else None
     ctx = ctypes.c_void_p()
     rc = plugin.init(ctypes.byref(ctx), comm_id, n_ranks, n_nodes, logger,
                      ctypes.byref(info) if info is not None else None,
                      ctypes.addressof(constants) if constants is not None else None)
-    return Comm(plugin, ctx, lines, rc, [logger, info, constants])
+    nccl_host.lib.host_set_sink(None)
+    return Comm(plugin, ctx, lines, rc, [logger, info, constants, sink])
 
 
 @contextmanager

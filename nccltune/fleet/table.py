@@ -33,9 +33,15 @@ def profile_table(doc: Mapping[str, Any], where: str, fingerprint: str) -> Tuner
     Raises:
         InputError: an entry the plugin would refuse (exit 78).
     """
+    # The class's nodes share one NCCL (a class fact): the table is that version's one section.
+    nccl = doc["versions"]["nccl"]
+    if not nccl:
+        raise InputError(where, "versions.nccl: the profile names no NCCL version, and a tuner table applies only "
+                         "to the NCCL version it was measured with", hint="regenerate the profile with "
+                         "`nccltune fleet decide` from exports of NCCL runs")
     entries = tuple(TableEntry(str(e["collective"]), int(e["min_bytes"]), int(e["max_bytes"]), int(e["nnodes"]),
                                int(e["nranks"]), int(e["ranks_per_node"]), str(e["algo"]), str(e["proto"]),
-                               int(e["channels"] or 0)) for e in doc["tuner_table"])
+                               int(e["channels"] or 0), str(nccl)) for e in doc["tuner_table"])
     table = TunerTable(fingerprint, entries)
     try:
         render_table(table)
@@ -55,6 +61,9 @@ def profile_tuner(cfg: Config, doc: Mapping[str, Any], where: str, fingerprint: 
     """
     if not doc["tuner_table"]:
         return None, None
+    if doc["demo"]:  # gloo ran, no NCCL: no version to key the table by, and nothing loads it
+        log.info("%s: the tuner table is not published: %s", where, _not_published(cfg, doc, env))
+        return None, f"tuner table not published: {_not_published(cfg, doc, env)}"
     table = profile_table(doc, where, fingerprint)
     why = _not_published(cfg, doc, env)
     if why is None:

@@ -41,10 +41,14 @@ PLUGIN_NAME = "nccltune"
 TABLE_VAR = "NCCLTUNE_TUNER_TABLE"
 
 # The plugin's notes at init (nccltune_tuner.c), most specific first.
-_USING_RE = re.compile(r"^using table (.+?) \(\d+ entries, fingerprint [0-9a-f]+\)"
+# A plugin before NCCL version sections said "(N entries, ..." without the section: still read.
+_USING_RE = re.compile(r"^using table (.+?) \((?:NCCL [0-9.]+ section, )?\d+ entries, fingerprint [0-9a-f]+\)"
                        r"(?: for a communicator of (\d+) ranks on (\d+) nodes?, (\d+) per node)?", re.ASCII)
 _NOTE_CODES: tuple[tuple[re.Pattern[str], Code], ...] = (
     (re.compile(r"^table .+ is stale \(", re.ASCII), "table_stale"),
+    # Measured with other NCCL versions only: NCCL changed since, as a stale fingerprint says of the node.
+    (re.compile(r"^table .+ has no section for NCCL ", re.ASCII), "table_stale"),
+    (re.compile(r"^table .+ is valid, but the running NCCL's version is unknown ", re.ASCII), "table_unreadable"),
     (re.compile(r"^table .+ is (?:malformed|of another format version) \(", re.ASCII), "table_malformed"),
     (re.compile(r"^table .+ is unreadable \(", re.ASCII), "table_unreadable"),
     (re.compile(r"^no table\b", re.ASCII), "table_missing"),
@@ -126,6 +130,9 @@ def _tuner(log: NcclLog, env: Mapping[str, str]) -> tuple[str | None, tuple[int,
 
 def _cells(log: NcclLog, table: TunerTable, shape: tuple[int, int, int]) -> tuple[int, list[Finding]]:
     nnodes, nranks, rpn = shape
+    # The plugin applied the section of the running version: the one NCCL's log names (its suffix,
+    # "2.28.9a", dropped as ncclGetVersion drops it).
+    nccl = re.sub(r"^(\d+\.\d+\.\d+).*", r"\1", log.version or "")
     checked: set[tuple[str, int]] = set()
     wrong: dict[tuple[str, int], str] = {}
     for t in log.tuning:
@@ -133,7 +140,7 @@ def _cells(log: NcclLog, table: TunerTable, shape: tuple[int, int, int]) -> tupl
         if tuned is None or tuned.tuner_name is None:
             continue  # a collective no tuner steers
         collective = tuned.tuner_name  # the table's spelling: NCCL's AllGather is allgather
-        entry = table.choice(collective, t.size_bytes, nnodes, nranks, rpn)
+        entry = table.choice(collective, t.size_bytes, nnodes, nranks, rpn, nccl)
         if entry is None:
             continue
         checked.add((collective, t.size_bytes))

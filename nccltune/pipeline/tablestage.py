@@ -56,7 +56,7 @@ from ..sweep.select import Key
 from ..sweep.strategy import FinalCheck, Finalist, SearchResult, final_check, label_of
 from ..trials.session import TrialSession
 from ..tuner.build import BuildResult, build_plugin
-from ..tuner.table import TunerTable, render_table
+from ..tuner.table import TunerTable, nccl_version_code, render_table
 
 log = logging.getLogger(__name__)
 
@@ -163,10 +163,18 @@ class TableStage:
         inputs = table_inputs(ps.collectives, result.baseline, measured, defaults)
         choice = choose_table(inputs, default_channels=default_channels, min_gain_pct=self.cfg.sweep.min_gain_pct,
                               max_regression_pct=self.cfg.sweep.max_regression_pct)
-        table = to_table(choice, fingerprint=self.fingerprint, nranks=self.nranks, nnodes=self.nnodes)
-        text = render_table(table)
-        table_path = self.work_dir / TABLE_NAME
-        atomic_write(table_path, text)
+        # The table is keyed by the NCCL the trials ran. Gloo (the demo) runs none: its table, never
+        # loaded, is shown as spans and has no file.
+        nccl = self.session.nccl_version or ""
+        keyed = nccl_version_code(nccl) is not None
+        if not keyed and not self.demo:
+            return TableOutcome(f"per-size tuner table not active: the trials' NCCL version is unknown ({nccl!r}), "
+                                "and a table applies only to the version it was measured with")
+        table = to_table(choice, fingerprint=self.fingerprint, nranks=self.nranks, nnodes=self.nnodes, nccl=nccl)
+        text = render_table(table) if keyed else None
+        table_path = self.work_dir / TABLE_NAME if text is not None else None
+        if table_path is not None and text is not None:
+            atomic_write(table_path, text)
         out = TableOutcome("active", choice, table, text, table_path, spans(choice), default_channels=default_channels,
                            notes=list(choice.notes))
         env_part = self._env_part(result)
@@ -177,6 +185,8 @@ class TableStage:
             out.status = DEMO_STATUS
             out.notes.append("the table is computed from gloo trials and never loaded: nothing from it is "
                              "claimed as a gain")
+            if text is None:
+                out.notes.append("the table has no file: gloo ran no NCCL, so there is no NCCL version to key it by")
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
             out.chosen = _pick(None, out.env_only)
             return out
@@ -189,6 +199,7 @@ class TableStage:
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]
             out.chosen = _pick(None, out.env_only)
             return out
+        assert text is not None and table_path is not None  # keyed: only the demo has no NCCL version
         if not table.entries and not choice.single_node_env:
             out.status = "active, no entries: NCCL's defaults won at every size"
             out.env_only = self._final(result, [Finalist(env_part, label_of(env_part))])[0]

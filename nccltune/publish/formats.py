@@ -19,7 +19,14 @@ from typing import Any
 from ..delivery.applied import APPLIED_VAR, Applied, set_digest
 from ..errors import InputError
 from ..names import DEMO_LABEL
-from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, validate_env
+from .policy import (
+    ENV_PLUGIN_VAR,
+    ENV_TABLE_VAR,
+    TUNER_FINGERPRINT_VAR,
+    TUNER_PLUGIN_VAR,
+    TUNER_TABLE_VAR,
+    validate_env,
+)
 from .setting import TOPO_FILE_VAR, Provenance, Setting, check_provenance
 
 SCHEMA_VERSION = 1
@@ -32,6 +39,8 @@ SINGLE_SH_NAME = "nccl-single-node.sh"
 SINGLE_ENV_NAME = "nccl-single-node.env"
 TUNER_PLUGIN_NAME = "libnccl-tuner-nccltune.so"
 TUNER_TABLE_NAME = "tuner-table.txt"
+ENV_PLUGIN_NAME = "libnccl-env-nccltune.so"
+ENV_TABLE_NAME = "env-plugin.txt"
 # The class profile a set was published from, kept with it: the set and its profile switch together.
 CLASS_PROFILE_NAME = "class-profile.json"
 PUBLISHED_NAMES = (SH_NAME, ENV_NAME, JSON_NAME, SINGLE_SH_NAME, SINGLE_ENV_NAME)
@@ -231,6 +240,12 @@ def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict
             own[TUNER_FINGERPRINT_VAR] = prov.tuning_fingerprint
         files.append((TUNER_PLUGIN_NAME, setting.tuner.plugin_bytes()))
         files.append((TUNER_TABLE_NAME, setting.tuner.table_text.encode("utf-8")))
+        env_plugin = setting.tuner.env_plugin_bytes()
+        if env_plugin is not None and setting.tuner.env_text is not None:
+            own[ENV_PLUGIN_VAR] = str(directory / ENV_PLUGIN_NAME)
+            own[ENV_TABLE_VAR] = str(directory / ENV_TABLE_NAME)
+            files.append((ENV_PLUGIN_NAME, env_plugin))
+            files.append((ENV_TABLE_NAME, setting.tuner.env_text.encode("utf-8")))
     if setting.class_profile is not None:
         files.append((CLASS_PROFILE_NAME, setting.class_profile))
     every_job = validate_env({**setting.every_job_env, **own}, source=f"{setting.where}: every-job environment")

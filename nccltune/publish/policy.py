@@ -50,6 +50,8 @@ JOB_NNODES_VAR = "NCCLTUNE_JOB_NNODES"
 TUNER_PLUGIN_VAR = "NCCL_TUNER_PLUGIN"
 TUNER_TABLE_VAR = "NCCLTUNE_TUNER_TABLE"
 TUNER_FINGERPRINT_VAR = "NCCLTUNE_TUNER_FINGERPRINT"
+ENV_PLUGIN_VAR = "NCCL_ENV_PLUGIN"  # nccltune's env plugin (NCCL 2.28.7 and newer), with its file:
+ENV_TABLE_VAR = "NCCLTUNE_ENV_TABLE"
 
 # Bounds of one published set. A tuned setting holds a few dozen variables and a provenance of a
 # few hundred bytes; these leave ample room and keep every published file far below what readers
@@ -171,11 +173,11 @@ def check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) -
 # Variables that make NCCL (or nccltune's tuner plugin) load code or open a file by path.
 # nccltune publishes none of them except as files it wrote into the generation itself:
 # NCCL_TOPO_FILE (a Setting's topology_xml, or a pinned file root could trust), NCCL_TUNER_PLUGIN
-# and NCCLTUNE_TUNER_TABLE (a Setting's tuner).
+# and NCCLTUNE_TUNER_TABLE (a Setting's tuner), NCCL_ENV_PLUGIN and NCCLTUNE_ENV_TABLE (its env plugin).
 PATH_VARIABLES = frozenset({
     "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_RAS_PLUGIN",
     "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_CONF_FILE", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
-    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE", "NCCLTUNE_TUNER_TABLE",
+    "NCCL_GRAPH_DUMP_FILE", "NCCL_NVLS_ENABLE_FILE", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_ENV_TABLE",
 })
 
 

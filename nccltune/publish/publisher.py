@@ -25,7 +25,7 @@ from ..files.trust import ensure_dir, trusted_target
 from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
-from .policy import TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
+from .policy import ENV_PLUGIN_VAR, ENV_TABLE_VAR, TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
 from .setting import PublishError, Setting
 
 # The class profile in force: in the generation it was published with (the copy that switches
@@ -33,7 +33,7 @@ from .setting import PublishError, Setting
 PROFILE_IN_FORCE = CLASS_PROFILE_NAME
 # NCCL hands only NCCL_* from its conf file to the process, so the plugin could never find its
 # table there: the tuner is for jobs that take nccl.sh or nccl.env.
-_NOT_IN_NCCL_CONF = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
+_NOT_IN_NCCL_CONF = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR, ENV_PLUGIN_VAR, ENV_TABLE_VAR})
 
 
 def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:

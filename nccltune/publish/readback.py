@@ -22,6 +22,8 @@ from ..errors import InputError, UsageError
 from ..files import trust
 from .formats import (
     ENV_NAME,
+    ENV_PLUGIN_NAME,
+    ENV_TABLE_NAME,
     JSON_NAME,
     MAX_PUBLISHED_BYTES,
     SCHEMA_VERSION,
@@ -33,7 +35,15 @@ from .formats import (
     markers,
 )
 from .generations import CURRENT_NAME, GENERATIONS_DIR, current_generation
-from .policy import JOB_NNODES_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, check_scopes, validate_env
+from .policy import (
+    ENV_PLUGIN_VAR,
+    ENV_TABLE_VAR,
+    JOB_NNODES_VAR,
+    TUNER_PLUGIN_VAR,
+    TUNER_TABLE_VAR,
+    check_scopes,
+    validate_env,
+)
 from .setting import PublishError
 from .shapes import part_for_shape
 
@@ -242,7 +252,8 @@ def _check_own_files(env: Mapping[str, str], directory: Path, number: int | None
     Raises:
         InputError: naming the variable (exit 78).
     """
-    for name, file_name in ((TUNER_PLUGIN_VAR, TUNER_PLUGIN_NAME), (TUNER_TABLE_VAR, TUNER_TABLE_NAME)):
+    for name, file_name in ((TUNER_PLUGIN_VAR, TUNER_PLUGIN_NAME), (TUNER_TABLE_VAR, TUNER_TABLE_NAME),
+                            (ENV_PLUGIN_VAR, ENV_PLUGIN_NAME), (ENV_TABLE_VAR, ENV_TABLE_NAME)):
         if name in env and (number is None or os.path.realpath(env[name]) != os.path.realpath(directory / file_name)):
             raise InputError(where, f"{name}: {env[name]} is not the published generation's own {file_name}",
                              hint="re-run nccltune sweep")

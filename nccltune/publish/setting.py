@@ -51,6 +51,7 @@ DECIDED_STATES = ("tuned", "defaults")
 # The tuner table the plugin reads (tuner/table.py MAX_TABLE_BYTES) and a generous bound for the
 # plugin library itself.
 MAX_TABLE_BYTES = 1 << 20
+MAX_ENV_TABLE_BYTES = 64 << 10  # the env plugin's file (tuner/envfile.py MAX_BYTES)
 MAX_PLUGIN_BYTES = 64 << 20
 
 
@@ -94,15 +95,29 @@ class Tuner:
 
     plugin: bytes | Path  # the built shared library, or its path
     table_text: str
+    # nccltune's env plugin and its file (tuner/envfile.py): published, and NCCL_ENV_PLUGIN set, only
+    # with both; NCCL before 2.28.7 ignores them and the env files carry the values as ever.
+    env_plugin: bytes | Path | None = None
+    env_text: str | None = None
 
     def plugin_bytes(self) -> bytes:
         """Raises: PublishError when the library cannot be read (exit 1)."""
-        if isinstance(self.plugin, bytes):
-            return self.plugin
-        try:
-            return Path(self.plugin).read_bytes()
-        except OSError as exc:
-            raise PublishError(Path(self.plugin), exc, action="cannot read") from exc
+        return _library_bytes(self.plugin)
+
+    def env_plugin_bytes(self) -> bytes | None:
+        """The env plugin when it is published with its file, else None. Raises: see plugin_bytes."""
+        if self.env_plugin is None or self.env_text is None:
+            return None
+        return _library_bytes(self.env_plugin)
+
+
+def _library_bytes(library: bytes | Path) -> bytes:
+    if isinstance(library, bytes):
+        return library
+    try:
+        return Path(library).read_bytes()
+    except OSError as exc:
+        raise PublishError(Path(library), exc, action="cannot read") from exc
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,10 @@ class Setting:
             size = len(self.tuner.table_text.encode("utf-8"))
             if size > MAX_TABLE_BYTES:
                 raise InputError(self.where, f"tuner table: {size} bytes; the plugin reads at most {MAX_TABLE_BYTES}")
+            env_size = len((self.tuner.env_text or "").encode("utf-8"))
+            if env_size > MAX_ENV_TABLE_BYTES:
+                raise InputError(self.where, f"env plugin file: {env_size} bytes; the plugin reads at most "
+                                 f"{MAX_ENV_TABLE_BYTES}")
             if isinstance(self.tuner.plugin, bytes) and len(self.tuner.plugin) > MAX_PLUGIN_BYTES:
                 raise InputError(self.where, f"tuner plugin: {len(self.tuner.plugin)} bytes; at most "
                                  f"{MAX_PLUGIN_BYTES} are published")

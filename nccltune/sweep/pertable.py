@@ -638,8 +638,10 @@ def _sizes_text(by_collective: Mapping[str, Iterable[int]], multi: bool) -> str:
                      for c, v in by_collective.items() if v)
 
 
-def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: int = 1) -> tuple[TableEntry, ...]:
-    """The entries for one shape (ranks per node = nranks / nnodes): one per span, its range in the
+def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: int = 1,
+                  nccl: str = "") -> tuple[TableEntry, ...]:
+    """The entries for one shape (ranks per node = nranks / nnodes), in the section of NCCL `nccl`
+    (the version the trials ran): one per span, its range in the
     byte counts NCCL passes to the tuner (one rank's block for all_gather and reduce_scatter: see
     collectives.Collective.nccl_bytes), not in the measured sizes."""
     rpn = nranks // nnodes
@@ -647,10 +649,11 @@ def table_entries(choice: PerSizeChoice | TableChoice, *, nranks: int, nnodes: i
     for sp in spans(choice):
         lo, hi = COLLECTIVES[sp.collective].nccl_byte_range(sp.min_bytes, sp.max_bytes, nranks)
         entries.append(TableEntry(nccl_name(sp.collective), lo, hi, nnodes, nranks, rpn, sp.cell.algo, sp.cell.proto,
-                                  sp.cell.channels))
+                                  sp.cell.channels, nccl))
     return tuple(entries)
 
 
-def to_table(choice: PerSizeChoice | TableChoice, *, fingerprint: str, nranks: int, nnodes: int = 1) -> TunerTable:
-    """The tuner table for this node's shape: every collective's entries."""
-    return TunerTable(fingerprint, table_entries(choice, nranks=nranks, nnodes=nnodes))
+def to_table(choice: PerSizeChoice | TableChoice, *, fingerprint: str, nranks: int, nnodes: int = 1,
+             nccl: str = "") -> TunerTable:
+    """The tuner table for this node's shape: every collective's entries, in NCCL `nccl`'s section."""
+    return TunerTable(fingerprint, table_entries(choice, nranks=nranks, nnodes=nnodes, nccl=nccl))

@@ -1,4 +1,5 @@
-"""nccltune's tuner plugin for this node: the one built with the package, else compiled here.
+"""nccltune's tuner plugin for this node: the one built with the package, else compiled here; and
+its env plugin (NCCL 2.28.7 and newer), compiled here the same way.
 
 The plugin is C with no CUDA and no libnccl dependency, so any C11 compiler builds it. A wheel built
 with a compiler at hand carries it prebuilt (setup.py compiles it at build time into
@@ -26,8 +27,15 @@ log = logging.getLogger(__name__)
 LIBRARY_NAME = "libnccl-tuner-nccltune.so"
 SOURCE_NAME = "nccltune_tuner.c"
 HEADER_NAME = "nccltune_tuner.h"
+VERSION_HEADER_NAME = "nccltune_version.h"  # shared by both plugins: NCCL version numbers
+ENV_LIBRARY_NAME = "libnccl-env-nccltune.so"
+ENV_SOURCE_NAME = "nccltune_env.c"
+ENV_HEADER_NAME = "nccltune_env.h"
 COMPILERS = ("cc", "gcc", "clang")
 BASE_FLAGS = ("-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra")
+# After the source: dladdr/dlopen/dlsym (the tuner asks the NCCL that loaded it for its version) are
+# in libc since glibc 2.34 and in libdl before.
+LINK_FLAGS = ("-ldl",)
 # -O1 and frame pointers keep sanitizer reports readable; a UB finding aborts instead of printing on.
 SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                   "-fno-sanitize-recover=undefined")
@@ -44,6 +52,21 @@ def is_own_tuner(value: str) -> bool:
 
 
 @dataclass(frozen=True)
+class PluginSource:
+    """One of the two libraries: its file name, its C source and the headers it includes."""
+
+    library: str
+    source: str
+    headers: tuple[str, ...]
+    what: str  # how results name it
+
+
+TUNER = PluginSource(LIBRARY_NAME, SOURCE_NAME, (HEADER_NAME, VERSION_HEADER_NAME), "tuner plugin")
+ENV_PLUGIN = PluginSource(ENV_LIBRARY_NAME, ENV_SOURCE_NAME, (ENV_HEADER_NAME, HEADER_NAME, VERSION_HEADER_NAME),
+                          "env plugin")
+
+
+@dataclass(frozen=True)
 class BuildResult:
     """What build_plugin did: the library's path when it built, otherwise why the table is not active."""
 
@@ -55,13 +78,16 @@ class BuildResult:
     warnings: str = ""  # the compiler's diagnostics of a successful build (empty when clean)
     sanitize: bool = False
     prebuilt: Path | None = None  # the package's prebuilt library, when that is what path is a copy of
+    what: str = TUNER.what
 
     @property
     def message(self) -> str:
         if self.ok and self.prebuilt is not None:
-            return f"tuner plugin: {self.path}, the one prebuilt with the package ({self.prebuilt})"
+            return f"{self.what}: {self.path}, the one prebuilt with the package ({self.prebuilt})"
         if self.ok:
-            return f"tuner plugin built: {self.path} (with {self.compiler})"
+            return f"{self.what} built: {self.path} (with {self.compiler})"
+        if self.what == ENV_PLUGIN.what:
+            return f"env plugin not built: {self.reason}"
         return f"per-size tuner table not active: {self.reason}"
 
 
@@ -71,10 +97,10 @@ def source_dir() -> Path:
 
 
 def source_digest(directory: Path | None = None) -> str:
-    """sha256 over the plugin's source and header, as shipped: what a prebuilt library must match."""
+    """sha256 over the tuner plugin's source and headers, as shipped: what a prebuilt library must match."""
     src = directory or source_dir()
     h = hashlib.sha256()
-    for name in (SOURCE_NAME, HEADER_NAME):
+    for name in (TUNER.source, *TUNER.headers):
         h.update((src / name).read_bytes())
     return h.hexdigest()
 
@@ -165,44 +191,52 @@ def plugin_available() -> bool:
     return prebuilt_plugin()[0] is not None or find_compiler() is not None
 
 
-def compile_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = False) -> BuildResult:
-    """Compile the plugin on this node into out_dir/libnccl-tuner-nccltune.so (see build_plugin)."""
+def build_env_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = False) -> BuildResult:
+    """Compile the env plugin into out_dir/libnccl-env-nccltune.so, as compile_plugin does the tuner."""
+    return compile_plugin(out_dir, cc=cc, sanitize=sanitize, plugin=ENV_PLUGIN)
+
+
+def compile_plugin(out_dir: Path, *, cc: str | None = None, sanitize: bool = False,
+                   plugin: PluginSource = TUNER) -> BuildResult:
+    """Compile `plugin` on this node into out_dir/<its library> (see build_plugin)."""
+    what = plugin.what
     compiler = find_compiler(cc)
     if compiler is None:
         wanted = f"compiler {cc!r} not found" if cc else f"no C compiler on PATH (looked for {', '.join(COMPILERS)})"
-        log.info("per-size tuner table not active: %s", wanted)
-        return BuildResult(False, None, None, reason=wanted, sanitize=sanitize)
-    src = source_dir() / SOURCE_NAME
-    if not src.is_file() or not (src.parent / HEADER_NAME).is_file():
+        log.info("%s not built: %s", what, wanted)
+        return BuildResult(False, None, None, reason=wanted, sanitize=sanitize, what=what)
+    src = source_dir() / plugin.source
+    if not src.is_file() or not all((src.parent / h).is_file() for h in plugin.headers):
         return BuildResult(False, None, compiler, reason=f"plugin source missing from the installation ({src})",
-                           sanitize=sanitize)
+                           sanitize=sanitize, what=what)
     out_dir = Path(out_dir)
-    target = out_dir / LIBRARY_NAME
+    target = out_dir / plugin.library
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temp_file(target)
         os.close(fd)
     except OSError as e:
         return BuildResult(False, None, compiler, reason=f"cannot write to {out_dir}: {e.strerror or e}",
-                           sanitize=sanitize)
-    cmd = (compiler, *BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), "-o", str(tmp), str(src))
+                           sanitize=sanitize, what=what)
+    cmd = (compiler, *BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), "-o", str(tmp), str(src), *LINK_FLAGS)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         tmp.unlink(missing_ok=True)
-        return BuildResult(False, None, compiler, cmd, reason=f"compiler did not run: {e}", sanitize=sanitize)
+        return BuildResult(False, None, compiler, cmd, reason=f"compiler did not run: {e}", sanitize=sanitize,
+                           what=what)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         tail = proc.stderr.strip().splitlines()[-5:]
         reason = f"compiling {src.name} with {compiler} failed (exit {proc.returncode}): " + " | ".join(tail)
-        log.warning("per-size tuner table not active: %s", reason)
-        return BuildResult(False, None, compiler, cmd, reason=reason, sanitize=sanitize)
+        log.warning("%s not built: %s", what, reason)
+        return BuildResult(False, None, compiler, cmd, reason=reason, sanitize=sanitize, what=what)
     try:
         tmp.chmod(0o755)
         os.replace(tmp, target)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         return BuildResult(False, None, compiler, cmd, reason=f"cannot install {target}: {e.strerror or e}",
-                           sanitize=sanitize)
+                           sanitize=sanitize, what=what)
     log.info("tuner plugin built: %s", target)
-    return BuildResult(True, target, compiler, cmd, warnings=proc.stderr.strip(), sanitize=sanitize)
+    return BuildResult(True, target, compiler, cmd, warnings=proc.stderr.strip(), sanitize=sanitize, what=what)

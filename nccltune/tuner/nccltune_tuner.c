@@ -11,28 +11,39 @@
  *   NCCLTUNE_TUNER_TABLE        path of the table (unset or empty: no table, the plugin defers)
  *   NCCLTUNE_TUNER_FINGERPRINT  the tuning fingerprint the table must carry (unset: the table is not applied)
  *
- * Table format, version 1 (a text file, one record per line, fields separated by spaces or tabs):
+ * The running NCCL's version: ncclGetVersion of the library whose logger init was given (the NCCL
+ * that loaded this plugin, found with dladdr even when it was loaded RTLD_LOCAL, as torch does),
+ * else ncclGetVersion from the global scope; neither: the plugin defers.
  *
- *   nccltune-tuner-table 1
+ * Table format, version 2 (a text file, one record per line, fields separated by spaces or tabs):
+ *
+ *   nccltune-tuner-table 2
  *   fingerprint 0123abcd4567ef89
+ *   nccl 2.28.9
  *   # collective  min_bytes max_bytes nnodes nranks ranks_per_node algo proto channels
  *   allreduce     0         1048575   1      2      2              ring ll128 16
  *   allreduce     1048576   1073741824 1     2      2              ring simple 32
- *   end 2
+ *   nccl 2.27.7
+ *   allreduce     0         1073741824 1     2      2              tree ll 0
+ *   end 3
  *
  * - The first line is exactly the magic and the format version. A different version is refused.
  * - `#` starts a comment that runs to the end of the line; blank lines are ignored. Only printable
  *   ASCII and tabs are allowed, every line ends with '\n' (also the last), and a line holds at most
  *   512 bytes before its newline.
  * - `fingerprint` follows the header: 8 to 128 lowercase hex digits.
+ * - `nccl <major.minor.patch>` starts the section of entries measured with that NCCL version; every
+ *   entry is in a section, no version has two sections, at most 64 sections. Only the section whose
+ *   version equals the running NCCL's exactly (major, minor and patch) applies; without one the
+ *   plugin defers. All sections are checked, whichever applies.
  * - Entries: collective is allreduce, allgather, reducescatter, broadcast or reduce. min_bytes and
  *   max_bytes are decimal, inclusive on both edges (an entry applies when min_bytes <= nBytes <=
  *   max_bytes, nBytes as NCCL passes it to getCollInfo), min_bytes <= max_bytes. nnodes, nranks and
  *   ranks_per_node are >= 1 with nnodes * ranks_per_node == nranks. algo is tree, ring,
  *   collnet_direct, collnet_chain, nvls, nvls_tree or pat; proto is ll, ll128 or simple. channels is
  *   0..256, 0 leaving the channel count to NCCL (which caps any count at the communicator's channels).
- * - Two entries of the same collective and shape may not overlap in size.
- * - The last record is `end <number of entries>`: a table cut short at a line boundary is caught.
+ * - Two entries of the same section, collective and shape may not overlap in size.
+ * - The last record is `end <number of entries>` (all sections together): a table cut short at a line boundary is caught.
  * - At most 4096 entries and 1 MiB.
  * Any violation makes the whole table malformed; it is never applied in part.
  *
@@ -45,10 +56,12 @@
  * The answer depends only on the table and the call's inputs, so every rank of a communicator gets
  * the same one. getCollInfo always returns success.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* dladdr */
 
 #include "nccltune_tuner.h"
+#include "nccltune_version.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -60,7 +73,8 @@
 #include <unistd.h>
 
 #define TABLE_MAGIC "nccltune-tuner-table"
-#define TABLE_VERSION "1"
+#define TABLE_VERSION "2"
+#define TABLE_MAX_SECTIONS 64
 #define TABLE_MAX_BYTES (1024L * 1024L)
 #define TABLE_MAX_ENTRIES 4096
 #define TABLE_MAX_LINE 512
@@ -83,6 +97,7 @@ typedef struct {
   int proto;
   int channels;
   int line;
+  int nccl; /* the NCCL version code of the entry's section */
 } entry_t;
 
 typedef struct {
@@ -104,6 +119,8 @@ typedef struct {
   char fingerprint[FINGERPRINT_MAX + 1];
   entry_t *entries;
   size_t n_entries;
+  int sections[TABLE_MAX_SECTIONS]; /* the sections' NCCL version codes, in file order */
+  int n_sections;
 } load_t;
 
 static const char *const COLL_NAMES[NCCLTUNE_NUM_FUNCS] = {"broadcast", "reduce", "allgather", "reducescatter",
@@ -312,6 +329,24 @@ static void parse_table(load_t *ld, const char *buf, size_t size) {
       state = IN_ENTRIES;
       continue;
     }
+    if (strcmp(tok[0], "nccl") == 0) {
+      int code = ntok == 2 ? nccltune_parse_version(tok[1]) : -1;
+      if (code < 0) {
+        fail(ld, LOAD_MALFORMED, lineno, "expected 'nccl <major.minor.patch>' (a section's NCCL version)");
+        goto bad;
+      }
+      for (int i = 0; i < ld->n_sections; i++)
+        if (ld->sections[i] == code) {
+          fail(ld, LOAD_MALFORMED, lineno, "a second section for NCCL %.20s", tok[1]);
+          goto bad;
+        }
+      if (ld->n_sections == TABLE_MAX_SECTIONS) {
+        fail(ld, LOAD_MALFORMED, lineno, "more than %d sections", TABLE_MAX_SECTIONS);
+        goto bad;
+      }
+      ld->sections[ld->n_sections++] = code;
+      continue;
+    }
     if (strcmp(tok[0], "end") == 0) {
       uint64_t n;
       if (ntok != 2 || parse_u64(tok[1], &n) != 0) {
@@ -325,6 +360,10 @@ static void parse_table(load_t *ld, const char *buf, size_t size) {
       }
       state = AFTER_END;
       continue;
+    }
+    if (ld->n_sections == 0) {
+      fail(ld, LOAD_MALFORMED, lineno, "entry before the first 'nccl <version>' section line");
+      goto bad;
     }
     if (ld->n_entries == TABLE_MAX_ENTRIES) {
       fail(ld, LOAD_MALFORMED, lineno, "more than %d entries", TABLE_MAX_ENTRIES);
@@ -342,11 +381,12 @@ static void parse_table(load_t *ld, const char *buf, size_t size) {
     }
     entry_t *e = &ld->entries[ld->n_entries];
     if (parse_entry(ld, lineno, tok, ntok, e) != 0) goto bad;
+    e->nccl = ld->sections[ld->n_sections - 1];
     for (size_t i = 0; i < ld->n_entries; i++) {
       const entry_t *o = &ld->entries[i];
-      if (o->coll == e->coll && o->nnodes == e->nnodes && o->nranks == e->nranks &&
+      if (o->nccl == e->nccl && o->coll == e->coll && o->nnodes == e->nnodes && o->nranks == e->nranks &&
           o->ranks_per_node == e->ranks_per_node && o->min_bytes <= e->max_bytes && e->min_bytes <= o->max_bytes) {
-        fail(ld, LOAD_MALFORMED, lineno, "size range overlaps the entry on line %d (same collective and shape)",
+        fail(ld, LOAD_MALFORMED, lineno, "size range overlaps the entry on line %d (same section, collective and shape)",
              o->line);
         goto bad;
       }
@@ -430,11 +470,68 @@ static uint64_t ranks_per_node(size_t nRanks, size_t nNodes, const ncclNvlDomain
   return rpn;
 }
 
+typedef ncclResult_t (*get_version_t)(int *version);
+
+/* The version of the NCCL that loaded this plugin, as ncclGetVersion reports it, or -1. NCCL opens
+ * plugins RTLD_LOCAL and torch loads libnccl into its own local scope, where a global lookup does not
+ * reach; the logger NCCL hands to init lives in that very library, so dladdr on it names the library
+ * to ask. The global scope is the fallback (a logger-less caller with libnccl loaded globally). */
+static int running_nccl_version(ncclDebugLogger_t logFunction, char *where, size_t where_size) {
+  get_version_t get = NULL;
+  Dl_info info;
+  int version = -1;
+  snprintf(where, where_size, "no ncclGetVersion found");
+  if (logFunction != NULL && dladdr((void *)logFunction, &info) != 0 && info.dli_fname != NULL) {
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib != NULL) {
+      get = (get_version_t)dlsym(lib, "ncclGetVersion");
+      if (get != NULL) snprintf(where, where_size, "ncclGetVersion of %.300s", info.dli_fname);
+      dlclose(lib); /* RTLD_NOLOAD took a reference to a library NCCL keeps loaded */
+    }
+  }
+  if (get == NULL) {
+    get = (get_version_t)dlsym(RTLD_DEFAULT, "ncclGetVersion");
+    if (get != NULL) snprintf(where, where_size, "ncclGetVersion of the global scope");
+  }
+  if (get == NULL || get(&version) != ncclSuccess || version < 10000) return -1;
+  return version;
+}
+
+/* "2.27.7, 2.29.2" (or "none") into buf, for the line that says no section applies. */
+static void section_list(const load_t *ld, char *buf, size_t size) {
+  size_t used = 0;
+  buf[0] = '\0';
+  if (ld->n_sections == 0) snprintf(buf, size, "none");
+  for (int i = 0; i < ld->n_sections && used + 1 < size; i++) {
+    char v[16];
+    nccltune_version_text(ld->sections[i], v, sizeof v);
+    int n = snprintf(buf + used, size - used, "%s%s", i ? ", " : "", v);
+    if (n < 0) break;
+    used += (size_t)n;
+  }
+}
+
+/* Keeps only the entries of the section for `version` (the others are never consulted); returns
+ * whether the table has that section. */
+static int keep_section(load_t *ld, int version) {
+  size_t kept = 0;
+  int found = 0;
+  for (int i = 0; i < ld->n_sections; i++)
+    if (ld->sections[i] == version) found = 1;
+  for (size_t i = 0; i < ld->n_entries; i++)
+    if (ld->entries[i].nccl == version) ld->entries[kept++] = ld->entries[i];
+  ld->n_entries = kept;
+  return found;
+}
+
 static ncclResult_t tuner_init(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
                                ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t *nvlDomainInfo,
                                ncclTunerConstants_v5_t *constants) {
   context_t *ctx;
   load_t ld;
+  int version;
+  char version_where[400];
+  char version_text[16];
   const char *path = getenv("NCCLTUNE_TUNER_TABLE");
   const char *expected = getenv("NCCLTUNE_TUNER_FINGERPRINT");
   (void)commId;
@@ -487,10 +584,26 @@ static ncclResult_t tuner_init(void **context, uint64_t commId, size_t nRanks, s
     free(ld.entries);
     return ncclSuccess;
   }
+  version = running_nccl_version(logFunction, version_where, sizeof version_where);
+  if (version < 0) {
+    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: table %.400s is valid, but the running NCCL's "
+         "version is unknown (%s); deferring to NCCL", path, version_where);
+    free(ld.entries);
+    return ncclSuccess;
+  }
+  nccltune_version_text(version, version_text, sizeof version_text);
+  if (!keep_section(&ld, version)) {
+    char sections[256];
+    section_list(&ld, sections, sizeof sections);
+    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: table %.400s has no section for NCCL %s (sections: "
+         "%s); deferring to NCCL", path, version_text, sections);
+    free(ld.entries);
+    return ncclSuccess;
+  }
   if (nRanks <= 1) {
     /* NCCL runs one-rank communicators without asking the tuner; say so rather than stay silent. */
-    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: table %.400s (%zu entries) is valid; one-rank "
-         "communicator, deferring to NCCL", path, ld.n_entries);
+    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: table %.400s (NCCL %s section, %zu entries) is "
+         "valid; one-rank communicator, deferring to NCCL", path, version_text, ld.n_entries);
     free(ld.entries);
     return ncclSuccess;
   }
@@ -498,13 +611,13 @@ static ncclResult_t tuner_init(void **context, uint64_t commId, size_t nRanks, s
   ctx->n_entries = ld.n_entries;
   ctx->active = 1;
   if (ctx->ranks_per_node == 0)
-    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: using table %.400s (%zu entries, fingerprint %s); "
-         "communicator of %zu ranks on %zu nodes is uneven, no entry applies", path, ld.n_entries, ld.fingerprint,
-         nRanks, nNodes);
+    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: using table %.400s (NCCL %s section, %zu entries, "
+         "fingerprint %s); communicator of %zu ranks on %zu nodes is uneven, no entry applies", path, version_text,
+         ld.n_entries, ld.fingerprint, nRanks, nNodes);
   else
-    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: using table %.400s (%zu entries, fingerprint %s) "
-         "for a communicator of %zu ranks on %zu nodes, %llu per node", path, ld.n_entries, ld.fingerprint, nRanks,
-         nNodes, (unsigned long long)ctx->ranks_per_node);
+    tlog(logFunction, NCCL_LOG_INFO, __LINE__, "nccltune tuner: using table %.400s (NCCL %s section, %zu entries, "
+         "fingerprint %s) for a communicator of %zu ranks on %zu nodes, %llu per node", path, version_text,
+         ld.n_entries, ld.fingerprint, nRanks, nNodes, (unsigned long long)ctx->ranks_per_node);
   return ncclSuccess;
 }
 

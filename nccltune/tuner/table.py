@@ -20,7 +20,8 @@ from ..errors import InputError
 log = logging.getLogger(__name__)
 
 MAGIC = "nccltune-tuner-table"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MAX_SECTIONS = 64
 MAX_TABLE_BYTES = 1024 * 1024
 MAX_ENTRIES = 4096
 MAX_LINE_BYTES = 512
@@ -39,12 +40,28 @@ PROTOCOLS = ("ll", "ll128", "simple")
 _FINGERPRINT = re.compile(r"[0-9a-f]{8,128}")
 _DIGITS = re.compile(r"[0-9]+")
 _BAD_CHAR = re.compile(r"[^\t\x20-\x7e]")
+_NCCL_VERSION = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})\.([0-9]{1,2})")
+
+
+def nccl_version_code(text: str) -> int | None:
+    """"2.28.9" -> 22809, NCCL's own code (ncclGetVersion); None for anything else. The plugins'
+    rule (nccltune_version.h): major 1..99, minor and patch 0..99, decimal."""
+    m = _NCCL_VERSION.fullmatch(text)
+    if m is None or int(m[1]) < 1:
+        return None
+    return int(m[1]) * 10000 + int(m[2]) * 100 + int(m[3])
+
+
+def nccl_version_text(code: int) -> str:
+    """22809 -> "2.28.9": the spelling a section line carries (leading zeros dropped)."""
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
 @dataclass(frozen=True)
 class TableEntry:
     """One choice: for this collective, sizes min_bytes..max_bytes (both inclusive), and a communicator
-    of exactly this shape, use algo/proto and, when channels > 0, that many channels."""
+    of exactly this shape, use algo/proto and, when channels > 0, that many channels; measured with
+    NCCL `nccl` ("2.28.9"), the only version it applies to (its section of the table)."""
 
     collective: str
     min_bytes: int
@@ -55,10 +72,15 @@ class TableEntry:
     algo: str
     proto: str
     channels: int = 0
+    nccl: str = ""
     line: int | None = field(default=None, compare=False)  # where a parsed entry came from; not rendered
 
     def shape(self) -> tuple[str, int, int, int]:
         return (self.collective, self.nnodes, self.nranks, self.ranks_per_node)
+
+    def key(self) -> tuple[str, str, int, int, int]:
+        """Entries of one key may not overlap in size: the section, the collective and the shape."""
+        return (self.nccl, *self.shape())
 
 
 @dataclass(frozen=True)
@@ -68,13 +90,20 @@ class TunerTable:
     fingerprint: str
     entries: tuple[TableEntry, ...] = ()
 
+    def versions(self) -> tuple[str, ...]:
+        """The sections' NCCL versions, in the order the table renders them."""
+        return tuple(dict.fromkeys(e.nccl for e in self.entries))
+
     def choice(self, collective: str, n_bytes: int, nnodes: int, nranks: int,
-               ranks_per_node: int) -> TableEntry | None:
-        """The entry the plugin applies to this call (first in file order, sizes inclusive), or None.
+               ranks_per_node: int, nccl: str) -> TableEntry | None:
+        """The entry the plugin applies to this call under NCCL `nccl` (the section of exactly that
+        version; first in file order, sizes inclusive), or None.
 
         Whether NCCL then takes it depends on the cost-table cell being available, which only NCCL knows."""
+        code = nccl_version_code(nccl)
         for e in self.entries:
-            if (e.collective == collective and e.min_bytes <= n_bytes <= e.max_bytes
+            if (nccl_version_code(e.nccl) == code and e.collective == collective
+                    and e.min_bytes <= n_bytes <= e.max_bytes
                     and (e.nnodes, e.nranks, e.ranks_per_node) == (nnodes, nranks, ranks_per_node)):
                 return e
         return None
@@ -82,6 +111,8 @@ class TunerTable:
 
 def entry_problem(e: TableEntry) -> str | None:
     """What is wrong with one entry's values, or None. The same checks as the plugin's."""
+    if nccl_version_code(e.nccl) is None:
+        return f"NCCL version {e.nccl!r} is not major.minor.patch (the section it belongs to)"
     if e.collective not in COLLECTIVES:
         return f"unknown collective {e.collective!r}"
     for name, value, lo, hi in (("min_bytes", e.min_bytes, 0, MAX_BYTES_VALUE),
@@ -110,11 +141,11 @@ class OverlapIndex:
     file order) that the new one overlaps, as the plugin does."""
 
     def __init__(self) -> None:
-        self._by_shape: dict[tuple[str, int, int, int], list[tuple[int, int, int]]] = {}
+        self._by_shape: dict[tuple[str, str, int, int, int], list[tuple[int, int, int]]] = {}
 
     def add(self, e: TableEntry, order: int) -> int | None:
         """Add e (order: its position in the file); return the order of the earliest entry it overlaps, if any."""
-        ranges = self._by_shape.setdefault(e.shape(), [])
+        ranges = self._by_shape.setdefault(e.key(), [])
         # Ranges held are disjoint, so sorted by min they are sorted by max too: the ones that overlap
         # e are the run just left of the first range starting above e.max_bytes.
         i = bisect.bisect_right(ranges, (e.max_bytes, MAX_BYTES_VALUE + 1, 0))
@@ -143,17 +174,26 @@ def check_table(table: TunerTable) -> None:
         old = index.add(e, i)
         if old is not None:
             raise ValueError(f"entry {i}: size range overlaps entry {old} "
-                             f"({e.collective}, {e.nnodes} nodes, {e.nranks} ranks)")
+                             f"(NCCL {e.nccl}, {e.collective}, {e.nnodes} nodes, {e.nranks} ranks)")
+    codes = [nccl_version_code(v) for v in table.versions()]
+    if len(set(codes)) != len(codes):
+        raise ValueError(f"NCCL versions {', '.join(table.versions())} name one version twice")
+    if len(codes) > MAX_SECTIONS:
+        raise ValueError(f"{len(codes)} NCCL versions, the plugin reads at most {MAX_SECTIONS} sections")
 
 
 def render_table(table: TunerTable) -> str:
-    """The table as the plugin reads it. Raises ValueError for a table the plugin would refuse."""
+    """The table as the plugin reads it: one section per NCCL version, in first-seen order, each
+    with its entries in table order. Raises ValueError for a table the plugin would refuse."""
     check_table(table)
-    lines = [f"{MAGIC} {FORMAT_VERSION}", f"fingerprint {table.fingerprint}",
-             "# collective min_bytes max_bytes nnodes nranks ranks_per_node algo proto channels (0: NCCL decides)"]
-    for e in table.entries:
-        lines.append(f"{e.collective} {e.min_bytes} {e.max_bytes} {e.nnodes} {e.nranks} {e.ranks_per_node} "
-                     f"{e.algo} {e.proto} {e.channels}")
+    lines = [f"{MAGIC} {FORMAT_VERSION}", f"fingerprint {table.fingerprint}"]
+    for version in table.versions():
+        lines += [f"nccl {nccl_version_text(nccl_version_code(version) or 0)}",
+                  "# collective min_bytes max_bytes nnodes nranks ranks_per_node algo proto channels (0: NCCL decides)"]
+        for e in table.entries:
+            if e.nccl == version:
+                lines.append(f"{e.collective} {e.min_bytes} {e.max_bytes} {e.nnodes} {e.nranks} {e.ranks_per_node} "
+                             f"{e.algo} {e.proto} {e.channels}")
     lines.append(f"end {len(table.entries)}")
     text = "\n".join(lines) + "\n"
     if len(text.encode("ascii")) > MAX_TABLE_BYTES:
@@ -168,7 +208,7 @@ def _count(token: str, lo: int, hi: int) -> int | None:
     return value if lo <= value <= hi else None
 
 
-def _parse_entry(fields: list[str], where: str, lineno: int) -> TableEntry:
+def _parse_entry(fields: list[str], where: str, lineno: int, nccl: str) -> TableEntry:
     def bad(message: str) -> InputError:
         return InputError(where, message, line=lineno)
 
@@ -202,7 +242,7 @@ def _parse_entry(fields: list[str], where: str, lineno: int) -> TableEntry:
     channels = _count(schannels, 0, MAX_CHANNELS)
     if channels is None:
         raise bad(f"channels {schannels!r} is not a count from 0 to {MAX_CHANNELS}")
-    return TableEntry(coll, min_bytes, max_bytes, nnodes, nranks, rpn, algo, proto, channels, line=lineno)
+    return TableEntry(coll, min_bytes, max_bytes, nnodes, nranks, rpn, algo, proto, channels, nccl, line=lineno)
 
 
 def parse_table(text: str, where: str) -> TunerTable:
@@ -216,6 +256,7 @@ def parse_table(text: str, where: str) -> TunerTable:
         raise InputError(where, "truncated: the file does not end with a newline", line=text.count("\n") + 1)
     fingerprint: str | None = None
     entries: list[TableEntry] = []
+    sections: list[int] = []  # the NCCL version codes, in file order
     index = OverlapIndex()
     state = "header"
     lineno = 0
@@ -247,6 +288,16 @@ def parse_table(text: str, where: str) -> TunerTable:
             fingerprint = fields[1]
             state = "entries"
             continue
+        if fields[0] == "nccl":
+            code = nccl_version_code(fields[1]) if len(fields) == 2 else None
+            if code is None:
+                raise InputError(where, "expected 'nccl <major.minor.patch>' (a section's NCCL version)", line=lineno)
+            if code in sections:
+                raise InputError(where, f"a second section for NCCL {fields[1]}", line=lineno)
+            if len(sections) == MAX_SECTIONS:
+                raise InputError(where, f"more than {MAX_SECTIONS} sections", line=lineno)
+            sections.append(code)
+            continue
         if fields[0] == "end":
             if len(fields) != 2 or _count(fields[1], 0, MAX_BYTES_VALUE) is None:
                 raise InputError(where, "expected 'end <number of entries>'", line=lineno)
@@ -255,13 +306,15 @@ def parse_table(text: str, where: str) -> TunerTable:
                                  f"{len(entries)}", line=lineno)
             state = "end"
             continue
+        if not sections:
+            raise InputError(where, "entry before the first 'nccl <version>' section line", line=lineno)
         if len(entries) == MAX_ENTRIES:
             raise InputError(where, f"more than {MAX_ENTRIES} entries", line=lineno)
-        entry = _parse_entry(fields, where, lineno)
+        entry = _parse_entry(fields, where, lineno, nccl_version_text(sections[-1]))
         old = index.add(entry, lineno)
         if old is not None:
-            raise InputError(where, f"size range overlaps the entry on line {old} (same collective and shape)",
-                             line=lineno)
+            raise InputError(where, f"size range overlaps the entry on line {old} (same section, collective and "
+                             "shape)", line=lineno)
         entries.append(entry)
     if state != "end" or fingerprint is None:
         raise InputError(where, "truncated: no 'end' line", line=lineno)
