@@ -71,8 +71,8 @@ def test_podman_command_line_mounts_only_the_worker_and_the_trial(tmp_path: Path
     # Values stay out of the process list: the runtime hands each variable on by name.
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--env"] == ["NCCL_ALGO", "PATH"]
     assert argv[argv.index(f"img@{DIGEST}") + 1:] == ["python3", "-I", f"{WORKER_MOUNT}/worker.py", "--backend", "nccl"]
-    cpu = Container("docker", parse_image(f"img@{DIGEST}"), worker, gpus=False)
-    assert "--device" not in cpu.argv(["true"], {}, tmp_path, tmp_path) and "--user" not in cpu.argv(["true"], {}, tmp_path, tmp_path)
+    cpu = Container("docker", parse_image(f"img@{DIGEST}"), worker, gpus=False).argv(["true"], {}, tmp_path, tmp_path)
+    assert cpu[0] == "docker" and "--device" not in cpu and "--user" not in cpu
 
 
 def test_enroot_starts_the_container_made_of_the_digest(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_the_image_is_a_fact_of_the_class() -> None:
 @pytest.fixture(scope="module")
 def test_image() -> tuple[str, dict[str, str]]:
     """The image by digest and the environment podman needs on this machine (.ci/install-test-image)."""
-    if os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("podman") is None:
+    if os.geteuid() != 0 or (shutil.which("apt-get") is None and shutil.which("podman") is None):
         pytest.skip("the test image is built as root, with podman from apt-get")
     got = subprocess.run(["bash", str(REPO / ".ci" / "install-test-image")], capture_output=True, text=True,
                          timeout=900, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHON": sys.executable})
