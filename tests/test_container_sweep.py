@@ -122,6 +122,8 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
     image = summary["image"]
     assert image["image"] == ref and image["image_digest"] == ref.split("@", 1)[1]
     assert image["image_os"] == "Debian GNU/Linux 12 (bookworm)" and image["runtime"] == "podman"
+    # torch's NCCL library file as the worker found it mapped: a path in the image (CPU torch: none).
+    assert "image_nccl_lib" not in image
     assert image["image_torch_version"] == summary["torch_version"] == "2.13.0+cpu"
     # The python the probe found is the image's (Debian's), whatever the host's is.
     rootfs_python = subprocess.run(["chroot", str(REPO / ".cache" / "test-image" / "rootfs"), "python3", "-c",
@@ -130,3 +132,33 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
     assert image["image_python"] == rootfs_python
     published = json.loads((state / "nccl.json").read_text())
     assert published["provenance"]["image"] == image
+
+
+def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str, dict[str, str]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the runner does at a timeout: SIGKILL to the client's group, then `remove` by name."""
+    ref, env = test_image
+    for name in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        monkeypatch.setenv(name, env[name])  # the runtime's own settings come from nccltune's environment
+    c = Container("podman", parse_image(ref), REPO / "nccltune" / "trials", gpus=False)
+    name = f"nccltune-test-{os.getpid()}"
+    argv = c.argv(["sleep", "300"], {"PATH": "/usr/bin:/bin"}, tmp_path, tmp_path, name)
+    client = subprocess.Popen(argv, env=c.runtime_env({"PATH": os.environ["PATH"]}), start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def running() -> list[str]:
+        got = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}}"],
+                             capture_output=True, text=True, env=env, check=True)
+        return got.stdout.split()
+
+    try:
+        for _ in range(120):
+            if running():
+                break
+            subprocess.run(["sleep", "0.5"], check=True)
+        assert running() == [name]
+    finally:
+        os.killpg(client.pid, 9)
+        client.wait()
+        c.remove([name])
+    assert running() == []

@@ -10,7 +10,6 @@ NCCL, so its class has none.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from ..config import Config
@@ -85,13 +84,12 @@ def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: b
     if demo:
         return WorkerNccl(None, DEMO_NCCL)
     if cfg.bench.image:
-        from ..trials.container import from_config
+        from ..trials.container import probe_image
 
-        container = from_config(cfg.bench, demo=False)
-        probed = container.probe({"PATH": os.environ.get("PATH", os.defpath)})
+        container, probed = probe_image(cfg.bench)
         where = f"as the image {container.image.ref} reports it"
         return WorkerNccl(probed.get("nccl_version"), where if probed.get("nccl_version") else
-                          f"the image {container.image.ref} reports none ({probed.get('torch_error', 'no NCCL')})")
+                          f"the image {container.image.ref} reports none ({probed.get('error', 'no NCCL')})")
     from ..errors import UnavailableError
     from ..trials.probe import probe_nccl
     from ..trials.runner import find_worker_python

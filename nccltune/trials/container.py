@@ -22,11 +22,12 @@ it has made of the image before (`enroot create --name NAME`), named here by the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config.schema import BenchConfig
@@ -35,31 +36,16 @@ from ..images import Image, parse_image
 from .credentials import rank_user
 from .launch import WORKER
 
+log = logging.getLogger(__name__)
+
 RUNTIMES = ("auto", "podman", "docker", "enroot")
 # worker.py loads ../collectives.py by path: both mounted where that path holds.
 WORKER_MOUNT = "/opt/nccltune/trials"
 COLLECTIVES_MOUNT = "/opt/nccltune/collectives.py"
 IMAGE_PYTHON = "python3"
 PROBE_TIMEOUT_S = 300.0
+REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
-# Printed by the image's python: its torch, torch's NCCL (a tuple, or missing on a CPU build), the
-# image's distribution. Standard library first, so that an image without torch still answers.
-_PROBE = (
-    "import json, platform\n"
-    "out = {'python': platform.python_version()}\n"
-    "try:\n"
-    "    out['os_release'] = open('/etc/os-release').read()\n"
-    "except OSError:\n"
-    "    pass\n"
-    "try:\n"
-    "    import torch\n"
-    "    out['torch_version'] = torch.__version__\n"
-    "    v = torch.cuda.nccl.version() if torch.cuda.is_available() else None\n"
-    "    out['nccl_version'] = '.'.join(str(p) for p in v) if isinstance(v, tuple) else v\n"
-    "except Exception as exc:\n"
-    "    out['torch_error'] = repr(exc)\n"
-    "print(json.dumps(out))\n"
-)
 
 
 def pick_runtime(configured: str) -> str:
@@ -96,18 +82,25 @@ class Container:
         collectives = self.worker_dir.parent / "collectives.py"
         return [flag, f"{self.worker_dir}:{WORKER_MOUNT}{how}", flag, f"{collectives}:{COLLECTIVES_MOUNT}{how}"]
 
+    @staticmethod
+    def _trial_mount(flag: str, trial_dir: Path | None, how: str) -> list[str]:
+        """The trial's directory at its own path (none for the probe)."""
+        return [flag, f"{trial_dir}:{trial_dir}{how}"] if trial_dir is not None else []
+
     def worker_argv(self, args: Sequence[str]) -> list[str]:
         """The worker's command line inside the image."""
         return [IMAGE_PYTHON, "-I", f"{WORKER_MOUNT}/worker.py", *args]
 
-    def argv(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path, cwd: Path) -> list[str]:
+    def argv(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path,
+             name: str | None = None) -> list[str]:
         """The runtime's command line that runs `inner` in the image with `env` (passed by name: the
-        runtime reads the values from its own environment, which is `env`)."""
+        runtime reads the values from its own environment, which is `env`), as the container `name`
+        (podman, docker: what `remove` ends)."""
         if self.runtime == "enroot":
             return self._enroot(inner, env, trial_dir, cwd)
-        out = [self.runtime, "run", "--rm", "--network", "host", "--ipc", "host", "--init",
-               "--security-opt", "no-new-privileges",
-               *self._worker_mounts("-v", ":ro"), "-v", f"{trial_dir}:{trial_dir}:rw",
+        out = [self.runtime, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
+               "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
+               *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
                "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
         if self.uid is not None:
             out += ["--user", f"{self.uid}:{self.gid if self.gid is not None else self.uid}"]
@@ -117,11 +110,11 @@ class Container:
             out += ["--env", name]
         return [*out, self.image.ref, *inner]
 
-    def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path, cwd: Path) -> list[str]:
+    def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
         # enroot runs the container as the calling user (remapped root only with --root): the runner
         # switches to bench.user before it execs enroot, as for a rank on the host.
         out = ["enroot", "start", *self._worker_mounts("--mount", ":none,bind,ro"),
-               "--mount", f"{trial_dir}:{trial_dir}:none,bind,rw"]
+               *self._trial_mount("--mount", trial_dir, ":none,bind,rw")]
         for name in sorted(env):
             out += ["--env", name]
         return [*out, self.image.enroot_name, "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd), *inner]
@@ -133,25 +126,33 @@ class Container:
         own = {k: v for k, v in os.environ.items() if k.startswith(RUNTIME_VARS)}
         return {**own, **env}
 
+    def remove(self, names: Sequence[str]) -> None:
+        """End the containers `names` (podman, docker), whatever became of the client that started
+        them: a killed `docker run` leaves its container running under the daemon, and podman's
+        container is conmon's, which need not be in the client's process group. enroot's container
+        is its caller's process tree, which the runner's group kill ends."""
+        if self.runtime == "enroot" or not names:
+            return
+        try:
+            subprocess.run([self.runtime, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL, env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s rm -f %s: %s", self.runtime, " ".join(names), exc)
+
     @property
     def switches_user(self) -> bool:
         """The runtime makes the rank bench.user itself (--user); enroot needs the runner to."""
         return self.runtime != "enroot"
 
     def probe(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The image's python, torch and NCCL versions and /etc/os-release, read once by running
-        the image's python (no GPU needed: torch's NCCL version is compiled in).
+        """The image's python, torch, NCCL (and NCCL's library file, a path in the image) and OS, as
+        the worker's own `--probe` reports them run once in the image (no GPU needed: torch's NCCL
+        version is compiled in).
 
         Raises:
             UnavailableError: the image does not start or its python does not answer (exit 69)."""
-        inner = [IMAGE_PYTHON, "-I", "-c", _PROBE]
-        if self.runtime == "enroot":
-            argv = ["enroot", "start", self.image.enroot_name, *inner]
-        else:
-            argv = [self.runtime, "run", "--rm", "--network", "host", "-v", "/sys:/sys:ro"]
-            if self.uid is not None:
-                argv += ["--user", f"{self.uid}:{self.gid if self.gid is not None else self.uid}"]
-            argv += [self.image.ref, *inner]
+        # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"))
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL, env=self.runtime_env(env))
@@ -165,7 +166,7 @@ class Container:
         if not isinstance(got, dict):
             said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
             raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} exited {done.returncode}: {said}")
-        return {str(k): str(v) for k, v in got.items() if v is not None}
+        return {str(k): str(v) for k, v in got.items() if v is not None and k != "event"}
 
 
 def from_config(bench: BenchConfig, *, demo: bool) -> Container:
@@ -181,14 +182,20 @@ def from_config(bench: BenchConfig, *, demo: bool) -> Container:
                      uid=user.uid if user else None, gid=user.gid if user else None, gpus=not demo)
 
 
+def probe_image(bench: BenchConfig) -> tuple[Container, dict[str, str]]:
+    """bench.image's container and what its probe found (Container.probe): for the class and the
+    daemon's NCCL version, which must be the image's as the sweep's is.
+
+    Raises:
+        InputError, UnavailableError: as from_config and Container.probe."""
+    c = from_config(bench, demo=False)
+    return c, c.probe({"PATH": os.environ.get("PATH", os.defpath)})
+
+
 def provenance(c: Container, probed: Mapping[str, str]) -> dict[str, str]:
     """What a run records of the image it measured in, and what the node's class key takes."""
     out = {"image": c.image.ref, "image_digest": c.image.digest, "runtime": c.runtime}
-    for key in ("torch_version", "nccl_version", "python"):
+    for key in ("torch_version", "nccl_version", "nccl_lib", "python", "os"):
         if key in probed:
             out[f"image_{key}"] = probed[key]
-    pretty = next((line.split("=", 1)[1].strip('"') for line in probed.get("os_release", "").splitlines()
-                   if line.startswith("PRETTY_NAME=")), None)
-    if pretty:
-        out["image_os"] = pretty
     return out

@@ -296,6 +296,7 @@ class Runner:
         self._server: RankServer | None = None
         self._names: list[str] = []
         self._procs: list[Child | ForkedRank] = []
+        self._containers: list[str] = []  # this trial's containers, by name (bench.image)
         self._seq = 0
 
     def recorded(self, candidate: Mapping[str, str]) -> dict[str, str]:
@@ -334,7 +335,7 @@ class Runner:
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         self.launch.prepare()  # other nodes joining: not part of the trial's time
         started = time.monotonic()
-        self._procs, self._names = [], []
+        self._procs, self._names, self._containers = [], [], []
         if self.nccl_tests:
             return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started, collectives)
         try:
@@ -344,7 +345,9 @@ class Runner:
             self._names = [s.who for s in specs]
             for spec in specs:
                 if self.container:
-                    argv = self.container.argv(spec.argv, spec.env, trial_dir, rank_dir)
+                    name = f"nccltune-{os.getpid()}-{self._seq}-{spec.name}"
+                    self._containers.append(name)
+                    argv = self.container.argv(spec.argv, spec.env, trial_dir, rank_dir, name)
                     self._spawn(trial_dir, spec.name, argv, self.container.runtime_env(spec.env),
                                 as_root=self.container.switches_user)
                     continue
@@ -569,6 +572,8 @@ class Runner:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 log.warning("rank process %d did not exit after SIGKILL", p.pid)
+        if self.container is not None:
+            self.container.remove(self._containers)
         with contextlib.suppress(NccltuneError):
             self._record_ranks()
 
