@@ -46,6 +46,7 @@ _WINDOW_RE = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 
 Backend = Literal["auto", "nccl", "gloo"]
 Engine = Literal["torch", "nccl-tests"]
+Runtime = Literal["auto", "podman", "docker", "enroot"]
 Strategy = Literal["staged", "exhaustive"]
 TunerPlugin = Literal["auto", "nccltune", "keep"]
 
@@ -166,6 +167,11 @@ class BenchConfig:
     # Who the benchmark ranks run as when nccltune is root (trials.credentials); None: the system
     # user nccltune that `nccltune install` creates (root, with a warning, where it does not exist).
     user: str | None = None
+    # The job's image, by digest (NAME@sha256:HEX): the worker runs in it with the image's python3,
+    # so the NCCL measured is the one the jobs load (trials/container.py). None: bench.python.
+    image: list[str] | None = None
+    # What runs bench.image: podman, docker, enroot, or auto (the first of those on PATH).
+    runtime: Runtime = "auto"
     backend: Backend = "auto"
     engine: Engine = "torch"
     nccl_tests_dir: str | None = None
