@@ -155,6 +155,9 @@ class PublishConfig:
     # A CDI spec directory (/var/run/cdi on a Kubernetes node) to keep the published set in as the
     # CDI spec nccltune.io-tuning.json (nccltune.delivery.cdi); None: no CDI spec.
     cdi_dir: str | None = None
+    # A Node Feature Discovery feature file to keep the node's class, published state and outlier
+    # verdict in, as NFD's node labels (nccltune.delivery.nodefeatures); None: none.
+    node_features_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -330,6 +333,11 @@ class Config:
     def cdi_dir(self) -> Path | None:
         """The CDI spec directory kept current after every publish, or None when that is off."""
         return self._under_state(self.publish.cdi_dir)
+
+    @property
+    def node_features_file(self) -> Path | None:
+        """The NFD feature file rewritten with the metrics, or None when that is off."""
+        return self._under_state(self.publish.node_features_file)
 
     @property
     def nccl_conf(self) -> Path | None:
