@@ -14,6 +14,7 @@ too, with the pages other parts of the project contribute allowed to be missing 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -43,7 +44,9 @@ OPERATORS = set("();<>|&\n")  # a newline ends a command as ; does
 REPO_DIRS = ("bench/", "tests/", "launchers/", ".ci/", "monitoring/", "deploy/", "systemd/", "examples/",
              "schemas/", "topologies/", "docs/")
 # Commands whose exit 1 is a finding, not a failure (docs: commands.md, exit codes).
-CHECKS = {"doctor", "compare", "verify"}
+CHECKS = {("doctor", None), ("compare", None), ("verify", None), ("topo", "diff")}
+# The runs a page's commands may name: the demo's sweep, and the import a page's earlier line stores.
+DEMO_RUNS = {1, 2}
 
 
 @dataclass(frozen=True)
@@ -141,12 +144,13 @@ def is_nccltune(argv: list[str]) -> bool:
 def repo_paths(argv: list[str]) -> list[str]:
     """The files of this repository a command names (scripts, rules, launchers)."""
     named = [t for t in argv if t.startswith(REPO_DIRS) or t.startswith(tuple("./" + d for d in REPO_DIRS))]
-    if argv[0] in ("bash", "sh", "python", "python3") and len(argv) > 1 and re.fullmatch(r"[\w./-]+\.(sh|py)|[\w./-]+/run", argv[1]):
+    script = re.compile(r"[\w./-]+\.(sh|py)|[\w./-]+/run")
+    if argv[0] in ("bash", "sh", "python", "python3") and len(argv) > 1 and script.fullmatch(argv[1]):
         named.append(argv[1])
     return sorted(set(named))
 
 
-def parse(argv: list[str], line: Line):  # type: ignore[no-untyped-def]
+def parse(argv: list[str], line: Line) -> argparse.Namespace:
     try:
         return build_parser().parse_args(argv[1:])
     except UsageError as e:
@@ -155,7 +159,7 @@ def parse(argv: list[str], line: Line):  # type: ignore[no-untyped-def]
         pytest.fail(f"{line.where()}\n  {shlex.join(argv)} exits {e.code} instead of running")
 
 
-def _why_not_run(argv: list[str], ns) -> str | None:  # type: ignore[no-untyped-def]
+def _why_not_run(argv: list[str], ns: argparse.Namespace) -> str | None:
     """Why a parsed nccltune command line is not run here, or None where it runs on the CPU demo."""
     command = ns.command
     if command == "daemon":
@@ -181,9 +185,14 @@ def _why_not_run(argv: list[str], ns) -> str | None:  # type: ignore[no-untyped-
         return "reads the node's NVML (doctor --demo reads the demo's recorded node)"
     if command == "keygen" and not ns.path:
         return "writes root's /etc/nccltune/multinode.key"
-    if command == "exec" and shutil.which(ns.cmd[0] if ns.cmd and ns.cmd[0] != "--" else ns.cmd[-1]) is None:
-        return f"starts {ns.cmd!r}, which is not installed here"
-    if command == "compare" or getattr(ns, "run", None) is not None or getattr(ns, "baseline", None) is not None:
+    if command == "exec":
+        started = ns.cmd[1:] if ns.cmd[:1] == ["--"] else ns.cmd
+        if not started or shutil.which(started[0]) is None:
+            return f"starts {shlex.join(started)}, which is not installed here"
+    runs = {getattr(ns, name, None) for name in ("run", "baseline")} - {None}
+    if command == "compare":
+        runs |= {ns.a, ns.b}
+    if not runs <= DEMO_RUNS:
         return "names runs of a node's own history"
     for word in argv[1:]:
         if word.startswith("/") and not word.startswith("/tmp/"):
@@ -191,11 +200,6 @@ def _why_not_run(argv: list[str], ns) -> str | None:  # type: ignore[no-untyped-
         if "*" in word or "$" in word:
             return f"names files of a real fleet ({word})"
     return None
-
-
-def _exec_cmd(ns) -> list[str]:  # type: ignore[no-untyped-def]
-    cmd = list(ns.cmd)
-    return cmd[1:] if cmd[:1] == ["--"] else cmd
 
 
 def nccltune_lines(page: Path) -> list[tuple[Line, list[list[str]]]]:
@@ -218,7 +222,8 @@ def test_the_parser_refuses_what_the_check_must_catch() -> None:
     with pytest.raises(pytest.fail.Exception, match="refuses"):
         parse(["nccltune", "sweep", "--plann"], line)
     found = simple_commands('eval "$(nccltune env)" && x=$(nccltune history) ; nccltune report > a.json')
-    assert sorted(c for c in found if is_nccltune(c)) == [["nccltune", "env"], ["nccltune", "history"], ["nccltune", "report"]]
+    assert sorted(c for c in found if is_nccltune(c)) == [
+        ["nccltune", "env"], ["nccltune", "history"], ["nccltune", "report"]]
 
 
 def _wrapper(bin_dir: Path, demo: DemoSweep, state: Path) -> None:
@@ -253,6 +258,9 @@ def test_commands_that_can_run_on_a_cpu_run(page: Path, demo_sweep: DemoSweep, t
     state = work / "nccltune-demo"
     shutil.copytree(demo_sweep.state, state, symlinks=True)
     _wrapper(bin_dir, demo_sweep, state)
+    for name in REPO_DIRS:  # a page names the repository's files as from its root
+        if (REPO / name).is_dir():
+            (work / name.rstrip("/")).symlink_to(REPO / name)
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     ran: list[str] = []
     for line, commands in nccltune_lines(page):
@@ -262,11 +270,13 @@ def test_commands_that_can_run_on_a_cpu_run(page: Path, demo_sweep: DemoSweep, t
         if any(_why_not_run(argv, ns) for argv, ns in zip(commands, parsed, strict=True)):
             continue
         text = line.text.replace(" /tmp/", f" {work}/")
+        before = set(work.iterdir())
         got = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        allowed = {0, 1} if {ns.command for ns in parsed} & CHECKS else {0}
+        allowed = {0, 1} if {(ns.command, getattr(ns, "topo_command", None)) for ns in parsed} & CHECKS else {0}
         assert got.returncode in allowed and "Traceback" not in got.stderr, (
             f"{line.where()}\n  exit {got.returncode}\n{got.stderr[-3000:]}")
-        assert got.stdout.strip() or got.stderr.strip(), f"{line.where()}\n  printed nothing"
+        wrote = [p for p in set(work.iterdir()) - before if p.stat().st_size]
+        assert got.stdout.strip() or got.stderr.strip() or wrote, f"{line.where()}\n  printed and wrote nothing"
         ran.append(line.text)
     if page.name == "README.md" and page.parent == REPO:
         assert len(ran) >= 5, ran  # the quick start runs, not only parses
@@ -278,7 +288,7 @@ def test_what_is_not_run_says_why() -> None:
         for line, commands in nccltune_lines(page):
             for argv in commands:
                 reasons[shlex.join(argv)] = _why_not_run(argv, parse(argv, line))
-    assert reasons.get("nccltune sweep") == "measures on the node's GPUs (the demo sweep this test's state comes from is one)"
+    assert reasons.get("nccltune sweep", "").startswith("measures on the node's GPUs"), reasons
     assert reasons.get("nccltune install") and reasons.get("nccltune history") is None, reasons
 
 
