@@ -276,10 +276,11 @@ def test_the_image_creates_the_rank_user_the_config_names(docs: dict[str, Any], 
     assert not (account.uid < 60000 or 60001 <= account.uid <= 60577 or 61184 <= account.uid <= 65535)
     assert {"--system", "--no-create-home"} <= set(account.options)
     assert option(list(account.options), "--shell", "-s").endswith("nologin")
-    # Every uid the manifest and the README name for the ranks is that one.
+    # Every uid the manifest and the docs (docs/kubernetes.md says it) name for the ranks is that one.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     named = {doc.name: {int(n) for n in re.findall(r"\buid (?:and gid )?(\d{4,})", doc.read_text())}
-             for doc in (MANIFEST, ROOT / "README.md")}
-    assert named[MANIFEST.name] == {account.uid} and named["README.md"] <= {account.uid}, named
+             for doc in (MANIFEST, *pages)}
+    assert named.pop(MANIFEST.name) == {account.uid} and set().union(*named.values()) <= {account.uid}, named
     # The user is made before the image switches back to root for the daemon, which it stays.
     stage = image_stage()
     made = next(i for i, (word, rest) in enumerate(stage) if word == "RUN" and "useradd" in rest)
