@@ -1,6 +1,6 @@
 """bench.image: a CPU-demo sweep whose ranks run the worker in a real image under a real podman
-(the image built from Debian packages by .ci/install-test-image, cached under .cache/), and the
-command lines, refusals and class facts around it."""
+(the image built from Debian packages by .ci/install-test-image, cached under .cache/, and run as
+its unpacked root filesystem), and the command lines, refusals and class facts around it."""
 
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ from conftest import REPO
 from demo_state import SHORT_CONFIG, SNAPSHOT
 from second_user import MALLORY, mallory_uid
 
+from nccltune.config.schema import BenchConfig
 from nccltune.errors import EXIT_CONFIG, InputError
 from nccltune.images import parse_image
 from nccltune.topology.nodeclass import node_class
 from nccltune.topology.source import load_topology
-from nccltune.trials.container import COLLECTIVES_MOUNT, WORKER_MOUNT, Container
+from nccltune.trials.container import COLLECTIVES_MOUNT, WORKER_MOUNT, Container, from_config, pick_runtime
 
 DIGEST = "sha256:" + "ab" * 32
 SWEEP_S = 400.0  # five trials, each two containers started on a loaded 2-core machine
@@ -52,9 +53,39 @@ def test_one_image_per_sweep(tmp_path: Path) -> None:
 
 def test_parse_image_keeps_the_digest() -> None:
     image = parse_image(f"registry.example/team/train:24.05@{DIGEST}")
-    assert image.digest == DIGEST and image.ref.endswith(DIGEST)
+    assert image.digest == DIGEST and image.ref.endswith(DIGEST) and image.rootfs is None
     with pytest.raises(InputError, match="by digest"):
         parse_image("registry.example/team/train@sha256:abc")
+
+
+def test_an_unpacked_root_filesystem_is_an_absolute_directory_by_digest() -> None:
+    image = parse_image(f"/srv/images/train@{DIGEST}")
+    assert (image.rootfs, image.digest) == ("/srv/images/train", DIGEST)
+    assert parse_image(f"srv/images/train@{DIGEST}").rootfs is None  # a relative path is an image name
+    for ref in (f"./train@{DIGEST}", f"/srv/images/../train@{DIGEST}", f"/srv/images/train/@{DIGEST}",
+                f"/srv//train@{DIGEST}", "/srv/images/train", f"/srv/my images@{DIGEST}"):
+        with pytest.raises(InputError, match="by digest"):
+            parse_image(ref)
+
+
+def test_a_root_filesystem_runs_read_only_under_podman_alone(tmp_path: Path) -> None:
+    worker = REPO / "nccltune" / "trials"
+    c = Container("podman", parse_image(f"{tmp_path}@{DIGEST}"), worker, uid=990, gid=991, gpus=False)
+    argv = c.argv(c.worker_argv(["--probe"]), {"PATH": "/usr/bin"}, None, Path("/"))
+    assert "--read-only" in argv and f"img@{DIGEST}" not in " ".join(argv)
+    at = argv.index("--rootfs")
+    assert argv[at + 1] == str(tmp_path) and argv[at + 2:] == ["python3", "-I", f"{WORKER_MOUNT}/worker.py", "--probe"]
+    for runtime in ("docker", "enroot"):
+        with pytest.raises(InputError, match=r"cannot run bench\.image's unpacked root filesystem"):
+            pick_runtime(runtime, rootfs=True)
+    # The directory must pass the trust rule: the ranks of every trial run what is in it.
+    shared = tmp_path / "shared"
+    (shared / "rootfs").mkdir(parents=True)
+    shared.chmod(0o777)
+    with pytest.raises(InputError, match="world-writable"):
+        from_config(BenchConfig(image=[f"{shared / 'rootfs'}@{DIGEST}"], runtime="podman"), demo=True)
+    with pytest.raises(InputError, match=r"cannot run bench\.image's unpacked root filesystem"):
+        from_config(BenchConfig(image=[f"{tmp_path}@{DIGEST}"], runtime="docker"), demo=True)
 
 
 def test_podman_command_line_mounts_only_the_worker_and_the_trial(tmp_path: Path) -> None:
@@ -94,7 +125,8 @@ def test_the_image_is_a_fact_of_the_class() -> None:
 
 @pytest.fixture(scope="module")
 def test_image() -> tuple[str, dict[str, str]]:
-    """The image by digest and the environment podman needs on this machine (.ci/install-test-image)."""
+    """The image by digest and the environment podman needs on this machine (.ci/install-test-image,
+    which tests/run starts before its lint steps: this call then waits for that build)."""
     if os.geteuid() != 0 or (shutil.which("apt-get") is None and shutil.which("podman") is None):
         pytest.skip("the test image is built as root, with podman from apt-get")
     got = subprocess.run(["bash", str(REPO / ".ci" / "install-test-image")], capture_output=True, text=True,
@@ -120,13 +152,15 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
     with sqlite3.connect(state / "history.db") as db:
         summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
     image = summary["image"]
+    rootfs = parse_image(ref).rootfs
+    assert rootfs is not None and image["image_rootfs"] == rootfs
     assert image["image"] == ref and image["image_digest"] == ref.split("@", 1)[1]
     assert image["image_os"] == "Debian GNU/Linux 12 (bookworm)" and image["runtime"] == "podman"
     # torch's NCCL library file as the worker found it mapped: a path in the image (CPU torch: none).
     assert "image_nccl_lib" not in image
     assert image["image_torch_version"] == summary["torch_version"] == "2.13.0+cpu"
     # The python the probe found is the image's (Debian's), whatever the host's is.
-    rootfs_python = subprocess.run(["chroot", str(REPO / ".cache" / "test-image" / "rootfs"), "python3", "-c",
+    rootfs_python = subprocess.run(["chroot", rootfs, "python3", "-c",
                                     "import platform; print(platform.python_version())"],
                                    capture_output=True, text=True, check=True).stdout.strip()
     assert image["image_python"] == rootfs_python
@@ -136,13 +170,16 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
 
 def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str, dict[str, str]],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the runner does at a timeout: SIGKILL to the client's group, then `remove` by name."""
+    """What the runner does at a timeout: SIGKILL to the client's group, then `remove` by name. The
+    container's root cannot write the shared root filesystem, only its own /tmp."""
     ref, env = test_image
+    rootfs = Path(str(parse_image(ref).rootfs))
     for name in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
         monkeypatch.setenv(name, env[name])  # the runtime's own settings come from nccltune's environment
     c = Container("podman", parse_image(ref), REPO / "nccltune" / "trials", gpus=False)
     name = f"nccltune-test-{os.getpid()}"
-    argv = c.argv(["sleep", "300"], {"PATH": "/usr/bin:/bin"}, tmp_path, tmp_path, name)
+    script = "touch /etc/planted; touch /tmp/own && exec sleep 300"
+    argv = c.argv(["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, tmp_path, tmp_path, name)
     client = subprocess.Popen(argv, env=c.runtime_env({"PATH": os.environ["PATH"]}), start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -162,3 +199,4 @@ def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str
         client.wait()
         c.remove([name])
     assert running() == []
+    assert not (rootfs / "etc" / "planted").exists() and not (rootfs / "tmp" / "own").exists()

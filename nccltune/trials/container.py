@@ -17,6 +17,9 @@ image by digest (a tag can move under the results, so it is refused) with:
   the process list.
 The runtime: podman or docker take the image by digest; enroot (Slurm's pyxis) starts a container
 it has made of the image before (`enroot create --name NAME`), named here by the digest's hex.
+An image given as its unpacked root filesystem (/DIR@sha256:HEX, images.py) runs under podman
+alone (`--rootfs DIR`), read-only with a fresh /tmp of its own (`--read-only`): every rank of every
+trial shares the one directory, which must pass the trust rule, as bench.python does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from ..config.schema import BenchConfig
 from ..errors import InputError, UnavailableError
+from ..files import trust
 from ..images import Image, parse_image
 from .credentials import rank_user
 from .launch import WORKER
@@ -48,15 +52,19 @@ REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
 
 
-def pick_runtime(configured: str) -> str:
-    """The runtime to start containers with: configured, or (auto) enroot inside a Slurm job that
-    has it, else podman, else docker, whichever is on PATH.
+def pick_runtime(configured: str, *, rootfs: bool = False) -> str:
+    """The runtime to start containers with: configured, or (auto) podman, else docker, else
+    enroot, whichever is on PATH; podman alone for an unpacked root filesystem (`rootfs`).
 
     Raises:
+        InputError: a root filesystem with another runtime configured (exit 78).
         UnavailableError: none of them is installed (exit 69)."""
     if configured not in RUNTIMES:
         raise InputError("bench.runtime", f"{configured!r} is not one of {', '.join(RUNTIMES)}")
-    names = (configured,) if configured != "auto" else ("podman", "docker", "enroot")
+    if rootfs and configured not in ("auto", "podman"):
+        raise InputError("bench.runtime", f"{configured} cannot run bench.image's unpacked root filesystem",
+                         hint="podman runs one (podman run --rootfs): set bench.runtime to podman or auto")
+    names = (configured,) if configured != "auto" else ("podman",) if rootfs else ("podman", "docker", "enroot")
     for name in names:
         if shutil.which(name):
             return name
@@ -102,13 +110,18 @@ class Container:
                "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
                *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
                "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
+        if self.image.rootfs is not None:
+            # One directory for every rank of every trial: nothing a rank writes outlives it (a
+            # fresh tmpfs on /tmp, /var/tmp and /run; the rest read-only).
+            out.append("--read-only")
         if self.uid is not None:
             out += ["--user", f"{self.uid}:{self.gid if self.gid is not None else self.uid}"]
         if self.gpus:
             out += ["--device", "nvidia.com/gpu=all"]
         for name in sorted(env):
             out += ["--env", name]
-        return [*out, self.image.ref, *inner]
+        image = ["--rootfs", self.image.rootfs] if self.image.rootfs is not None else [self.image.ref]
+        return [*out, *image, *inner]
 
     def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
         # enroot runs the container as the calling user (remapped root only with --root): the runner
@@ -174,11 +187,18 @@ def from_config(bench: BenchConfig, *, demo: bool) -> Container:
     the node's GPUs passed unless `demo` (a CPU node has none).
 
     Raises:
-        InputError: bench.image not by digest, bench.user unknown (exit 78).
+        InputError: bench.image not by digest, an unpacked root filesystem that is not a directory
+            root may trust or with a runtime other than podman, bench.user unknown (exit 78).
         UnavailableError: no runtime on PATH (exit 69)."""
     assert bench.image, "from_config without bench.image"
+    image = parse_image(bench.image[0])
+    if image.rootfs is not None:
+        try:
+            trust.check_dir(image.rootfs, "bench.image root filesystem")
+        except OSError as exc:
+            raise InputError("bench.image", f"{image.rootfs}: {exc.strerror or exc}") from None
     user = rank_user(bench.user)
-    return Container(pick_runtime(bench.runtime), parse_image(bench.image[0]), WORKER.parent,
+    return Container(pick_runtime(bench.runtime, rootfs=image.rootfs is not None), image, WORKER.parent,
                      uid=user.uid if user else None, gid=user.gid if user else None, gpus=not demo)
 
 
@@ -195,6 +215,8 @@ def probe_image(bench: BenchConfig) -> tuple[Container, dict[str, str]]:
 def provenance(c: Container, probed: Mapping[str, str]) -> dict[str, str]:
     """What a run records of the image it measured in, and what the node's class key takes."""
     out = {"image": c.image.ref, "image_digest": c.image.digest, "runtime": c.runtime}
+    if c.image.rootfs is not None:
+        out["image_rootfs"] = c.image.rootfs  # run as unpacked there, its digest as bench.image names it
     for key in ("torch_version", "nccl_version", "nccl_lib", "python", "os"):
         if key in probed:
             out[f"image_{key}"] = probed[key]
