@@ -7,9 +7,11 @@ A line is only parsed when running it here would need what a test box lacks; `_w
 which and why for each: GPUs or NCCL (a real sweep, verify, `topo check`, `topo record`), root and
 systemd (install, uninstall, daemon), several nodes (`--nodes`, `--join`, srun), a real node's
 files (absolute paths such as /var/lib/nccltune or /shared/...), or runs of a node's own history
-(`--run ID`, `compare A B`). Lines without an nccltune command (bash bringup.sh, scontrol, pip) are
-not nccltune's to run: their script paths are checked. The links between the pages are checked
-too, with the pages other parts of the project contribute allowed to be missing until they exist.
+(`--run ID`, `compare A B`), or files only such a line writes. A line whose comment says it exits
+N (`# exit 1, ...`, `# exits 69: ...`) must exit N; any other must exit 0, or 1 for a check that
+found something. Lines without an nccltune command (bash bringup.sh, scontrol, pip) are not
+nccltune's to run: their script paths are checked. Every link between the pages must resolve, to a
+heading where it names one, and the index and the guide link every page.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ from nccltune.cli.parser import build_parser
 from nccltune.errors import UsageError
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-# Pages other parts of the project write; links to them may dangle until they exist.
-CONTRIBUTED = {"launch-failures.md", "job-shapes.md", "upgrades.md", "nccl-versions.md", "containers.md",
-               "kubernetes.md"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)\s*$")
 SHELL_LANGS = {"sh", "bash", "shell"}
 OPERATORS = set("();<>|&\n")  # a newline ends a command as ; does
@@ -45,6 +44,8 @@ REPO_DIRS = ("bench/", "tests/", "launchers/", ".ci/", "monitoring/", "deploy/",
              "schemas/", "topologies/", "docs/")
 # Commands whose exit 1 is a finding, not a failure (docs: commands.md, exit codes).
 CHECKS = {("doctor", None), ("compare", None), ("verify", None), ("topo", "diff")}
+# A line's own word on how it exits, in its comment: `# exit 1, they differ`, `# exits 69: ...`.
+SAYS_EXIT = re.compile(r"#.*?\bexits? (\d+)\b")
 # The runs a page's commands may name: the demo's sweep, and the import a page's earlier line stores.
 DEMO_RUNS = {1, 2}
 
@@ -181,6 +182,10 @@ def _why_not_run(argv: list[str], ns: argparse.Namespace) -> str | None:
         return "runs NCCL on the node's GPUs"
     if command == "topo" and ns.topo_command == "record":
         return "reads the node's NVML"
+    if command == "topo" and ns.topo_command is None and ns.demo is None and ns.input is None:
+        return "reads the node's NVML (without it, shows the demo's recording and exits 69)"
+    if command in ("export", "apply") and ns.demo is None:
+        return "reads the node's NVML for its class (--demo takes the demo's recorded node)"
     if command == "doctor" and not (ns.demo or ns.input):
         return "reads the node's NVML (doctor --demo reads the demo's recorded node)"
     if command == "keygen" and not ns.path:
@@ -204,6 +209,24 @@ def _why_not_run(argv: list[str], ns: argparse.Namespace) -> str | None:
 
 def nccltune_lines(page: Path) -> list[tuple[Line, list[list[str]]]]:
     return [(line, [c for c in simple_commands(line.text) if is_nccltune(c)]) for line in logical_lines(page)]
+
+
+def written(ns: argparse.Namespace) -> set[str]:
+    """What a command line writes that a later line of its page may read: its `--out` file, and the
+    directory that file is in."""
+    out = getattr(ns, "out", None)
+    if not out:
+        return set()
+    parent = os.path.dirname(out)
+    return {out, parent, parent + "/"} - {"", "/"}
+
+
+def allowed_exits(line: Line, parsed: list[argparse.Namespace]) -> set[int]:
+    """The exit statuses a line may end with: the one its comment says, else 0 (and 1 for a check)."""
+    said = SAYS_EXIT.search(line.text)
+    if said:
+        return {int(said[1])}
+    return {0, 1} if {(ns.command, getattr(ns, "topo_command", None)) for ns in parsed} & CHECKS else {0}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
@@ -230,7 +253,7 @@ def _wrapper(bin_dir: Path, demo: DemoSweep, state: Path) -> None:
     """A `nccltune` on PATH that runs this checkout's with the copied demo state and config, given
     right after the command's own words (a command's options come after its name); `topo` gets
     the config only, and finds the demo's recorded node from ./nccltune-demo as after bringup.sh."""
-    two_level = {"topo": {"record", "check", "diff"}, "fleet": {"decide"}}
+    two_level = {"topo": {"record", "check", "diff"}, "fleet": {"decide", "status"}}
     script = bin_dir / "nccltune"
     script.write_text(textwrap.dedent(f"""\
         #!{sys.executable}
@@ -263,16 +286,19 @@ def test_commands_that_can_run_on_a_cpu_run(page: Path, demo_sweep: DemoSweep, t
             (work / name.rstrip("/")).symlink_to(REPO / name)
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     ran: list[str] = []
+    not_here: set[str] = set()  # what the lines not run would have written
     for line, commands in nccltune_lines(page):
         if not commands or any(not is_nccltune(c) for c in simple_commands(line.text)):
             continue  # not nccltune's alone: parsed and path-checked above
         parsed = [parse(argv, line) for argv in commands]
-        if any(_why_not_run(argv, ns) for argv, ns in zip(commands, parsed, strict=True)):
+        reads_not_here = any(word in not_here for argv in commands for word in argv[1:])
+        if reads_not_here or any(_why_not_run(argv, ns) for argv, ns in zip(commands, parsed, strict=True)):
+            not_here.update(*(written(ns) for ns in parsed))
             continue
         text = line.text.replace(" /tmp/", f" {work}/")
         before = set(work.iterdir())
         got = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        allowed = {0, 1} if {(ns.command, getattr(ns, "topo_command", None)) for ns in parsed} & CHECKS else {0}
+        allowed = allowed_exits(line, parsed)
         assert got.returncode in allowed and "Traceback" not in got.stderr, (
             f"{line.where()}\n  exit {got.returncode}\n{got.stderr[-3000:]}")
         wrote = [p for p in set(work.iterdir()) - before if p.stat().st_size]
@@ -290,6 +316,15 @@ def test_what_is_not_run_says_why() -> None:
                 reasons[shlex.join(argv)] = _why_not_run(argv, parse(argv, line))
     assert reasons.get("nccltune sweep", "").startswith("measures on the node's GPUs"), reasons
     assert reasons.get("nccltune install") and reasons.get("nccltune history") is None, reasons
+    assert "exits 69" in reasons.get("nccltune topo", "") and reasons.get("nccltune topo --demo") is None, reasons
+
+
+def test_a_line_says_how_it_exits() -> None:
+    ns = [build_parser().parse_args(["doctor", "--demo"])]
+    assert allowed_exits(Line(REPO / "README.md", 1, "nccltune doctor --demo"), ns) == {0, 1}
+    assert allowed_exits(Line(REPO / "README.md", 1, "nccltune env --format env   # exits 1: nothing"), ns) == {1}
+    assert written(build_parser().parse_args(["export", "--out", "profiles/x.json"])) == {
+        "profiles/x.json", "profiles", "profiles/"}
 
 
 SLUG_DROP = re.compile(r"[^\w\- ]")
@@ -309,9 +344,7 @@ def test_every_link_between_pages_resolves(page: Path) -> None:
             continue
         file, _, anchor = target.partition("#")
         path = (page.parent / file).resolve() if file else page
-        if not path.exists():
-            assert path.name in CONTRIBUTED and path.parent == REPO / "docs", f"{page.relative_to(REPO)}: {target}"
-            continue
+        assert path.exists(), f"{page.relative_to(REPO)}: {target}"
         if anchor and path.suffix == ".md":
             assert anchor in anchors(path), f"{page.relative_to(REPO)}: no heading for #{anchor} in {file or page.name}"
 
@@ -319,7 +352,7 @@ def test_every_link_between_pages_resolves(page: Path) -> None:
 def test_the_index_and_the_guide_link_every_page() -> None:
     index = (REPO / "docs" / "README.md").read_text()
     guide = (REPO / "README.md").read_text()
-    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"} | CONTRIBUTED
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
     assert {p for p in pages if f"]({p})" not in index} == set()
     assert {p for p in pages if f"](docs/{p}" not in guide} == set()
 
