@@ -23,16 +23,24 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # Python run in the namespace before the script: `give_pid(pid, argv)` starts argv (in a session
-# of its own, so it leads a process group whose id is that pid) as the process that gets `pid`.
+# of its own, so it leads a process group whose id is that pid) as the process that gets `pid`. A
+# process that has just been reaped can hold its pid a moment longer (its /proc entry already
+# gone), and the namespace's other processes may fork meanwhile: a start that got another pid is
+# ended and tried again, a few times.
 PRELUDE = '''
-import os, subprocess
+import os, subprocess, time
 
-def give_pid(pid, argv):
-    with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
-        fh.write(str(pid - 1))
-    proc = subprocess.Popen(argv, start_new_session=True)
-    assert proc.pid == pid, (proc.pid, pid)
-    return proc
+def give_pid(pid, argv, tries=50):
+    for _ in range(tries):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+            fh.write(str(pid - 1))
+        proc = subprocess.Popen(argv, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} was not handed to {argv} in {tries} tries")
 '''
 
 

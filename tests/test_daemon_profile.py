@@ -297,7 +297,7 @@ def test_the_heartbeat_is_written_every_poll_and_the_probe_reads_it(harness: Har
     # The DaemonSet's probes accept this file, and refuse it once it is old.
     manifest = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "nccltune-daemonset.yaml"
     (ds,) = [doc for doc in yaml.safe_load_all(manifest.read_text()) if doc and doc["kind"] == "DaemonSet"]
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "nccltune"]
     for name in ("livenessProbe", "startupProbe"):
         script = container[name]["exec"]["command"][2].replace("/var/lib/nccltune/daemon.heartbeat", str(path))
         assert subprocess.run(["/bin/sh", "-c", script], timeout=10).returncode == 0, name

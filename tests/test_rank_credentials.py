@@ -510,7 +510,8 @@ def test_the_ranks_run_unprivileged_in_the_pod(image_etc: Path, python: str, tmp
 
     account = rank_account()
     docs = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(MANIFEST.read_text()) if d}
-    (container,) = docs["DaemonSet/nccltune"]["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in docs["DaemonSet/nccltune"]["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "nccltune"]  # the daemon's, beside the device plugin's
     sc = container["securityContext"]
     assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
     config = yaml.safe_load(docs["ConfigMap/nccltune-config"]["data"]["config.yaml"])
