@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from demo_state import BASE_CONFIG, SNAPSHOT
+from demo_state import BASE_CONFIG, SNAPSHOT, copy_state
 
 from nccltune.config import Config
 from nccltune.daemon import Daemon, DaemonOptions, actions
@@ -62,7 +61,7 @@ class Harness:
         state = self.tmp_path / "state"
         nccl_version = None
         if seeded is not None:
-            shutil.copytree(seeded, state, symlinks=True)
+            copy_state(seeded, state)
             nccl_version = seeded_nccl_version(state)
         cfg = self.tmp_path / "config.yaml"
         if not cfg.exists():

@@ -115,6 +115,15 @@ def demo_sweep_in(factory: pytest.TempPathFactory, name: str = "seeded-demo-swee
                      (root / "sweep.err").read_text())
 
 
+def copy_state(src: Path, dst: Path) -> Path:
+    """A copy of a shared state directory for a test that changes it (links kept). SQLite's `-wal`
+    and `-shm` files are left out: the sweep that wrote the history closed it (its last connection
+    folded the log into history.db), and a reader of the shared state in another worker makes and
+    removes them at any moment, mid-copy."""
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("history.db-wal", "history.db-shm"))
+    return dst
+
+
 def shared_dir(factory: pytest.TempPathFactory) -> Path:
     """The directory all workers of one test run share: the base temporary directory, or under
     pytest-xdist the one above the workers' own (`popen-gw0`, ...). A pytest that a test starts

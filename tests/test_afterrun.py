@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from demo_state import copy_state
 
 from nccltune.afterrun import upgrade_check, write_metrics
 from nccltune.config import Config, load_config, with_overrides
@@ -23,7 +24,7 @@ def _cfg(state: Path, *, metrics: bool = True) -> Config:
 
 def test_the_textfile_of_a_run_and_of_the_daemon(seeded: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(seeded, state, symlinks=True)
+    copy_state(seeded, state)
     cfg = _cfg(state)
     node = load_node(cfg, True)
     prom = state / "metrics" / "nccltune.prom"
@@ -76,7 +77,7 @@ def test_the_node_feature_file_says_class_state_and_verdict(seeded: Path, tmp_pa
     import datetime as dt
 
     state = tmp_path / "state"
-    shutil.copytree(seeded, state, symlinks=True)
+    copy_state(seeded, state)
     features = tmp_path / "features.d" / "nccltune"
     cfg = with_overrides(_cfg(state), **{"publish.node_features_file": str(features)})
     node = load_node(cfg, True)
@@ -95,7 +96,7 @@ def test_the_node_feature_file_says_class_state_and_verdict(seeded: Path, tmp_pa
 
 def test_node_features_without_metrics(seeded: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(seeded, state, symlinks=True)
+    copy_state(seeded, state)
     shutil.rmtree(state / "metrics", ignore_errors=True)
     features = tmp_path / "features.d" / "nccltune"
     cfg = with_overrides(_cfg(state, metrics=False), **{"publish.node_features_file": str(features)})

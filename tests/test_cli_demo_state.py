@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from demo_state import copy_state
 
 from nccltune.cli import DEMO_STATE_DIR, main
 
@@ -23,7 +23,7 @@ def run(*argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def after_demo(seeded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working directory holding ./nccltune-demo, and a config whose state directory is empty."""
-    shutil.copytree(seeded, tmp_path / DEMO_STATE_DIR, symlinks=True)
+    copy_state(seeded, tmp_path / DEMO_STATE_DIR)
     empty = tmp_path / "state"
     empty.mkdir()
     (tmp_path / "config.yaml").write_text(f"state_dir: {empty}\n")

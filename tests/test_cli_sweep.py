@@ -10,7 +10,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from unittest import mock
 import pytest
 import yaml
 from conftest import REPO
-from demo_state import SHORT_CONFIG, DemoSweep
+from demo_state import SHORT_CONFIG, DemoSweep, copy_state
 
 from nccltune.cli import main
 from nccltune.delivery.applied import APPLIED_VAR
@@ -287,7 +286,7 @@ def test_report_shows_the_last_sweep(demo: DemoSweep) -> None:
 
 def test_a_second_sweep_in_text_form_publishes_a_new_generation(demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(demo.state, state, symlinks=True)
+    copy_state(demo.state, state)
     # The shortest sweep: a new generation is published whatever the sweep searched.
     short = tmp_path / "short.yaml"
     short.write_text(yaml.safe_dump(SHORT_CONFIG))
@@ -388,7 +387,7 @@ def _wait_for(predicate: Any, timeout_s: float, proc: subprocess.Popen[str]) -> 
 def test_ctrl_c_kills_the_ranks_keeps_the_published_files_and_records_the_run(
         demo: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(demo.state, state, symlinks=True)
+    copy_state(demo.state, state)
     published = {p.name: p.read_bytes() for p in state.iterdir()
                  if p.name in ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")}
     assert {"nccl.sh", "nccl.env", "nccl.json"} <= set(published)

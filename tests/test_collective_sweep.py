@@ -4,14 +4,13 @@ seven (trials, choice, store, the reports, the plot, verify), and a wrong result
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from demo_state import EVERY_COLLECTIVE, DemoSweep, clean_env
+from demo_state import EVERY_COLLECTIVE, DemoSweep, clean_env, copy_state
 
 from nccltune.checks.verify import DEMO_VERIFY_SIZES
 from nccltune.cli import main
@@ -84,7 +83,7 @@ def test_report_history_and_plot_name_the_collective(every_collective_sweep: Dem
 
 def test_verify_checks_every_collective_of_the_profile(every_collective_sweep: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(every_collective_sweep.state, state, symlinks=True)
+    copy_state(every_collective_sweep.state, state)
     got = subprocess.run(
         [sys.executable, "-m", "nccltune", "verify", "--demo", "--json", "--threshold", "90",
          "--config", str(every_collective_sweep.config), "--state-dir", str(state)],

@@ -39,7 +39,7 @@ from nccltune.trials.worker import FAULT_VAR
 
 pytest.importorskip("torch")
 
-from demo_state import BASE_CONFIG, SHORT_CONFIG, SNAPSHOT, SWEEP_S, clean_env, seeded_state
+from demo_state import BASE_CONFIG, SHORT_CONFIG, SNAPSHOT, SWEEP_S, clean_env, copy_state, seeded_state
 
 PUBLISHED = ("nccl.sh", "nccl.env", "nccl.json", "ncclTopology.xml")
 # A sweep of 7 short trials: the defaults twice, NCCL_ALGO=Ring and the topology file alone,
@@ -225,7 +225,7 @@ class Env:
     def state_from(self, seeded: Path | None) -> Path:
         state = self.root / "state"
         if seeded is not None:
-            shutil.copytree(seeded, state, symlinks=True)
+            copy_state(seeded, state)
         return state
 
     def snapshot(self) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from daemon_harness import PUBLISHED, RETUNE, FakeClock, Harness, config_text, published_bytes
-from demo_state import SHORT_CONFIG, seeded_state
+from demo_state import SHORT_CONFIG, copy_state, seeded_state
 
 from nccltune.config import Config, with_overrides
 from nccltune.daemon import DEMO_BUSY_FILE, Daemon, actions, scheduler
@@ -191,12 +191,11 @@ def test_the_daemons_start_removes_what_killed_writers_left(harness: Harness, se
     the metrics) are gone once the daemon has started; another program's file in the shared
     metrics directory stays, as does a temp of a writer that still runs."""
     import os
-    import shutil
 
     from conftest import killed_writer
 
     state = tmp_path / "seeded"
-    shutil.copytree(seeded, state, symlinks=True)
+    copy_state(seeded, state)
     left = killed_writer(state / "class-profile.json", state / "runs" / "00001" / "tuner-table.txt",
                          state / "generations" / "last", state / "metrics" / "nccltune-daemon.prom",
                          state / "metrics" / "node.prom")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from demo_state import DemoSweep, clean_env
+from demo_state import DemoSweep, clean_env, copy_state
 
 from nccltune.cli.parser import build_parser
 from nccltune.errors import UsageError
@@ -279,7 +279,7 @@ def test_commands_that_can_run_on_a_cpu_run(page: Path, demo_sweep: DemoSweep, t
     bin_dir, work = tmp_path / "bin", tmp_path / "work"
     bin_dir.mkdir()
     state = work / "nccltune-demo"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     _wrapper(bin_dir, demo_sweep, state)
     for name in REPO_DIRS:  # a page names the repository's files as from its root
         if (REPO / name).is_dir():

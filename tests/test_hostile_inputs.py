@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import NCCL_TESTS_OUTPUT, fill_up
-from demo_state import SNAPSHOT, DemoSweep, clean_env
+from demo_state import SNAPSHOT, DemoSweep, clean_env, copy_state
 from fleet_fixtures import demo_profile
 from second_user import published_digests
 
@@ -140,7 +140,7 @@ def _apply(demo_sweep: DemoSweep, tmp_path: Path, path: Path) -> tuple[subproces
     """`apply PATH` on a copy of the demo node; whether the published set stayed byte for byte."""
     state = tmp_path / "state"
     if not state.exists():
-        shutil.copytree(demo_sweep.state, state, symlinks=True)
+        copy_state(demo_sweep.state, state)
     before = published_digests(state)
     got = nccltune("apply", path, "--demo", SNAPSHOT, *demo_sweep.args(state), cwd=tmp_path)
     return got, published_digests(state) == before
@@ -267,7 +267,7 @@ def test_a_full_disk_during_import_says_enospc(tmpfs: Path, tmp_path: Path) -> N
 
 def test_a_read_only_history_gives_no_traceback(demo_sweep: DemoSweep, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     db = state / "history.db"
     with Store(db) as store:
         store.runs(limit=1)  # the WAL checkpointed into the file

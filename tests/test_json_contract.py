@@ -13,14 +13,13 @@ import contextlib
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 from conftest import REPO
-from demo_state import SNAPSHOT, DemoSweep, clean_env
+from demo_state import SNAPSHOT, DemoSweep, clean_env, copy_state
 
 from nccltune.checks.topocheck import TopoCheck
 from nccltune.cli import main
@@ -53,7 +52,7 @@ def cli_json(*args: str | Path) -> tuple[int, dict[str, Any]]:
 def documents(demo_sweep: DemoSweep, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """One document of each kind, from the real commands."""
     state = tmp_path_factory.mktemp("contract") / "state"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     common = ["--config", demo_sweep.config, "--state-dir", state]
     run_id = demo_sweep.doc["run_id"]
     docs = {"sweep": demo_sweep.doc}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -536,10 +535,10 @@ def test_a_directory_another_user_can_write_is_refused(tmp_path: Path, store: St
 def test_one_shot_sweep_and_verify_write_the_textfile(tmp_path_factory: pytest.TempPathFactory,
                                                       tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, seeded_state
+    from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, copy_state, seeded_state
 
     state = tmp_path / "state"
-    shutil.copytree(seeded_state(tmp_path_factory), state, symlinks=True)
+    copy_state(seeded_state(tmp_path_factory), state)
     # The seeded state comes from `nccltune sweep` with publish.metrics_dir set.
     after_sweep = (state / "metrics" / FILENAME).read_text()
     s = samples(after_sweep)

@@ -10,14 +10,13 @@ import contextlib
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 from conftest import NCCL_TESTS_OUTPUT, REPO
-from demo_state import DemoSweep, clean_env
+from demo_state import DemoSweep, clean_env, copy_state
 
 from nccltune.cli import main
 from nccltune.compare import compare_runs, upgrade_check
@@ -334,7 +333,7 @@ def test_no_reader_of_a_sweeps_result_takes_an_import(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def demo_state(demo_sweep: DemoSweep, tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoSweep, Path]:
     state = tmp_path_factory.mktemp("ntjson") / "state"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     return demo_sweep, state
 
 

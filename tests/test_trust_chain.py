@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from demo_state import SNAPSHOT, DemoSweep, clean_env
+from demo_state import SNAPSHOT, DemoSweep, clean_env, copy_state
 from fleet_fixtures import demo_profile
 from second_user import give, mallory_uid, published_digests
 
@@ -49,7 +49,7 @@ def refused(got: subprocess.CompletedProcess[str], *named: str) -> None:
 
 def state_copy(demo_sweep: DemoSweep, tmp_path: Path) -> Path:
     state = tmp_path / "state"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     return state
 
 

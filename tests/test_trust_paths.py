@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from demo_state import SNAPSHOT, DemoSweep, clean_env
+from demo_state import SNAPSHOT, DemoSweep, clean_env, copy_state
 from fleet_fixtures import demo_profile
 from second_user import give, mallory_uid, published_digests
 
@@ -79,7 +78,7 @@ def her_dir(path: Path, uid: int) -> Path:
 
 def state_copy(demo_sweep: DemoSweep, tmp_path: Path) -> Path:
     state = tmp_path / "state"
-    shutil.copytree(demo_sweep.state, state, symlinks=True)
+    copy_state(demo_sweep.state, state)
     return state
 
 

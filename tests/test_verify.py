@@ -33,7 +33,7 @@ from nccltune.store import Store
 
 pytest.importorskip("torch")
 
-from demo_state import BASE_CONFIG, SNAPSHOT, clean_env
+from demo_state import BASE_CONFIG, SNAPSHOT, clean_env, copy_state
 
 # gloo on two shared cores differs by tens of percent from one run to the next; the real-worker
 # tests check the plumbing with a wide threshold, the scripted ones check the judgement.
@@ -44,7 +44,7 @@ MiB = 1 << 20
 @pytest.fixture
 def state(seeded: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "state"
-    shutil.copytree(seeded, copy, symlinks=True)
+    copy_state(seeded, copy)
     return copy
 
 
