@@ -80,7 +80,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -x "$venv/bin/nccltune" ] || ! "$venv/bin/python" -c 'import torch, pynvml, lxml, psutil, yaml' 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q torch==2.13.0   # the CPU build; see README
+  "$venv/bin/python" -m pip install -q torch==2.13.0   # the CPU build; see docs/runbook.md
   "$venv/bin/python" -m pip install -q -e .
 fi
 echo "No NVIDIA GPU here: running the CPU demo (gloo backend) over a recorded 2-GPU topology." >&2

@@ -31,20 +31,20 @@
 # TaskProlog's stderr away, so a warning there reaches no one); the checks below write to stderr
 # and nccltune_main turns those lines into print lines.
 #
-# Precedence (README "What a job gets", the same rule as nccltune exec and nccltune-torchrun):
+# Precedence (docs/what-a-job-gets.md, "Which value wins"; the same rule as nccltune exec and nccltune-torchrun):
 # Slurm applies these exports over the task's environment, so the prolog itself leaves out what the
 # job decided. It runs with the task's environment (the job's, as sbatch/srun passed it on), so:
 # NCCLTUNE_DISABLE set to anything but empty or 0 there exports nothing, and a variable the task
 # already has is not exported at all (a differing published value is named in a print line).
 #
-# What was applied (README "What a job gets", nccltune/delivery/applied.py): with what it exports
+# What was applied (docs/what-a-job-gets.md, "What the job was given"; nccltune/delivery/applied.py): with what it exports
 # the prolog also exports NCCLTUNE_APPLIED=GENERATION:DIGEST:NAME,... naming the set (from the
 # file's own NCCLTUNE_APPLIED line, which is never passed on as it stands) and the variables it
 # exported, so that a sweep run in the job sweeps them instead of taking them for the job's pins.
 # A marker the task already has for the same set keeps its names, these added after them (a step
 # of a job whose batch step got the set); when nothing is exported it stays as it is.
 #
-# What a job gets (README "What a job gets"): nccl.env is the part that fits every job on the node
+# What a job gets (docs/what-a-job-gets.md and docs/job-shapes.md): nccl.env is the part that fits every job on the node
 # (topology file, policy values, pins, the tuner plugin and its table). The part measured between
 # this node's GPUs only (nccl-single-node.env, of the same generation, next to nccl.env) is added
 # only for a one-node job: SLURM_JOB_NUM_NODES=1 (or, where that is unset, SLURM_NNODES=1; where

@@ -8,6 +8,7 @@ a warning in the log (stderr, the journal under systemd), and what the run publi
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -35,19 +36,23 @@ def upgrade_check(cfg: Config, run_id: int | None) -> None:
         log.warning("cannot run the upgrade check: %s", exc)
 
 
-def write_metrics(cfg: Config, node: Node, *, nccl_version: str | None, live: LiveState | None = None) -> None:
+def write_metrics(cfg: Config, node: Node, *, nccl_version: str | None, live: LiveState | None = None,
+                  now: _dt.datetime | None = None) -> None:
     """Rewrite the textfile in cfg.metrics_dir (when set) from the history, with the node's class
-    (as `nccltune topo` shows it) on every series.
+    (as `nccltune topo` shows it) on every series, and from the same snapshot the node feature file
+    (cfg.node_features_file, when set): class, published state and outlier verdict for NFD's labels.
 
     `nccl_version` is what the run's worker reported; without one, the newest run of this topology
     that recorded one. `live` is what only a running daemon knows; its file also counts doctor's
-    findings, so that after a restart it has every series it had before.
+    findings, so that after a restart it has every series it had before. `now` dates the feature
+    file's expiry (default: the clock).
     """
-    directory = cfg.metrics_dir
-    if directory is None:
+    directory, features = cfg.metrics_dir, cfg.node_features_file
+    if directory is None and features is None:
         return
+    from .delivery.nodefeatures import node_labels, write_feature_file
     from .fleet.node import fleet_node_of
-    from .metrics import write_metrics_from_store
+    from .metrics import snapshot_from_store, write_snapshot
 
     try:
         with Store(cfg.state_path("history.db")) as store:
@@ -55,13 +60,29 @@ def write_metrics(cfg: Config, node: Node, *, nccl_version: str | None, live: Li
                 recorded = [r.nccl_version for r in store.runs(limit=None) if r.fingerprint == node.fingerprint
                             and r.nccl_version]
                 nccl_version = recorded[0] if recorded else None
-            if live is not None:
+            if live is not None and directory is not None:
                 live = dataclasses.replace(live, doctor=_doctor_counts(cfg, node, store))
-            write_metrics_from_store(directory, store, fingerprint=node.fingerprint,
-                                     node_class=fleet_node_of(cfg, node).node_class(nccl_version).id,
-                                     live=live, publish_dir=cfg.publish_dir)
+            snap = snapshot_from_store(store, fingerprint=node.fingerprint,
+                                       node_class=fleet_node_of(cfg, node).node_class(nccl_version).id,
+                                       live=live, publish_dir=cfg.publish_dir)
     except (OSError, NccltuneError) as exc:
-        log.warning("cannot write metrics to %s: %s", directory, exc)
+        what = " and ".join(w for w, t in (("metrics", directory), ("node features", features)) if t is not None)
+        where = ", ".join(str(t) for t in (directory, features) if t is not None)
+        log.warning("cannot write %s to %s: %s", what, where, exc)
+        return
+    if directory is not None:
+        try:
+            write_snapshot(directory, snap)
+        except (OSError, NccltuneError) as exc:
+            log.warning("cannot write metrics to %s: %s", directory, exc)
+    if features is not None:
+        published = snap.published
+        labels = node_labels(node_class=snap.node_class, published_state=published.state if published else None,
+                             decision=published.decision if published else None, outlier=snap.class_outlier)
+        try:
+            write_feature_file(features, labels, now or _dt.datetime.now(_dt.timezone.utc))
+        except (OSError, NccltuneError) as exc:
+            log.warning("cannot write the node features to %s: %s", features, exc)
 
 
 def _doctor_counts(cfg: Config, node: Node, store: Store) -> dict[str, int]:

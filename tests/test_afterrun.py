@@ -68,3 +68,37 @@ def test_no_metrics_directory_writes_nothing(tmp_path: Path) -> None:
     cfg = _cfg(state, metrics=False)
     write_metrics(cfg, load_node(cfg, True), nccl_version=None)
     assert sorted(p.name for p in state.iterdir()) == []
+
+
+def test_the_node_feature_file_says_class_state_and_verdict(seeded: Path, tmp_path: Path) -> None:
+    """From the same snapshot as the metrics: the class id the textfile carries, the published
+    state of the demo sweep, no verdict without a class profile; an hour until it expires."""
+    import datetime as dt
+
+    state = tmp_path / "state"
+    shutil.copytree(seeded, state, symlinks=True)
+    features = tmp_path / "features.d" / "nccltune"
+    cfg = with_overrides(_cfg(state), **{"publish.node_features_file": str(features)})
+    node = load_node(cfg, True)
+    now = dt.datetime(2026, 12, 7, 6, 0, 0, tzinfo=dt.timezone.utc)
+    write_metrics(cfg, node, nccl_version=None, now=now)
+    lines = features.read_text().splitlines()
+    assert "# +expiry-time=2026-12-07T07:00:00Z" in lines
+    labels = dict(line.split("=", 1) for line in lines if not line.startswith("#"))
+    prom = (state / "metrics" / "nccltune.prom").read_text()
+    assert f'class="{labels["nccltune-class"]}"' in prom
+    assert labels["nccltune-state"] in {"tuned", "defaults", "safe"}
+    assert labels["nccltune-decision"] == "node"
+    assert labels["nccltune-outlier"] == "unknown"
+    assert (features.stat().st_mode & 0o777) == 0o644
+
+
+def test_node_features_without_metrics(seeded: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    shutil.copytree(seeded, state, symlinks=True)
+    shutil.rmtree(state / "metrics", ignore_errors=True)
+    features = tmp_path / "features.d" / "nccltune"
+    cfg = with_overrides(_cfg(state, metrics=False), **{"publish.node_features_file": str(features)})
+    write_metrics(cfg, load_node(cfg, True), nccl_version=None)
+    assert "nccltune-class=" in features.read_text()
+    assert not (state / "metrics").exists()

@@ -224,9 +224,18 @@ def test_published_files(work: Path, case: str) -> None:
     for args in (("env", "--state-dir", state), ("env", "--format", "json", "--state-dir", state),
                  ("exec", "--state-dir", state, "--", "true")):
         run = nccltune(work / "cwd", *args)
-        assert run.rc == EXIT_CONFIG, (args, run.err)
+        # The failure policy (docs/launch-failures.md): exec runs the command untuned, with its status.
+        assert run.rc == (0 if args[0] == "exec" else EXIT_CONFIG), (args, run.err)
         assert str(state / "generations" / "1") in run.err and "Traceback" not in run.err
-        assert run.out == ""
+        if args[0] == "exec":
+            assert "runs untuned" in run.err and run.out == "", run.err
+        elif args[:2] == ("env", "--state-dir"):
+            # What a job would eval (docs/launch-failures.md): a comment and the untuned marker only.
+            *comments, last = run.out.splitlines()
+            assert last == "export NCCLTUNE_APPLIED='untuned:refused'" and comments, run.out
+            assert all(line.startswith("#") for line in comments) and "NCCL_ALGO" not in run.out, run.out
+        else:
+            assert run.out == ""
     assert sorted(str(p) for p in state.rglob("*")) == before
     assert list((work / "cwd").iterdir()) == []
 

@@ -7,7 +7,10 @@ Security labels, /dev/shm, memory requested as limited, the CDI spec directory, 
 Rank isolation: the pod keeps exactly the systemd unit's capabilities, the image creates the rank
 user the config names (its commands run here against an /etc of their own), no service account
 token, the config and profiles on volumes the trust rule accepts, root's caches root's alone
-(test_rank_credentials.py runs ranks under this security context)."""
+(test_rank_credentials.py runs ranks under this security context). The device plugin: a second
+container of the same image running `nccltune device-plugin` with the kubelet's device-plugin
+socket directory mounted, the CDI spec read-only, no capability, and the image installing the k8s
+extra it needs."""
 
 from __future__ import annotations
 
@@ -57,8 +60,15 @@ def pod(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def container(pod: dict[str, Any]) -> dict[str, Any]:
-    (c,) = pod["containers"]
-    return dict(c)
+    """The daemon's container."""
+    assert [c["name"] for c in pod["containers"]] == ["nccltune", "device-plugin"]
+    return dict(pod["containers"][0])
+
+
+@pytest.fixture(scope="module")
+def device_plugin(pod: dict[str, Any]) -> dict[str, Any]:
+    """The device plugin's container, beside the daemon's."""
+    return dict(next(c for c in pod["containers"] if c["name"] == "device-plugin"))
 
 
 def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -261,8 +271,8 @@ def test_the_pod_keeps_exactly_the_units_capabilities(pod: dict[str, Any], conta
     # allowPrivilegeEscalation: false, which the API refuses beside privileged or SYS_ADMIN.
     assert "SYS_ADMIN" not in caps["add"] and container["securityContext"]["allowPrivilegeEscalation"] is False
     assert set(caps["add"]) <= BASELINE_CAPABILITIES
-    for init in pod.get("initContainers", []):
-        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}, init["name"]
+    for other in [*pod.get("initContainers", []), *pod["containers"][1:]]:
+        assert other["securityContext"]["capabilities"] == {"drop": ["ALL"]}, other["name"]
 
 
 def test_the_image_creates_the_rank_user_the_config_names(docs: dict[str, Any], pod: dict[str, Any],
@@ -276,10 +286,11 @@ def test_the_image_creates_the_rank_user_the_config_names(docs: dict[str, Any], 
     assert not (account.uid < 60000 or 60001 <= account.uid <= 60577 or 61184 <= account.uid <= 65535)
     assert {"--system", "--no-create-home"} <= set(account.options)
     assert option(list(account.options), "--shell", "-s").endswith("nologin")
-    # Every uid the manifest and the README name for the ranks is that one.
+    # Every uid the manifest and the docs (docs/kubernetes.md says it) name for the ranks is that one.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     named = {doc.name: {int(n) for n in re.findall(r"\buid (?:and gid )?(\d{4,})", doc.read_text())}
-             for doc in (MANIFEST, ROOT / "README.md")}
-    assert named[MANIFEST.name] == {account.uid} and named["README.md"] <= {account.uid}, named
+             for doc in (MANIFEST, *pages)}
+    assert named.pop(MANIFEST.name) == {account.uid} and set().union(*named.values()) <= {account.uid}, named
     # The user is made before the image switches back to root for the daemon, which it stays.
     stage = image_stage()
     made = next(i for i, (word, rest) in enumerate(stage) if word == "RUN" and "useradd" in rest)
@@ -384,3 +395,55 @@ def test_roots_caches_are_root_only(pod: dict[str, Any], container: dict[str, An
     sc = init["securityContext"]
     assert sc["runAsUser"] == 0 and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+# -- the device plugin -----------------------------------------------------------------------------
+
+
+def test_the_device_plugin_runs_beside_the_daemon_with_the_kubelets_socket_directory(
+        docs: dict[str, Any], pod: dict[str, Any], container: dict[str, Any], device_plugin: dict[str, Any],
+        tmp_path: Path) -> None:
+    from nccltune.cli.parser import build_parser
+    from nccltune.k8s.deviceplugin import PLUGIN_DIR
+
+    assert device_plugin["image"] == container["image"]
+    # The image's own nccltune (its ENTRYPOINT's executable), as the command device-plugin.
+    (entry,) = [json.loads(rest) for word, rest in instructions() if word == "ENTRYPOINT"]
+    assert device_plugin["command"] == [entry[0], "device-plugin"]
+    args = build_parser().parse_args(["device-plugin", *device_plugin["args"]])
+    assert args.command == "device-plugin" and args.cdi_dir is None  # publish.cdi_dir of the config
+    # The kubelet's device-plugin directory, writable: the plugin's sockets go beside kubelet.sock.
+    plugin = _mounts(device_plugin)[args.plugin_dir]
+    assert Path(args.plugin_dir) == PLUGIN_DIR and not plugin.get("readOnly", False)
+    assert _volume(pod, plugin["name"])["hostPath"] == {"path": str(PLUGIN_DIR), "type": "Directory"}
+    # The daemon's config, from the same volume, and the CDI spec directory it publishes, read-only.
+    assert args.config == container["args"][container["args"].index("--config") + 1]
+    config = _mounts(device_plugin)[str(Path(args.config).parent)]
+    assert config["readOnly"] is True and config["name"] == _mounts(container)[str(Path(args.config).parent)]["name"]
+    cfg = _daemon_config(docs, pod, container, tmp_path)
+    assert cfg.cdi_dir is not None
+    cdi = _mounts(device_plugin)[str(cfg.cdi_dir)]
+    assert cdi["readOnly"] is True and cdi["name"] == _mounts(container)[str(cfg.cdi_dir)]["name"]
+    assert set(_mounts(device_plugin)) == {args.plugin_dir, str(Path(args.config).parent), str(cfg.cdi_dir)}
+
+
+def test_the_device_plugins_security_and_resources(device_plugin: dict[str, Any]) -> None:
+    sc = device_plugin["securityContext"]
+    assert sc["runAsUser"] == 0  # the kubelet's socket directory is root's
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    res = device_plugin["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] and "cpu" not in res["limits"]
+    for section in ("requests", "limits"):
+        assert not any(k.startswith("nvidia.com/") for k in res[section])
+
+
+def test_the_image_installs_the_k8s_extra_for_the_device_plugin() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("grpcio") for dep in extras["k8s"])
+    installs = [shlex.split(rest) for word, rest in instructions() if word == "RUN" and "pip install" in rest]
+    (line,) = installs
+    assert "/src[k8s]" in line, line

@@ -38,21 +38,6 @@ def test_job_env_of_a_published_set_follows_the_rule() -> None:
     assert job_env(got, 2) == SAFE
 
 
-@pytest.mark.parametrize("page", ["job-shapes.md", "upgrades.md"])
-def test_every_command_of_the_pages_parses(page: str) -> None:
-    import re
-    import shlex
-
-    from nccltune.cli.parser import build_parser
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
-    lines = [line for block in blocks for line in block.splitlines() if line.startswith("nccltune ")]
-    assert lines, f"docs/{page} shows no command"
-    for line in lines:
-        build_parser().parse_args(shlex.split(line)[1:])  # argparse exits 2 on a bad line
-
-
 def test_the_safe_part_after_an_upgrade_keeps_only_wiring_and_error_handling() -> None:
     from nccltune.fleet.upgrade import safe_part
 

@@ -29,6 +29,8 @@ MEASURED_SWEEP = {
 }
 SHAPE_SWEEP = {**MEASURED_SWEEP, "job": {"label": "2x2", "nnodes": 2, "ranks_per_node": 2},
                "not_published": "measured for the job shape 2x2: a class profile decides for it"}
+IMAGE_SWEEP = {**MEASURED_SWEEP, "image": {"image": "img@sha256:" + "ab" * 32, "image_digest": "sha256:" + "ab" * 32,
+                                           "runtime": "podman", "image_os": "Debian GNU/Linux 12 (bookworm)"}}
 UNMEASURED_SWEEP = {"chosen": "nothing measured", "summary": "one GPU", "trials": 0, "failed": [], "plan_pruned": 0}
 ENDED_SWEEP = {"error": "KeyboardInterrupt", "trials": 3}
 ENDED_AFTER_PUBLISH = {"error": "SIGTERM", "trials": 5, "ended_after_publish": 4}
@@ -53,7 +55,8 @@ FAILED_IMPORT = {"error": "the import stopped before its last trial", "trials": 
 
 
 @pytest.mark.parametrize(("record", "doc"), [
-    (SweepSummary, MEASURED_SWEEP), (SweepSummary, SHAPE_SWEEP), (SweepSummary, UNMEASURED_SWEEP),
+    (SweepSummary, MEASURED_SWEEP), (SweepSummary, SHAPE_SWEEP), (SweepSummary, IMAGE_SWEEP),
+    (SweepSummary, UNMEASURED_SWEEP),
     (SweepSummary, ENDED_SWEEP), (SweepSummary, ENDED_AFTER_PUBLISH), (SweepSummary, RECOVERED_SWEEP),
     (VerifySummary, VERIFY), (VerifySummary, ONE_GPU_VERIFY), (VerifySummary, INTERRUPTED_VERIFY),
     (ImportSummary, IMPORT), (ImportSummary, FAILED_IMPORT),
@@ -90,6 +93,7 @@ def test_older_documents_read_with_the_defaults_of_what_they_lack() -> None:
     (SweepSummary, {"trials": True}, "trials"),
     (SweepSummary, {"failed": [["only a label"]]}, "failed"),
     (SweepSummary, {"not_measured": {"broadcast": 3}}, "not_measured"),
+    (SweepSummary, {"image": {"image_digest": 7}}, "image"),
     (VerifySummary, {"passed": "yes"}, "passed"),
     (VerifySummary, {"rows": [{"size_bytes": 8, "drift_pct": "-3"}]}, "rows.drift_pct"),
     (VerifySummary, {"rows": [{"ok": True}]}, "rows.size_bytes"),

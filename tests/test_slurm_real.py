@@ -1,5 +1,5 @@
 """Slurm itself: slurmctld and two slurmd on this machine (tests/slurm/cluster.sh, one cluster for
-the session), the TaskProlog installed as slurm.conf's TaskProlog the way the README says, and
+the session), the TaskProlog installed as slurm.conf's TaskProlog the way docs/slurm.md says, and
 sweeps whose trials are srun steps, from sbatch and from salloc.
 
 The nodes are this machine's host name and `localhost`; Slurm lists them in its own order, and

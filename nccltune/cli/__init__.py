@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import EXIT_OK, NccltuneError, UsageError
-from . import common, fleet, node, publish_cmds, results, sweep, topo
+from . import common, fleet, k8s, node, publish_cmds, results, sweep, topo
 from .common import DEMO_STATE_DIR, EXIT_SIGINT, EXIT_SIGTERM, Terminated, load_cfg, setup_logging
 from .parser import build_parser, enable_completion
 from .sweep import sweep_launch_request
@@ -29,6 +29,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "apply": publish_cmds.cmd_apply,
     "daemon": node.cmd_daemon,
     "doctor": node.cmd_doctor,
+    "device-plugin": k8s.cmd_device_plugin,
     "verify": node.cmd_verify,
     "install": node.cmd_install,
     "uninstall": node.cmd_uninstall,

@@ -117,6 +117,11 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
                      "nccltune fleet decide node1.json node2.json --out class.json"),
     "fleet status": ("Per node class: the NCCL, driver and torch each node runs and what is in force there.",
                      "nccltune fleet status exports/ --profiles profiles/"),
+    "device-plugin": ("The kubelet device plugin for Kubernetes nodes: advertises nccltune.io/every-job, "
+                      "nccltune.io/single-node and nccltune.io/files, healthy while the published CDI spec has "
+                      "the device, and answers a pod's request with the CDI device nccltune.io/tuning=NAME. "
+                      "Runs until SIGTERM; needs the k8s extra (grpcio).",
+                      "nccltune device-plugin --cdi-dir /var/run/cdi"),
     "apply": ("Publish a class profile on this node after checking that it was decided for this node's class.",
               "nccltune apply /shared/profiles/"),
 }
@@ -275,6 +280,20 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     dm.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
     dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
     dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
+
+    dp = sub.add_parser("device-plugin", help="the kubelet device plugin that hands pods nccltune's CDI devices")
+    _common(dp)
+    dp.add_argument("--cdi-dir", metavar="DIR", help="the CDI spec directory the daemon publishes to "
+                    "(default publish.cdi_dir)")
+    dp.add_argument("--plugin-dir", metavar="DIR", default="/var/lib/kubelet/device-plugins",
+                    help="the kubelet's device-plugins directory (default /var/lib/kubelet/device-plugins)")
+    dp.add_argument("--units", type=_positive_int, default=110, metavar="N",
+                    help="units per resource: how many containers of the node may hold one at once (default 110)")
+    dp.add_argument("--interval", type=float, default=5.0, metavar="S",
+                    help="seconds between reading the CDI spec and checking the registration (default 5)")
+    dp.add_argument("--cdi-annotations", action="store_true",
+                    help="name the CDI device in cdi.k8s.io/ annotations instead of CDIDevices (kubelet before "
+                         "1.28, or the DevicePluginCDIDevices gate off)")
 
     doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
     _common(doc)

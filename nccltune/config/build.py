@@ -411,6 +411,27 @@ class Builder:
             weights[size] = weight
         return weights
 
+    def images(self, dotted: str, node: Node) -> list[str] | None:
+        """bench.image: one image (a string, or a list of one), each by digest."""
+        from ..errors import InputError
+        from ..images import parse_image
+
+        if is_null(node):
+            return None
+        items = node.items if isinstance(node, Seq) else [node]
+        if len(items) != 1:
+            self.fail(node.line, f"{dotted}: lists {len(items)} images; a sweep measures in one",
+                      "sweep once per image, each with a config of its own")
+        result = []
+        for i, item in enumerate(items):
+            ref = self.string(f"{dotted}[{i}]" if isinstance(node, Seq) else dotted, item)
+            try:
+                parse_image(ref, dotted)
+            except InputError as exc:
+                self.fail(item.line, exc.message, exc.hint)
+            result.append(ref)
+        return result
+
     def gpus(self, dotted: str, node: Node) -> list[int] | None:
         if is_null(node):
             return None
@@ -499,6 +520,7 @@ def _num(value: float) -> str:
 
 _SPECIAL: dict[str, Callable[[Builder, str, Node], object]] = {
     "bench.gpus": Builder.gpus,
+    "bench.image": Builder.images,
     "sweep.profiles": Builder.profiles,
     "sweep.pin": Builder.pin,
     "sweep.unpin": Builder.var_list,

@@ -46,6 +46,7 @@ _WINDOW_RE = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 
 Backend = Literal["auto", "nccl", "gloo"]
 Engine = Literal["torch", "nccl-tests"]
+Runtime = Literal["auto", "podman", "docker", "enroot"]
 Strategy = Literal["staged", "exhaustive"]
 TunerPlugin = Literal["auto", "nccltune", "keep"]
 
@@ -154,6 +155,9 @@ class PublishConfig:
     # A CDI spec directory (/var/run/cdi on a Kubernetes node) to keep the published set in as the
     # CDI spec nccltune.io-tuning.json (nccltune.delivery.cdi); None: no CDI spec.
     cdi_dir: str | None = None
+    # A Node Feature Discovery feature file to keep the node's class, published state and outlier
+    # verdict in, as NFD's node labels (nccltune.delivery.nodefeatures); None: none.
+    node_features_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,11 @@ class BenchConfig:
     # Who the benchmark ranks run as when nccltune is root (trials.credentials); None: the system
     # user nccltune that `nccltune install` creates (root, with a warning, where it does not exist).
     user: str | None = None
+    # The job's image, by digest (NAME@sha256:HEX): the worker runs in it with the image's python3,
+    # so the NCCL measured is the one the jobs load (trials/container.py). None: bench.python.
+    image: list[str] | None = None
+    # What runs bench.image: podman, docker, enroot, or auto (the first of those on PATH).
+    runtime: Runtime = "auto"
     backend: Backend = "auto"
     engine: Engine = "torch"
     nccl_tests_dir: str | None = None
@@ -329,6 +338,11 @@ class Config:
     def cdi_dir(self) -> Path | None:
         """The CDI spec directory kept current after every publish, or None when that is off."""
         return self._under_state(self.publish.cdi_dir)
+
+    @property
+    def node_features_file(self) -> Path | None:
+        """The NFD feature file rewritten with the metrics, or None when that is off."""
+        return self._under_state(self.publish.node_features_file)
 
     @property
     def nccl_conf(self) -> Path | None:

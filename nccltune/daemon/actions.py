@@ -157,7 +157,16 @@ def read_node(cfg: Config, demo: str | bool | None) -> Node:
 
 
 def probe_worker_nccl(cfg: Config, python: str | None) -> NcclInfo:
-    """torch's NCCL in the worker interpreter (a child process: the daemon never imports torch)."""
+    """torch's NCCL in the worker interpreter (a child process: the daemon never imports torch),
+    or in bench.image, where the sweep measures (its NCCL library is a file in the image)."""
+    if cfg.bench.image:
+        from ..trials.container import probe_image
+
+        try:
+            return NcclInfo(version=probe_image(cfg.bench)[1].get("nccl_version"))
+        except UnavailableError as exc:
+            log.info("bench.image did not answer (%s); NCCL version unknown to the daemon", exc.message)
+            return NcclInfo()
     try:
         info = probe_nccl(find_worker_python(python or cfg.bench.python))
     except UnavailableError as exc:

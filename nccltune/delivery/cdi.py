@@ -23,8 +23,8 @@ a pod sweeps them instead of taking them for the pod's pins.
 A runtime applies a device's env over the container's own (the CDI library's
 ``AddMultipleProcessEnv`` replaces a variable of the same name), so the ``every-job`` and
 ``single-node`` devices cannot keep a value the pod spec sets itself: a pod that sets its own NCCL
-values, or wants to opt out per run, requests ``files`` and starts through the wrapper (README
-"Kubernetes pods"). Mounts name the generation's own directory, so a pod started on generation N
+values, or wants to opt out per run, requests ``files`` and starts through the wrapper
+(docs/kubernetes.md). Mounts name the generation's own directory, so a pod started on generation N
 keeps its files while the node publishes N+1 (the bind mount holds them even once pruned).
 
 Standard library only.

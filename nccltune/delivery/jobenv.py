@@ -1,6 +1,6 @@
 """What a job runs with: the one precedence rule every form of handing out the published set follows.
 
-The rule (README "What a job gets", the precedence table):
+The rule (docs/what-a-job-gets.md, "Which value wins" and its table of forms):
 
 1. ``NCCLTUNE_DISABLE`` set to anything but empty or ``0`` in the job's environment: nothing
    published is applied, in any form that can see the job's environment.
@@ -26,7 +26,7 @@ first, so an opted-out job never reads the set at all.
 launchers/slurm-prolog.sh) cannot import Python and carry the same three steps in sh; the tests run
 every form against the same jobs and compare the results with `decide`. Forms that never see the
 job's environment (systemd EnvironmentFile=, docker --env-file, the nccl.conf block, a CDI device's
-env) get the same result from their consumer's own order, or cannot, as the README table says.
+env) get the same result from their consumer's own order, or cannot, as that table says.
 
 Standard library only.
 """

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from ..config import Config
+from ..images import parse_image
 from ..node import Node
 from ..topology.model import Topology, from_snapshot
 from ..topology.nodeclass import NodeClass, node_class
@@ -31,9 +32,11 @@ class FleetNode:
     topo: Topology
     class_topo: Topology
     demo: bool
+    image_digest: str | None = None  # bench.image's digest: the NCCL of the class is the image's
 
     def node_class(self, nccl_version: str | None) -> NodeClass:
-        return node_class(self.class_topo, nccl_version=None if self.demo else nccl_version)
+        return node_class(self.class_topo, nccl_version=None if self.demo else nccl_version,
+                          image_digest=self.image_digest)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,11 @@ class WorkerNccl:
 
     version: str | None
     source: str
+
+
+def image_digest(cfg: Config) -> str | None:
+    """bench.image's digest, a fact of the node's class; None without bench.image."""
+    return parse_image(cfg.bench.image[0]).digest if cfg.bench.image else None
 
 
 def load_fleet_node(cfg: Config, demo: str | bool | None) -> FleetNode:
@@ -57,13 +65,13 @@ def load_fleet_node(cfg: Config, demo: str | bool | None) -> FleetNode:
         source = str(resolve_snapshot(cfg.topology.snapshot)) if cfg.topology.snapshot else None
     topo = load_topology(source, with_nics=cfg.topology.with_nics)
     class_topo = topo if cfg.topology.with_nics else load_topology(source)
-    return FleetNode(topo, class_topo, bool(demo))
+    return FleetNode(topo, class_topo, bool(demo), image_digest(cfg))
 
 
 def fleet_node_of(cfg: Config, node: Node) -> FleetNode:
     """The fleet view of a node the sweep (or the daemon) already loaded: no second reading of NVML."""
     class_topo = node.topo if cfg.topology.with_nics else from_snapshot(node.snapshot, source=node.topo.source)
-    return FleetNode(node.topo, class_topo, node.demo)
+    return FleetNode(node.topo, class_topo, node.demo, image_digest(cfg))
 
 
 def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: bool = False) -> WorkerNccl:
@@ -75,6 +83,13 @@ def worker_nccl(cfg: Config, demo: bool, python: str | None = None, *, strict: b
     """
     if demo:
         return WorkerNccl(None, DEMO_NCCL)
+    if cfg.bench.image:
+        from ..trials.container import probe_image
+
+        container, probed = probe_image(cfg.bench)
+        where = f"as the image {container.image.ref} reports it"
+        return WorkerNccl(probed.get("nccl_version"), where if probed.get("nccl_version") else
+                          f"the image {container.image.ref} reports none ({probed.get('error', 'no NCCL')})")
     from ..errors import UnavailableError
     from ..trials.probe import probe_nccl
     from ..trials.runner import find_worker_python

@@ -47,6 +47,8 @@ from ..sweep.select import Key, key_label, size_stats
 from ..sweep.strategy import Search, SearchResult
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import node_class
+from ..trials.container import Container, from_config
+from ..trials.container import provenance as container_provenance
 from ..trials.launch import LaunchRequest
 from ..trials.probe import probe_nccl
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
@@ -142,6 +144,21 @@ class SweepPipeline:
         self._published: FromPublished | None = None
         self._node = node
         self._probed: dict[str, str | None] = {}  # worker interpreter -> the NCCL version it loads
+        self._container: tuple[Container, dict[str, str]] | None = None
+
+    def container(self) -> tuple[Container, dict[str, str]] | None:
+        """The image the ranks run in (bench.image) and what its probe found, made and probed once
+        per sweep; None: the ranks run bench.python on the host.
+
+        Raises:
+            InputError: bench.image not by digest, or bench.user unknown (exit 78).
+            UnavailableError: no runtime, or the image does not start (exit 69)."""
+        if not self.cfg.bench.image:
+            return None
+        if self._container is None:
+            c = from_config(self.cfg.bench, demo=self.node().demo)
+            self._container = (c, c.probe({"PATH": self.env.get("PATH", os.defpath)}))
+        return self._container
 
     @property
     def profile(self) -> str:
@@ -184,6 +201,9 @@ class SweepPipeline:
             UnavailableError: no worker interpreter with torch (exit 69)."""
         if self.node().demo:
             return None
+        image = self.container()
+        if image is not None:
+            return image[1].get("nccl_version")
         exe = python or find_worker_python(self.cfg.bench.python)
         if exe not in self._probed:
             version = probe_nccl(exe).get("nccl_version")
@@ -374,7 +394,8 @@ class _Sweep:
                             topology_file=self.trial_xml, work_dir=work, timeout_s=self.cfg.bench.trial_timeout_s,
                             gpus=self.cfg.bench.gpus, abort_check=self.pipe.abort_check,
                             nccl_tests=self.engine.nccl_tests, rank_record=Path(self.cfg.state_dir) / RANK_RECORD,
-                            launch=self.launch, user=self.cfg.bench.user, fork_ranks=self.cfg.bench.fork_ranks)
+                            launch=self.launch, user=self.cfg.bench.user, fork_ranks=self.cfg.bench.fork_ranks,
+                            container=image[0] if (image := self.pipe.container()) else None)
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             self.store.finish_run(self.run_id, status=status,
@@ -436,6 +457,9 @@ class _Sweep:
         # A choice of NCCL's defaults publishes nothing measured: the set says so ("defaults").
         prov = _provenance(self.cfg, self.node, session.nccl_version, gains, None, fingerprint=self.tuning_fp(),
                            run=(self.store, self.run_id), state="tuned" if choice.chosen is not None else "defaults")
+        image = self.pipe.container()
+        if image is not None:
+            prov = dataclasses.replace(prov, image=container_provenance(*image))
         # The scopes as the choice decided them: the marker for the topology file and the tuner's
         # variables (the run's plugin and table) are the publisher's to name as the generation's own.
         every_job, single_node = choice.every_job_env, choice.single_node_env
@@ -458,13 +482,15 @@ class _Sweep:
             table = {**self.table.as_dict(), "published": self.published_table or None}
         elif self.plan.per_size is not None:
             table = {"status": self.plan.per_size.inactive_text}
+        image = self.pipe.container()
         return SweepSummary(
             chosen=choice.label, line=choice.summary, nccl_version=session.nccl_version,
             torch_version=session.torch_version, method=session.method, trials=session.seq,
             failed=tuple(session.failed), plan_pruned=len(self.plan.pruned),
             collectives=tuple(self.workload.collectives), not_measured=self._not_measured(session),
             tuner_table=table, not_published=self.not_published,
-            job=self.launch.record() if self.launch is not None else None)
+            job=self.launch.record() if self.launch is not None else None,
+            image=container_provenance(*image) if image is not None else None)
 
     def _not_measured(self, session: TrialSession) -> dict[str, str]:
         """The profile's collectives without numbers, with why: known before the trials, or as the

@@ -130,6 +130,8 @@ def _provenance_dict(prov: Provenance, generation: int | None) -> dict[str, Any]
     }
     if prov.class_profile is not None:
         doc["class_profile"] = dict(prov.class_profile)
+    if prov.image is not None:
+        doc["image"] = dict(prov.image)
     if prov.run_id is not None:
         doc["run_id"] = prov.run_id
         doc["history"] = prov.history

@@ -8,14 +8,16 @@ Rules that keep a launcher from ever sourcing something wrong:
    the line verbatim). Anything outside the set is refused before a byte is written.
 2. Variables that make NCCL load code or open files (``PATH_VARIABLES``) are published only as
    what nccltune wrote itself: NCCL_TOPO_FILE as the generation's own topology file,
-   NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE as the generation's own plugin and table. Any other
+   NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE as the generation's own plugin and table,
+   NCCL_ENV_PLUGIN and NCCLTUNE_ENV_TABLE as its own env plugin and file. Any other
    value of them, from a sweep candidate, a pin or the environment, is refused (exit 78) before
    the first trial: a tuning file must never make every job on the node load a library or write
    a file that someone chose by editing a config.
 3. Names: one allow-list (names.unpublishable) says which variables may ever be published, for
    every decider and for what feeds one (a class profile, an import, a config's pins): NCCL's
    and torch's NCCL variables but NCCL's identity variables (NCCL_HOSTID, NCCL_COMM_ID, ...), and
-   of nccltune's own only the tuner's table and fingerprint (``check_names``).
+   of nccltune's own only the tuner's table and fingerprint and the env plugin's file
+   (``check_names``).
 4. Bounds: a set holds at most ``MAX_VARIABLES`` variables per part, and its provenance texts,
    gains and tuner table stay within what every reader accepts, so nothing is published that
    ``nccltune env``, the launchers or the doctor would then refuse.

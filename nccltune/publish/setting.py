@@ -86,6 +86,9 @@ class Provenance:
     # published this generation (trials/session.py's close_dead_runs). None for other deciders.
     run_id: int | None = None
     history: str | None = None
+    # The job's image the values were measured in (bench.image; trials.container.provenance), in
+    # nccl.json only; None: measured with bench.python on the host.
+    image: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ def tuning_fingerprint(cfg: Config, topology_fp: str, nccl_version: str | None, 
         "async_error_handling": s.async_error_handling,
         "sizes": [cfg.bench.min_bytes, cfg.bench.max_bytes, cfg.bench.factor],
     }
+    if cfg.bench.image:
+        # Another image is another NCCL (and torch) even at the same version: a new tuning.
+        facts["image"] = list(cfg.bench.image)
     if cfg.tuner.plugin != "auto":
         # Whether the tuner table is used changes what is published; the default leaves earlier
         # fingerprints as they were.

@@ -109,6 +109,7 @@ class SweepSummary:
     tuner_table: dict[str, Any] | None = None  # the table stage's own record (TableOutcome.as_dict)
     not_published: str | None = None
     job: dict[str, Any] | None = None  # the job shape of a sweep over several nodes (Launch.record)
+    image: dict[str, str] | None = None  # the job's image the ranks ran in (bench.image: trials.container.provenance)
     error: str | None = None
     ended_after_publish: int | None = None  # the generation it published before it ended
 
@@ -125,7 +126,7 @@ class SweepSummary:
             "torch_version": self.torch_version, "method": self.method,
             "collectives": None if self.collectives is None else list(self.collectives),
             "not_measured": self.not_measured, "tuner_table": self.tuner_table,
-            "not_published": self.not_published, "job": self.job, "error": self.error,
+            "not_published": self.not_published, "job": self.job, "image": self.image, "error": self.error,
             "ended_after_publish": self.ended_after_publish})
         if self.collectives is not None:
             for key in ("nccl_version", "torch_version", "method"):
@@ -141,8 +142,8 @@ class SweepSummary:
             nccl_version=_text(doc, "nccl_version"), torch_version=_text(doc, "torch_version"),
             method=_text(doc, "method"), collectives=_texts(doc, "collectives"),
             not_measured=_text_map(doc, "not_measured"), tuner_table=_object(doc, "tuner_table"),
-            not_published=_text(doc, "not_published"), job=_object(doc, "job"), error=_text(doc, "error"),
-            ended_after_publish=_int(doc, "ended_after_publish"))
+            not_published=_text(doc, "not_published"), job=_object(doc, "job"), image=_text_map(doc, "image"),
+            error=_text(doc, "error"), ended_after_publish=_int(doc, "ended_after_publish"))
 
     @property
     def job_nnodes(self) -> int:

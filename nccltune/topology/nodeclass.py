@@ -128,9 +128,12 @@ def _placements(system: XNode) -> tuple[list[str], list[str]]:
     return sorted(gpus), sorted(nics)
 
 
-def class_facts(topo: Topology, *, driver_version: str | None, nccl_version: str | None) -> dict[str, Any]:
+def class_facts(topo: Topology, *, driver_version: str | None, nccl_version: str | None,
+                image_digest: str | None = None) -> dict[str, Any]:
     """The facts of a node's class, JSON-ready. Driver and NCCL versions are inputs: the first
-    comes from NVML, the second from whatever NCCL the node's jobs load (a probe or a sweep)."""
+    comes from NVML, the second from whatever NCCL the node's jobs load (a probe or a sweep).
+    `image_digest`: the job's image the NCCL is in (bench.image); a fact only when set, so that
+    the classes of nodes that measure on the host keep their ids."""
     names = sorted({g.name or "unknown" for g in topo.gpus})
     sms = sorted({g.sm for g in topo.gpus if g.sm is not None})
     nvlink = sorted(_canon(_nvlink_signature(g)) for g in topo.system.iter("gpu"))
@@ -163,6 +166,7 @@ def class_facts(topo: Topology, *, driver_version: str | None, nccl_version: str
         "numa": {"nodes": len(cpu_nodes), "cpus_per_node": numa},
         "driver_version": driver_version,
         "nccl_version": nccl_version,
+        **({"image_digest": image_digest} if image_digest else {}),
     }
 
 
@@ -170,10 +174,11 @@ def class_id_of(facts: dict[str, Any]) -> str:
     return hashlib.sha256(_canon(facts).encode()).hexdigest()[:16]
 
 
-def node_class(topo: Topology, *, nccl_version: str | None = None, driver_version: str | None = None) -> NodeClass:
+def node_class(topo: Topology, *, nccl_version: str | None = None, driver_version: str | None = None,
+               image_digest: str | None = None) -> NodeClass:
     """The class of a node. The driver version defaults to the one NVML reported for `topo`."""
     driver = driver_version if driver_version is not None else topo.driver_version
-    facts = class_facts(topo, driver_version=driver, nccl_version=nccl_version)
+    facts = class_facts(topo, driver_version=driver, nccl_version=nccl_version, image_digest=image_digest)
     return NodeClass(class_id_of(facts), facts)
 
 

@@ -42,6 +42,7 @@ from ..logsetup import escaped
 from ..nccl.debuglog import SizeChoice, choices_by_size, nccl_func, parse_nccl_log, summarize
 from ..records import Measurement, TrialResult, TrialStatus
 from . import nccltests, rankexec, rankserver
+from .container import Container
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
 from .forkedranks import SERVER, UNREPORTED, ForkedRank, RankServer, ServerFailed
 from .held import Child, Held
@@ -258,6 +259,7 @@ class Runner:
         user: str | None = None,
         topology_file: Path | None = None,
         fork_ranks: bool = True,
+        container: Container | None = None,
     ) -> None:
         """`base_env`: the fixed part of every trial's environment (trials.trialenv); `topology_file`:
         the run's copy of nccltune's topology file, which a candidate names by the marker
@@ -267,7 +269,8 @@ class Runner:
         `rank_record`: file listing the running ranks (see reap_leftover_ranks); `launch`: how ranks
         start (trials.launch; default one process per rank here); `user`: bench.user, whom the ranks
         run as when this is root (trials.credentials); `fork_ranks`: fork the worker's ranks from
-        one rank server (trials.rankserver, bench.fork_ranks) rather than start each by exec.
+        one rank server (trials.rankserver, bench.fork_ranks) rather than start each by exec;
+        `container`: every rank runs the worker in that image (bench.image, trials.container).
 
         Raises:
             InputError: that user does not exist, or cannot run the worker (exit 78).
@@ -286,12 +289,14 @@ class Runner:
         self.rank_record = rank_record
         self.launch = launch or LocalLaunch(nranks)
         self.rank_user = rank_user(user)
-        if nccl_tests is None:
+        self.container = container
+        if nccl_tests is None and container is None:
             check_reachable(python, [WORKER, Path(rankexec.__file__), SERVER], self.rank_user)
-        self.fork_ranks = fork_ranks and nccl_tests is None
+        self.fork_ranks = fork_ranks and nccl_tests is None and container is None
         self._server: RankServer | None = None
         self._names: list[str] = []
         self._procs: list[Child | ForkedRank] = []
+        self._containers: list[str] = []  # this trial's containers, by name (bench.image)
         self._seq = 0
 
     def recorded(self, candidate: Mapping[str, str]) -> dict[str, str]:
@@ -312,9 +317,11 @@ class Runner:
                         self.rank_user, self.nccl_debug, self.gpus)
         env = TrialEnv(self.base_env, candidate).for_ranks(side)
         # Isolated (-I): the worker imports nothing from a working directory or PYTHONPATH.
-        cmd = [*trust.python_argv(self.python, str(WORKER)), "--backend", self.backend,
-               "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
-               "--timeout-s", str(max(30.0, self.timeout_s))]
+        args = ["--backend", self.backend,
+                "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
+                "--timeout-s", str(max(30.0, self.timeout_s))]
+        cmd = (self.container.worker_argv(args) if self.container
+               else [*trust.python_argv(self.python, str(WORKER)), *args])
         if not check:
             cmd.append("--no-check")
         if timing != "auto":
@@ -328,7 +335,7 @@ class Runner:
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))
         self.launch.prepare()  # other nodes joining: not part of the trial's time
         started = time.monotonic()
-        self._procs, self._names = [], []
+        self._procs, self._names, self._containers = [], [], []
         if self.nccl_tests:
             return self._run_nccl_tests(trial_dir, env, sizes, warmup, iters, started, collectives)
         try:
@@ -337,6 +344,13 @@ class Runner:
                                                 nccl_log=self.nccl_debug, user=user, topology_file=self.topology_file))
             self._names = [s.who for s in specs]
             for spec in specs:
+                if self.container:
+                    name = f"nccltune-{os.getpid()}-{self._seq}-{spec.name}"
+                    self._containers.append(name)
+                    argv = self.container.argv(spec.argv, spec.env, trial_dir, rank_dir, name)
+                    self._spawn(trial_dir, spec.name, argv, self.container.runtime_env(spec.env),
+                                as_root=self.container.switches_user)
+                    continue
                 # The worker's own command line, as a local launch hands it on, may be forked.
                 self._spawn(trial_dir, spec.name, spec.argv, spec.env, forkable=spec.argv == cmd)
             status, reason = self._wait(started)
@@ -354,7 +368,7 @@ class Runner:
         return result
 
     def _spawn(self, trial_dir: Path, name: str, cmd: list[str], env: dict[str, str], *,
-               forkable: bool = False) -> None:
+               forkable: bool = False, as_root: bool = False) -> None:
         """Start one process in its own session (so its whole group can be killed), output to files
         root opens in the trial directory, as the rank user (trials.credentials) in its rank directory.
         A `forkable` one (the worker, `cmd` = [python, -I, worker.py, args...]) is forked from the
@@ -363,7 +377,8 @@ class Runner:
         The rank dies with its parent (PR_SET_PDEATHSIG, SIGKILL; a forked one with the rank server,
         which dies with this process): a kill -9 of the sweep or the daemon must not leave ranks
         holding the GPUs. It is also written to the rank record, so that the next sweep ends it
-        should the death signal not reach it (see reap_leftover_ranks).
+        should the death signal not reach it (see reap_leftover_ranks). `as_root`: the process is a
+        container runtime that makes the rank the rank user itself (--user), so it starts as the caller.
         """
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | trust.NOFOLLOW | trust.CLOEXEC
         # The child holds its own copies of these descriptors; ours close right away.
@@ -372,7 +387,7 @@ class Runner:
             err = os.open(trial_dir / f"{name}.err", flags, 0o644)
             try:
                 # srun runs as the caller; its tasks switch in rankexec (SrunLaunch, TrialSpec.user).
-                switch = None if self.launch.runs_as_caller else self.rank_user
+                switch = None if self.launch.runs_as_caller or as_root else self.rank_user
                 server = self._rank_server(env) if forkable else None
                 proc: Child | ForkedRank | None
                 proc = self._fork(server, cmd, env, trial_dir / RANK_DIR, out, err) if server else None
@@ -557,6 +572,8 @@ class Runner:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 log.warning("rank process %d did not exit after SIGKILL", p.pid)
+        if self.container is not None:
+            self.container.remove(self._containers)
         with contextlib.suppress(NccltuneError):
             self._record_ranks()
 

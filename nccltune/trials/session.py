@@ -55,6 +55,9 @@ def resolve_engine(cfg: Config, node: Node, collectives: Sequence[str] = ("all_r
         UnavailableError: a `*_perf` binary, or an interpreter with torch, not found (exit 69).
     """
     if cfg.bench.engine != "nccl-tests":
+        if cfg.bench.image:
+            # The image's python3 runs the worker (trials.container): the host needs no torch.
+            return Engine(cfg.bench.python or sys.executable)
         return Engine(find_worker_python(cfg.bench.python))
     from .nccltests import find_binary
 

@@ -45,6 +45,7 @@ import functools
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -137,10 +138,20 @@ def read_maps() -> str:
         return fh.read()
 
 
+def os_name(path: str = "/etc/os-release") -> str | None:
+    """The distribution this process runs on (PRETTY_NAME): the job's image's, in a container."""
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
 def probe_record(maps: Callable[[], str] = read_maps) -> dict[str, object]:
     """`--probe`: torch's and NCCL's versions and the NCCL library this process has loaded, found
     by loaded_nccl_path in its memory map (`maps`), the rule the direct calls use."""
-    info: dict[str, object] = {"event": "probe", "torch_version": None, "nccl_version": None, "nccl_lib": None}
+    info: dict[str, object] = {"event": "probe", "torch_version": None, "nccl_version": None, "nccl_lib": None,
+                               "python": platform.python_version(), "os": os_name()}
     try:
         import torch
     except ImportError as exc:

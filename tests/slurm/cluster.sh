@@ -11,8 +11,8 @@
 # name as MASTER_ADDR); Slurm orders them by name, so `localhost` usually comes first, and every
 # node has this machine's host name, as nodes sharing a host do.
 # DIR/task-prolog is slurm.conf's TaskProlog: it runs DIR/nccltune-task-prolog.sh (a copy of
-# launchers/slurm-prolog.sh, as the README installs it) on DIR/published/nccl.env, the way the
-# README points the prolog at another state directory. Needs root (slurmd runs tasks as the
+# launchers/slurm-prolog.sh, as docs/slurm.md installs it) on DIR/published/nccl.env, the way
+# docs/slurm.md points the prolog at another state directory. Needs root (slurmd runs tasks as the
 # job's user). Exit 0 when the cluster is up; otherwise 1, with the reason and the daemons' logs.
 set -euo pipefail
 

@@ -1,0 +1,223 @@
+"""The worker inside the job's image (bench.image): the container runtime's command line for one
+rank, and what the image's own torch and NCCL are.
+
+Jobs load the NCCL of their image, not the host's; a trial measured with the host's bench.python
+measures an NCCL the jobs may not load. With bench.image every rank is the runtime running the
+image by digest (a tag can move under the results, so it is refused) with:
+- the worker's directory (worker.py, standard library and torch only) bind-mounted read-only at
+  WORKER_MOUNT and run with the image's python3 (-I: nothing of the image's working directory);
+- the trial's directory read-write at its own path (the rank writes its output and NCCL's log
+  there), and no other host path but /sys read-only (NCCL reads the PCI and NIC topology there;
+  with the host's network the runtime cannot mount a sysfs of its own);
+- the host's network (ranks on several nodes reach each other as host processes do);
+- the node's GPUs: CDI `nvidia.com/gpu=all` (podman, docker) or enroot's NVIDIA hook
+  (NVIDIA_VISIBLE_DEVICES); CUDA_VISIBLE_DEVICES of the trial's environment picks among them;
+- bench.user's uid:gid (the runtime is started by root, the rank process inside is that user);
+- exactly the trial's environment (trials.trialenv), passed by name so that values stay out of
+  the process list.
+The runtime: podman or docker take the image by digest; enroot (Slurm's pyxis) starts a container
+it has made of the image before (`enroot create --name NAME`), named here by the digest's hex.
+An image given as its unpacked root filesystem (/DIR@sha256:HEX, images.py) runs under podman
+alone (`--rootfs DIR`), read-only with a fresh /tmp of its own (`--read-only`): every rank of every
+trial shares the one directory, which must pass the trust rule, as bench.python does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..config.schema import BenchConfig
+from ..errors import InputError, UnavailableError
+from ..files import trust
+from ..images import Image, parse_image
+from .credentials import rank_user
+from .launch import WORKER
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("auto", "podman", "docker", "enroot")
+# worker.py loads ../collectives.py by path: both mounted where that path holds.
+WORKER_MOUNT = "/opt/nccltune/trials"
+COLLECTIVES_MOUNT = "/opt/nccltune/collectives.py"
+IMAGE_PYTHON = "python3"
+PROBE_TIMEOUT_S = 300.0
+REMOVE_TIMEOUT_S = 60.0
+RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
+
+
+def pick_runtime(configured: str, *, rootfs: bool = False) -> str:
+    """The runtime to start containers with: configured, or (auto) podman, else docker, else
+    enroot, whichever is on PATH; podman alone for an unpacked root filesystem (`rootfs`).
+
+    Raises:
+        InputError: a root filesystem with another runtime configured (exit 78).
+        UnavailableError: none of them is installed (exit 69)."""
+    if configured not in RUNTIMES:
+        raise InputError("bench.runtime", f"{configured!r} is not one of {', '.join(RUNTIMES)}")
+    if rootfs and configured not in ("auto", "podman"):
+        raise InputError("bench.runtime", f"{configured} cannot run bench.image's unpacked root filesystem",
+                         hint="podman runs one (podman run --rootfs): set bench.runtime to podman or auto")
+    names = (configured,) if configured != "auto" else ("podman",) if rootfs else ("podman", "docker", "enroot")
+    for name in names:
+        if shutil.which(name):
+            return name
+    raise UnavailableError(f"bench.runtime {configured}: no {' or '.join(names)} on PATH",
+                           hint="install a container runtime or leave bench.image unset")
+
+
+@dataclass(frozen=True)
+class Container:
+    """How every rank of a sweep runs in the image: `runtime` (podman, docker or enroot), `image`,
+    `worker_dir` (the host directory of worker.py), `uid`/`gid` (bench.user's; None: root),
+    `gpus` (pass the node's GPUs: false on a CPU node)."""
+
+    runtime: str
+    image: Image
+    worker_dir: Path
+    uid: int | None = None
+    gid: int | None = None
+    gpus: bool = True
+
+    def _worker_mounts(self, flag: str, how: str) -> list[str]:
+        """The worker's directory and collectives.py beside it, read-only, as `flag SRC:DST{how}`."""
+        collectives = self.worker_dir.parent / "collectives.py"
+        return [flag, f"{self.worker_dir}:{WORKER_MOUNT}{how}", flag, f"{collectives}:{COLLECTIVES_MOUNT}{how}"]
+
+    @staticmethod
+    def _trial_mount(flag: str, trial_dir: Path | None, how: str) -> list[str]:
+        """The trial's directory at its own path (none for the probe)."""
+        return [flag, f"{trial_dir}:{trial_dir}{how}"] if trial_dir is not None else []
+
+    def worker_argv(self, args: Sequence[str]) -> list[str]:
+        """The worker's command line inside the image."""
+        return [IMAGE_PYTHON, "-I", f"{WORKER_MOUNT}/worker.py", *args]
+
+    def argv(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path,
+             name: str | None = None) -> list[str]:
+        """The runtime's command line that runs `inner` in the image with `env` (passed by name: the
+        runtime reads the values from its own environment, which is `env`), as the container `name`
+        (podman, docker: what `remove` ends)."""
+        if self.runtime == "enroot":
+            return self._enroot(inner, env, trial_dir, cwd)
+        out = [self.runtime, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
+               "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
+               *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
+               "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
+        if self.image.rootfs is not None:
+            # One directory for every rank of every trial: nothing a rank writes outlives it (a
+            # fresh tmpfs on /tmp, /var/tmp and /run; the rest read-only).
+            out.append("--read-only")
+        if self.uid is not None:
+            out += ["--user", f"{self.uid}:{self.gid if self.gid is not None else self.uid}"]
+        if self.gpus:
+            out += ["--device", "nvidia.com/gpu=all"]
+        for name in sorted(env):
+            out += ["--env", name]
+        image = ["--rootfs", self.image.rootfs] if self.image.rootfs is not None else [self.image.ref]
+        return [*out, *image, *inner]
+
+    def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
+        # enroot runs the container as the calling user (remapped root only with --root): the runner
+        # switches to bench.user before it execs enroot, as for a rank on the host.
+        out = ["enroot", "start", *self._worker_mounts("--mount", ":none,bind,ro"),
+               *self._trial_mount("--mount", trial_dir, ":none,bind,rw")]
+        for name in sorted(env):
+            out += ["--env", name]
+        return [*out, self.image.enroot_name, "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd), *inner]
+
+    def runtime_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The runtime's own environment: the trial's (which it hands on by name) and the caller's
+        settings of the runtime itself (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF, ENROOT_*), which
+        the trial's allow-list leaves out and which do not reach the container."""
+        own = {k: v for k, v in os.environ.items() if k.startswith(RUNTIME_VARS)}
+        return {**own, **env}
+
+    def remove(self, names: Sequence[str]) -> None:
+        """End the containers `names` (podman, docker), whatever became of the client that started
+        them: a killed `docker run` leaves its container running under the daemon, and podman's
+        container is conmon's, which need not be in the client's process group. enroot's container
+        is its caller's process tree, which the runner's group kill ends."""
+        if self.runtime == "enroot" or not names:
+            return
+        try:
+            subprocess.run([self.runtime, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL, env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s rm -f %s: %s", self.runtime, " ".join(names), exc)
+
+    @property
+    def switches_user(self) -> bool:
+        """The runtime makes the rank bench.user itself (--user); enroot needs the runner to."""
+        return self.runtime != "enroot"
+
+    def probe(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The image's python, torch, NCCL (and NCCL's library file, a path in the image) and OS, as
+        the worker's own `--probe` reports them run once in the image (no GPU needed: torch's NCCL
+        version is compiled in).
+
+        Raises:
+            UnavailableError: the image does not start or its python does not answer (exit 69)."""
+        # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL, env=self.runtime_env(env))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} did not run it ({exc})") from exc
+        lines = done.stdout.strip().splitlines()
+        try:
+            got = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+        except json.JSONDecodeError:
+            got = None
+        if not isinstance(got, dict):
+            said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} exited {done.returncode}: {said}")
+        return {str(k): str(v) for k, v in got.items() if v is not None and k != "event"}
+
+
+def from_config(bench: BenchConfig, *, demo: bool) -> Container:
+    """The container bench.image and bench.runtime describe, the ranks as bench.user (as root),
+    the node's GPUs passed unless `demo` (a CPU node has none).
+
+    Raises:
+        InputError: bench.image not by digest, an unpacked root filesystem that is not a directory
+            root may trust or with a runtime other than podman, bench.user unknown (exit 78).
+        UnavailableError: no runtime on PATH (exit 69)."""
+    assert bench.image, "from_config without bench.image"
+    image = parse_image(bench.image[0])
+    if image.rootfs is not None:
+        try:
+            trust.check_dir(image.rootfs, "bench.image root filesystem")
+        except OSError as exc:
+            raise InputError("bench.image", f"{image.rootfs}: {exc.strerror or exc}") from None
+    user = rank_user(bench.user)
+    return Container(pick_runtime(bench.runtime, rootfs=image.rootfs is not None), image, WORKER.parent,
+                     uid=user.uid if user else None, gid=user.gid if user else None, gpus=not demo)
+
+
+def probe_image(bench: BenchConfig) -> tuple[Container, dict[str, str]]:
+    """bench.image's container and what its probe found (Container.probe): for the class and the
+    daemon's NCCL version, which must be the image's as the sweep's is.
+
+    Raises:
+        InputError, UnavailableError: as from_config and Container.probe."""
+    c = from_config(bench, demo=False)
+    return c, c.probe({"PATH": os.environ.get("PATH", os.defpath)})
+
+
+def provenance(c: Container, probed: Mapping[str, str]) -> dict[str, str]:
+    """What a run records of the image it measured in, and what the node's class key takes."""
+    out = {"image": c.image.ref, "image_digest": c.image.digest, "runtime": c.runtime}
+    if c.image.rootfs is not None:
+        out["image_rootfs"] = c.image.rootfs  # run as unpacked there, its digest as bench.image names it
+    for key in ("torch_version", "nccl_version", "nccl_lib", "python", "os"):
+        if key in probed:
+            out[f"image_{key}"] = probed[key]
+    return out
