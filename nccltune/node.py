@@ -67,12 +67,6 @@ def iterations(cfg: Config, node: Node) -> tuple[int, int]:
     return (DEMO_WARMUP, DEMO_ITERS) if node.demo else (cfg.bench.warmup_iters, cfg.bench.iters)
 
 
-def timed_blocks(cfg: Config, node: Node) -> int:
-    """The most timed blocks per size of a trial on this node (bench.timed_blocks; one in the CPU
-    demo, whose gloo numbers decide nothing)."""
-    return 1 if node.demo else cfg.bench.timed_blocks
-
-
 def load_node(cfg: Config, demo: str | bool | None) -> Node:
     """The node to sweep: this one (NVML), or a recorded snapshot for the CPU demo.
 

@@ -111,31 +111,3 @@ def test_an_unknown_collective_is_a_setup_error_naming_the_known_ones(monkeypatc
     doc = json.loads(line)
     assert doc["event"] == "error" and doc["kind"] == "usage"
     assert "unknown collective 'alltoall' (known: all_reduce, all_gather" in doc["message"]
-
-
-def test_small_sizes_get_timed_blocks_and_their_median_is_the_number(tmp_path: Path) -> None:
-    # bench.timed_blocks reaches the worker as --max-blocks (trials/session.py): each size gets up
-    # to that many blocks while they are cheap, and the median block is its busbw.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL") and k != FAULT_VAR}
-    runner = Runner(python=sys.executable, backend="gloo", nranks=2, base_env=env, work_dir=tmp_path / "work",
-                    timeout_s=120.0)
-    result = runner.run({}, SIZES, warmup=1, iters=2, max_blocks=3)
-    assert result.status == "ok", result.reason
-    events = [json.loads(line) for line in (tmp_path / "work" / "trial-001" / "rank0.out").read_text().splitlines()]
-    sizes = [e for e in events if e["event"] == "size"]
-    assert [e["blocks"] for e in sizes] == [3, 3]
-    for e in sizes:
-        assert sorted(e["block_busbw_gbps"])[1] == pytest.approx(e["busbw_gbps"], rel=1e-3)
-
-
-def test_a_trial_on_a_gpu_node_takes_bench_timed_blocks_and_the_demo_one() -> None:
-    import dataclasses
-
-    from nccltune.config.loader import parse_config
-    from nccltune.node import load_node, timed_blocks
-
-    cfg = parse_config("bench:\n  timed_blocks: 7\n")
-    demo = load_node(cfg, True)
-    assert timed_blocks(cfg, demo) == 1
-    assert timed_blocks(cfg, dataclasses.replace(demo, demo=False)) == 7
-    assert timed_blocks(parse_config(""), dataclasses.replace(demo, demo=False)) == 5

@@ -183,11 +183,6 @@ class BenchConfig:
     factor: int = _setting(4, ge=2, why="each size is the previous one times factor")
     warmup_iters: int = _setting(5, ge=0)
     iters: int = _setting(20, ge=1)
-    # Up to this many timed blocks of `iters` per size while they are cheap (the blocks of one size
-    # move at most 4 GiB per rank: trials/worker.py block_count), the median block the size's
-    # number: the small, launch-bound sizes, where one block's jitter is largest, get repeats at
-    # almost no cost, 1 GiB gets one block. 1: one block at every size.
-    timed_blocks: int = _setting(5, ge=1, le=64)
     trial_timeout_s: float = _setting(180.0, gt=0)
     # Fork each trial's ranks on this node from one process per sweep that has imported torch
     # (trials/rankserver.py), which saves every rank torch's import; false: start each rank by exec.

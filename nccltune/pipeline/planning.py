@@ -16,7 +16,7 @@ from ..errors import InputError, NccltuneError
 from ..names import unpublishable
 from ..nccl.site import conf_settings
 from ..nccl.sitetuner import default_conf_files, existing_tuner
-from ..node import Node, iterations, size_ladder, timed_blocks
+from ..node import Node, iterations, size_ladder
 from ..publish import preflight
 from ..publish.policy import validate_env
 from ..sweep import profiles
@@ -24,7 +24,6 @@ from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from ..sweep.select import Key
 from ..sweep.space import CATALOGUE, unknown_variable_hint
 from ..sweep.strategy import Search, Settings
-from ..trials.worker import block_count
 from ..tuner.build import find_compiler, prebuilt_plugin
 
 log = logging.getLogger(__name__)
@@ -220,11 +219,9 @@ def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectiv
     interpreters importing torch on the demo's cores, the CUDA and NCCL set-up on a GPU node; for a
     job of several nodes also torchrun's agents and their rendezvous before the ranks start."""
     warmup, iters = iterations(cfg, node)
-    blocks = timed_blocks(cfg, node)
     bws = [p.bw_gbps for (a, b), p in node.paths.gpu_gpu.items() if a != b]
     bw = 0.3 if node.demo else max(1.0, min(bws) if bws else 10.0)
-    per_collective = sum((warmup + iters * block_count(s, iters, blocks) + 2) * (30e-6 + s / (bw * 1e9))
-                         for s in plan.sizes)
+    per_collective = sum((warmup + iters + 2) * (30e-6 + s / (bw * 1e9)) for s in plan.sizes)
     nodes = plan.shape.nnodes
     start = measured_start_s(cfg, node, nodes)
     if start is None:
@@ -235,15 +232,14 @@ def estimate_seconds(plan: Plan, trials: int, cfg: Config, node: Node, collectiv
 def measured_start_s(cfg: Config, node: Node, nnodes: int = 1) -> float | None:
     """The median start of a trial in this node's latest sweep with good trials for jobs of
     `nnodes` nodes (a multi-node sweep records its job in its summary): each trial's wall time less
-    the time its measurements account for ((warmup + iterations x timed blocks) x the time per
-    iteration it measured at each size). None without such a sweep or history."""
+    the time its measurements account for ((warmup + iterations) x the time per iteration it
+    measured at each size). None without such a sweep or history."""
     from ..store import Store
 
     path = cfg.state_path("history.db")
     if not path.is_file():
         return None
     warmup, iters = iterations(cfg, node)
-    blocks = timed_blocks(cfg, node)
     try:
         with Store(path) as store:
             run = next((r for r in store.runs(limit=10, kind="sweep")
@@ -253,8 +249,7 @@ def measured_start_s(cfg: Config, node: Node, nnodes: int = 1) -> float | None:
     except (OSError, NccltuneError) as exc:
         log.debug("no measured trial start from the history: %s", exc)
         return None
-    starts = [t.wall_s - sum((warmup + iters * block_count(m.size_bytes, iters, blocks)) * m.time_us
-                             for m in t.measurements) / 1e6
+    starts = [t.wall_s - (warmup + iters) * sum(m.time_us for m in t.measurements) / 1e6
               for t in trials if t.status == "ok" and t.wall_s and t.measurements]
     starts = [s for s in starts if s > 0]
     return statistics.median(starts) if starts else None

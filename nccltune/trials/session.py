@@ -26,7 +26,7 @@ from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
 from ..files.atomicfile import remove_dead_temps
 from ..names import short_hostname
-from ..node import Node, iterations, timed_blocks
+from ..node import Node, iterations
 from ..publish import GENERATIONS_DIR, read_set
 from ..records import ReportRow, TrialResult
 from ..store import Phase, PublishedRun, RunKind, RunStatus, RunSummary, Store
@@ -182,7 +182,6 @@ class TrialSession:
         self.runner = runner
         self.sizes = list(sizes)
         self.warmup, self.iters = iterations(cfg, node)
-        self.blocks = timed_blocks(cfg, node)
         self.progress = progress
         self.expected_trials = expected_trials or (lambda: 0)
         self.seq = 0
@@ -206,7 +205,7 @@ class TrialSession:
         if self.progress:
             self.progress(self.seq, total, phase, label, None)
         result = self.runner.run(env, self.sizes, warmup=self.warmup, iters=self.iters, label=label,
-                                 max_blocks=self.blocks, collectives=self.collectives)
+                                 collectives=self.collectives)
         self.not_measured.update(result.not_measured)
         self.nccl_version = self.nccl_version or result.nccl_version
         self.torch_version = self.torch_version or result.torch_version
