@@ -16,12 +16,14 @@
 # Loopback is not a NIC: the numbers say what the knobs do to NCCL's socket transport on this
 # machine, never a node's network; nothing measured here is published on a real node.
 #
-# One finalist by default (FINALISTS=N for more): with the topology file alone, which is always a
-# finalist, and the defaults, a round of the final check is 3 trials, so the sweep stays within
-# 25 trials (2 + 6 single values + the topology file + 1 combination + 3 x 5 rounds at most).
+# Within 25 trials: 2 runs of the defaults, 6 single values (sockets per thread on top of the best
+# number of threads), the topology file alone, at most 1 combination, then the final check's
+# rounds of FINALISTS finalists + the topology file alone + the defaults, as many rounds (3 to 5)
+# as fit into what is left: 5 with one finalist, 3 with two (FINALISTS=2, the default).
 #
-#   OUT=/tmp/x HOSTS=2 REPEATS=3 [FINALISTS=1] bash bench/gpu_mps_socket_rig.sh
-# $OUT receives summary-HOSTSx1.txt, grid-HOSTSx1.json and profile-HOSTSx1.json.
+#   OUT=/tmp/x HOSTS=2 REPEATS=3 [FINALISTS=2] bash bench/gpu_mps_socket_rig.sh
+# $OUT receives summary-HOSTSx1.txt, sweep-HOSTSx1.json (the sweep's own document: every trial's
+# label, the decision with every finalist's verdict), grid-HOSTSx1.json and profile-HOSTSx1.json.
 set -u
 cd "$(dirname "$0")/.."
 HOSTS=${HOSTS:-2} REPEATS=${REPEATS:-3}
@@ -45,7 +47,7 @@ echo "rig: $HOSTS NCCL hosts on one GPU; $NOTE; work directory $W"
 step "config: the socket knobs only, all_reduce 1 MiB..1 GiB [$NOTE]"
 $PY -m nccltune keygen "$W/multinode.key" || fail keygen
 CFG=$W/rig.yaml
-FINALISTS=${FINALISTS:-1} $PY - "$CFG" "$W/multinode.key" <<'EOF'
+FINALISTS=${FINALISTS:-2} $PY - "$CFG" "$W/multinode.key" <<'EOF'
 import os
 import sys
 
@@ -56,8 +58,9 @@ from nccltune.sweep.space import CATALOGUE
 
 weights = {"1MiB": 1, "4MiB": 1, "16MiB": 1, "64MiB": 1, "256MiB": 1, "1GiB": 1}
 cfg = {"sweep": {"profile": "rig", "profiles": {"rig": {"all_reduce": weights}},
-                 "baseline_repeats": 2, "finalist_repeats": 3, "max_finalist_repeats": 5,
-                 "max_finalists": int(os.environ.get("FINALISTS", "1")),
+                 "baseline_repeats": 2, "finalist_repeats": 3,
+                 "max_finalist_repeats": max(3, min(5, (25 - 10) // (int(os.environ.get("FINALISTS", "2")) + 2))),
+                 "max_finalists": int(os.environ.get("FINALISTS", "2")),
                  "exclude": sorted(n for n, t in CATALOGUE.items() if t.kind == "perf" and n not in SOCKET_KNOBS)},
        "bench": {"min_bytes": "1MiB", "max_bytes": "1GiB", "factor": 4, "warmup_iters": 2, "iters": 5,
                  "trial_timeout_s": 300},
@@ -79,6 +82,7 @@ NCCL_HOSTID=rig-host0 timeout 1200 $PY -m nccltune sweep --nodes "$HOSTS" --laun
   --rdzv-endpoint 127.0.0.1:$P --config "$CFG" --state-dir "$W/host0" --python "$PY" --json \
   > "$LOGS/sweep-host0.json" 2> "$LOGS/sweep-host0.err" || fail "coordinator sweep (tail: $(tail -3 "$LOGS/sweep-host0.err"))"
 echo "coordinator: wall $(( $(date +%s) - s0 )) s"
+cp "$LOGS/sweep-host0.json" "$OUT/sweep-${HOSTS}x1.json"
 for i in "${!jpids[@]}"; do wait "${jpids[$i]}" || fail "joiner host$((i + 1))"; done
 grep "trial " "$LOGS/sweep-host0.err" | tail -40
 $PY - "$LOGS/sweep-host0.json" "$W/chosen.env" <<'EOF'
@@ -90,7 +94,11 @@ except ValueError:
 print("chosen:", d.get("chosen"), "| trials:", d.get("trials"), "| wall:", d.get("wall_s"))
 print("summary:", d.get("summary"))
 print("not published:", d.get("not_published"))
-print("decision:", json.dumps(d.get("decision"), indent=1))
+decision = d.get("decision") or {}
+print("decision:", json.dumps({k: v for k, v in decision.items() if k != "finalists"}, indent=1))
+for f in decision.get("finalists", []):
+    print(f"  finalist {f['candidate']}: {f['status']}, {f['runs']} run(s), gain {f['gain_pct']}%, "
+          f"lower bound {f['lower_gain_pct']}%: {f['reason']}")
 for r in d.get("sizes", []):
     print(f"  {r['collective']:>10} {r['size_bytes']:>11} B  defaults {r['default_busbw_gbps']} GB/s "
           f"(noise {r['default_noise_pct']}%)  chosen {r['tuned_busbw_gbps']} GB/s  x{r['ratio']}")

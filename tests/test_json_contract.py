@@ -313,3 +313,14 @@ def test_a_provenance_with_a_run_but_not_its_history_breaks_the_env_schema() -> 
         validate({**base, "run_id": 3}, prov_schema)
     with pytest.raises(SchemaViolation, match="'history' needs 'run_id' beside it"):
         validate({**base, "history": "/var/lib/nccltune/history.db"}, prov_schema)
+
+
+def test_the_sweeps_decision_lists_every_finalists_verdict(documents: dict[str, dict[str, Any]]) -> None:
+    decision = documents["sweep"]["decision"]
+    assert decision is not None
+    finalists = decision["finalists"]
+    # The demo is an A/A test (gloo ignores NCCL's variables): every finalist judged, none eligible,
+    # and the one shown first-class is among them.
+    assert finalists and all(not f["eligible"] and f["runs"] >= 1 for f in finalists)
+    assert decision["candidate"] in [f["candidate"] for f in finalists]
+    assert not decision["published"]

@@ -18,7 +18,7 @@ import pytest
 from nccltune.errors import CheckFailed, UsageError
 from nccltune.sweep.plan import Plan
 from nccltune.sweep.select import MiB, profile_weights
-from nccltune.sweep.strategy import TOPO_ONLY, Search, SearchResult, Settings, label_of
+from nccltune.sweep.strategy import TOPO_ONLY, Search, SearchResult, Settings, label_of, rank_screened
 
 SIZES = [4096, 65536, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 SMALL = [4096, 65536, MiB]
@@ -363,3 +363,79 @@ def test_a_finalist_left_with_one_run_by_failures_is_noted() -> None:
     assert len(result.notes) == 1
     assert result.notes[0].startswith("NCCL_ALGO=Tree: 1 finalist sample paired with the defaults: cannot show a "
                                       "gain beyond noise")
+
+
+class SocketBench(Bench):
+    """NCCL's socket transport as net_socket.cc has it: helper threads x sockets per thread, and
+    no helper thread unless NCCL_SOCKET_NTHREADS is set, so sockets per thread alone is the
+    defaults. Helper threads double the large sizes; one socket per thread loses 20% at the
+    smallest sizes, two sockets per thread win 40% there."""
+
+    def __call__(self, env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        self.calls.append((dict(env), phase, label))
+        threads = int(env.get("NCCL_SOCKET_NTHREADS", "0"))
+        socks = int(env.get("NCCL_NSOCKS_PERTHREAD", "1")) if threads else 0
+        out = {}
+        for size in SIZES:
+            factor = 1.0
+            if threads:
+                factor = 2.0 if size >= 16 * MiB else (1.4 if socks >= 2 else 0.8)
+            out[size] = base_busbw(size) * factor * (1.0 + self.rng.uniform(-0.002, 0.002))
+        return out, {"coll_channels": self.channels}
+
+
+SOCKETS = {"NCCL_SOCKET_NTHREADS": ["1", "2"], "NCCL_NSOCKS_PERTHREAD": ["1", "2"]}
+
+
+def test_sockets_per_thread_are_screened_with_the_best_number_of_threads() -> None:
+    bench = SocketBench()
+    search({"NCCL_NSOCKS_PERTHREAD": ["1", "2"], "NCCL_SOCKET_NTHREADS": ["1", "2"]}, bench,
+           max_finalists=1).run()
+    screens = [label for _env, phase, label in bench.calls if phase == "screen"]
+    # Threads first, whatever the plan's order; then each sockets value on top of the best
+    # threads value (both threads values screen alike here: the first measured is kept).
+    assert screens[:3] == [TOPO_ONLY, "NCCL_SOCKET_NTHREADS=1", "NCCL_SOCKET_NTHREADS=2"]
+    assert all("NCCL_SOCKET_NTHREADS=" in label for label in screens[3:5])
+    assert {label.split()[0] for label in screens[3:5]} == {"NCCL_NSOCKS_PERTHREAD=1", "NCCL_NSOCKS_PERTHREAD=2"}
+    # Nothing measured twice: combining arrives at settings already screened.
+    envs = [tuple(sorted(env.items())) for env, phase, _label in bench.calls if phase == "screen"]
+    assert len(envs) == len(set(envs))
+
+
+def test_the_one_finalist_is_the_setting_no_slower_anywhere() -> None:
+    # Threads alone double the large sizes (the larger weighted gain in screening at sizes where
+    # the defaults are quiet) but lose 20% at the small ones: the final check would refuse it.
+    # The finalist is threads with two sockets per thread, faster at every size, and it is chosen.
+    result = search(SOCKETS, SocketBench(), max_finalists=1).run()
+    assert result.finalists[0].label.startswith("NCCL_NSOCKS_PERTHREAD=2 NCCL_SOCKET_NTHREADS=")
+    assert result.chosen is not None and result.chosen.env["NCCL_NSOCKS_PERTHREAD"] == "2"
+    assert result.chosen.verdict is not None and result.chosen.verdict.eligible
+    assert result.screen_worst_pct["NCCL_SOCKET_NTHREADS=1"] < -15
+    assert result.screen_worst_pct[result.chosen.label] == 0.0
+
+
+def test_threads_alone_lose_at_small_sizes_and_the_defaults_are_kept() -> None:
+    # Without sockets per thread there is nothing faster at every size: no finalist can win.
+    result = search({"NCCL_SOCKET_NTHREADS": ["1", "2"]}, SocketBench(), max_finalists=1).run()
+    assert chosen_env(result) in (None, COMMON)
+
+
+def test_a_finalist_slot_goes_to_a_setting_that_can_pass_before_a_larger_gain_that_regresses() -> None:
+    # Simple: +30% at large sizes but 10% slower at 64 KiB, where the defaults are quiet; Tree: +5%
+    # everywhere. One finalist slot: Tree takes it (Simple's screening run already shows the size
+    # the final check refuses), and Tree is published.
+    bench = Bench({("NCCL_PROTO", "Simple"): {**{s: 1.30 for s in LARGE}, 65536: 0.90},
+                   ("NCCL_ALGO", "Tree"): 1.05}, noise_pct=0.2)
+    result = search({"NCCL_PROTO": ["Simple"], "NCCL_ALGO": ["Tree"]}, bench, max_finalists=1,
+                    max_combine=0).run()
+    assert [f.label for f in result.finalists] == ["NCCL_ALGO=Tree", TOPO_ONLY]
+    assert chosen_env(result) == {**COMMON, "NCCL_ALGO": "Tree"}
+
+
+def test_rank_screened_orders_by_gain_within_the_settings_that_did_not_regress() -> None:
+    a, b, c, d = ({"X": "1"}, "a", 9.0), ({"X": "2"}, "b", 5.0), ({"X": "3"}, "c", 3.0), ({"X": "4"}, "d", -1.0)
+    topo = (COMMON, TOPO_ONLY, 20.0)
+    worst = {"a": -2.5, "b": 0.0, "c": -1.9, "d": 0.0}
+    ranked = rank_screened([a, b, c, d, topo, ({"X": "5"}, "e", None)], worst, 2.0, leave_out=COMMON)
+    assert [label for _env, label, _gain in ranked] == ["b", "c", "a"]
+    assert [label for _env, label, _gain in rank_screened([a, b], worst, 3.0)] == ["a", "b"]

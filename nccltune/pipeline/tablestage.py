@@ -53,7 +53,7 @@ from ..sweep.pertable import (
 )
 from ..sweep.plan import Plan
 from ..sweep.select import Key
-from ..sweep.strategy import FinalCheck, Finalist, SearchResult, final_check, label_of
+from ..sweep.strategy import FinalCheck, Finalist, SearchResult, final_check, label_of, rank_screened
 from ..trials.session import TrialSession
 from ..tuner.build import BuildResult, build_plugin
 from ..tuner.table import TunerTable, nccl_version_code, render_table
@@ -256,9 +256,9 @@ class TableStage:
 
     def _env_part(self, result: SearchResult) -> dict[str, str]:
         """The whole-environment search's best screened setting (with the topology file and policy)."""
-        ranked = [s for s in result.screened if s[2] is not None and s[2] > 0 and s[0] != self.common]
-        best = max(ranked, key=lambda s: s[2] or 0.0, default=None)
-        return dict(best[0]) if best else dict(self.common)
+        ranked = rank_screened(result.screened, result.screen_worst_pct, self.cfg.sweep.max_regression_pct,
+                               leave_out=self.common)
+        return dict(ranked[0][0]) if ranked else dict(self.common)
 
 
 def _pick(whole: Finalist | None, env_only: Finalist | None) -> Finalist | None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from ..pipeline import SweepReport
     from ..pipeline.planning import Workload
     from ..pipeline.tablestage import TableOutcome
+    from ..sweep.decision import Verdict
     from ..sweep.plan import Plan
 
 
@@ -298,7 +299,15 @@ def decision_doc(report: SweepReport) -> dict[str, Any] | None:
             "gain_pct": round(v.gain_pct, 3),
             "lower_gain_pct": None if v.lower_pct is None else round(v.lower_pct, 3),
             "confidence_pct": round(v.confidence_pct, 3), "pairs": v.pairs, "reason": v.reason,
-            "final_rounds": final.rounds, "final_trials": final.trials, "looks": list(final.looks)}
+            "final_rounds": final.rounds, "final_trials": final.trials, "looks": list(final.looks),
+            # Every finalist's own verdict, in the order they were ranked for the final check.
+            "finalists": [_verdict_doc(f.label, f.verdict, len(f.runs)) for f in judged if f.verdict]}
+
+
+def _verdict_doc(label: str, v: Verdict[Any], runs: int) -> dict[str, Any]:
+    return {"candidate": label, "status": v.status, "eligible": v.eligible, "runs": runs,
+            "gain_pct": round(v.gain_pct, 3),
+            "lower_gain_pct": None if v.lower_pct is None else round(v.lower_pct, 3), "reason": v.reason}
 
 
 def _table_doc(report: SweepReport) -> dict[str, Any] | None:

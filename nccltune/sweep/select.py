@@ -211,6 +211,18 @@ def screening_gain_pct(cand: Mapping[K, float], base: Mapping[K, SizeStats],
                      if w > 0 and cand.get(s, 0) > 0 and s in base and base[s].median > 0)
 
 
+def screening_worst_pct(cand: Mapping[K, float], base: Mapping[K, SizeStats],
+                        weights: Mapping[K, float]) -> float:
+    """The worst weighted size of a single measurement, in percent, each size's change shrunk by
+    twice that size's noise as in screening_gain_pct: 0 when no size is slower beyond its noise,
+    -10 when one size is 10% slower than the defaults beyond it. What the final check's "no slower
+    at any weighted size" would most likely refuse, seen before a finalist is measured again."""
+    worst = min((_beyond(math.log(cand[s] / base[s].median), 2.0 * base[s].noise_pct / 100.0)
+                 for s, w in weights.items()
+                 if w > 0 and cand.get(s, 0) > 0 and s in base and base[s].median > 0), default=0.0)
+    return 100.0 * (math.exp(min(worst, 0.0)) - 1.0)
+
+
 def robust_gain_pct(cand: Mapping[K, SizeStats], base: Mapping[K, SizeStats],
                     weights: Mapping[K, float]) -> float:
     """Weighted gain of repeated measurements, each size's change counted only beyond the spread

@@ -99,6 +99,9 @@ class Tunable:
     kind: str = "perf"  # "perf": swept; "policy": chosen by config, never swept
     scope: str = "node"  # "node": intra-node all-reduce; "net": only with traffic over NICs
     default: str | None = None  # NCCL's default, when a value equal to it means "unset"
+    # The variable without which this one usually changes nothing: screened on top of that
+    # variable's best screened value, not alone (the search, strategy.Search).
+    acts_with: str | None = None
 
     def validate(self, value: str) -> str | None:
         if value == "":
@@ -143,8 +146,11 @@ CATALOGUE: dict[str, Tunable] = {t.name: t for t in (
     # loopback (bench/results/h100x1-2026-12-07), so 1 is a candidate too.
     Tunable("NCCL_SOCKET_NTHREADS", ("1", "2", "4"), _check_int(1, 16), "socket transport: helper threads per "
             "connection", scope="net"),
+    # NCCL opens threads x sockets-per-thread sockets, and its auto is 0 helper threads except on
+    # AWS and GCP NICs (net_socket.cc ncclNetSocketGetNsockNthread): alone, sockets per thread is
+    # NCCL's defaults on most nodes, so it is screened with the best number of threads.
     Tunable("NCCL_NSOCKS_PERTHREAD", ("1", "2", "4"), _check_int(1, 64), "socket transport: sockets per helper "
-            "thread (threads x sockets at most 64)", scope="net"),
+            "thread (threads x sockets at most 64)", scope="net", acts_with="NCCL_SOCKET_NTHREADS"),
     # 2 is NCCL's auto (nvls.cc ncclNvlsInit): the same as leaving the variable unset.
     Tunable("NCCL_NVLS_ENABLE", ("0",), _check_choice("0", "1", "2"),
             "NVLink SHARP (multicast); only ever swept towards 0, never forced on", default="2"),

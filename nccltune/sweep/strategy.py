@@ -22,7 +22,8 @@ from typing import Any
 from . import decision
 from .decision import Verdict
 from .plan import Plan, prune_channels
-from .select import Key, SizeStats, screening_gain_pct, size_stats
+from .select import Key, SizeStats, screening_gain_pct, screening_worst_pct, size_stats
+from .space import CATALOGUE
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,20 @@ class SearchResult:
     weights: dict[Key, float]
     notes: list[str] = field(default_factory=list)  # what the search says about its own evidence
     final: FinalCheck = field(default_factory=lambda: FinalCheck())  # the finalist round, as it ran
+    # Per screened label: its worst weighted size beyond noise, in percent (select.screening_worst_pct).
+    screen_worst_pct: dict[str, float] = field(default_factory=dict)
+
+
+def rank_screened(screened: list[tuple[Env, str, float | None]], worst_pct: Mapping[str, float],
+                  max_regression_pct: float, *, leave_out: Env | None = None) -> list[tuple[Env, str, float]]:
+    """THE order in which screened settings become finalists (the staged search's, the per-size
+    stage's whole-environment part): those that helped, the ones whose screening run was slower than
+    the defaults beyond noise by more than the regression margin at some weighted size after all the
+    others (the final check would most likely refuse them for that size), each group by gain.
+    `leave_out`: a setting that is not a candidate of its own (the topology file alone)."""
+    helped = [(env, label, gain) for env, label, gain in screened
+              if gain is not None and gain > 0 and env != leave_out]
+    return sorted(helped, key=lambda s: (worst_pct.get(s[1], 0.0) < -max_regression_pct, -s[2]))
 
 
 TOPO_ONLY = "topology file only"
@@ -146,6 +161,7 @@ class Search:
         self.notes: list[str] = []
         self.rule = decision.Rule(settings.min_gain_pct, settings.max_regression_pct)
         self.final = FinalCheck()
+        self.worst_pct: dict[str, float] = {}
 
     def estimate_trials(self) -> int:
         """Trials `run()` makes when every candidate helps in screening: exact then for the
@@ -207,9 +223,14 @@ class Search:
         screened: list[tuple[Env, str, float | None]] = []
 
         def screen(env: Env) -> float | None:
+            for done, _label, gain in screened:
+                if done == env:  # combining can arrive at a setting already screened
+                    return gain
             label = label_of(env, {})
             got = self.measure(env, "exhaustive" if self.s.exhaustive else "screen", label)
             gain = screening_gain_pct(got[0], baseline, self.weights) if got else None
+            if got:
+                self.worst_pct[label] = screening_worst_pct(got[0], baseline, self.weights)
             screened.append((env, label, gain))
             return gain
 
@@ -224,8 +245,7 @@ class Search:
                 if env != self.common:
                     screen(env)
         else:
-            for name, value in self.plan.candidates():
-                screen({**self.common, name: value})
+            self._screen_singles(screen, screened)
             self._combine(screen, screened)
 
         finalists = self._finalists(screened)
@@ -258,42 +278,69 @@ class Search:
         if eligible:
             chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
-                            self.notes, check)
+                            self.notes, check, dict(self.worst_pct))
 
     def _note(self, text: str) -> None:
         log.warning("%s", text)
         self.notes.append(text)
 
+    def _screen_singles(self, screen: Callable[[Env], float | None],
+                        screened: list[tuple[Env, str, float | None]]) -> None:
+        """Each candidate value once. A variable that acts only with another (space.Tunable.acts_with,
+        swept here too) is screened after it, on top of that variable's best value that helped:
+        alone it would be measured as NCCL's defaults and never combined."""
+        later = [(n, v) for n, v in self.plan.candidates() if self._partner(n)]
+        for name, value in self.plan.candidates():
+            if (name, value) not in later:
+                screen({**self.common, name: value})
+        for name, value in later:
+            partner = self._partner(name)
+            best = self._best_single(screened).get(partner or "")
+            screen({**self.common, **(best[1] if best else {}), name: value})
+
+    def _partner(self, name: str) -> str | None:
+        tunable = CATALOGUE.get(name)
+        partner = tunable.acts_with if tunable else None
+        return partner if partner in self.plan.variables else None
+
+    def _best_single(self, screened: list[tuple[Env, str, float | None]]) -> dict[str, tuple[float, Env]]:
+        """Per variable: the best screened setting that helped and changes it alone, or it on top of
+        its partner (acts_with), with what it sets beyond the common part."""
+        best: dict[str, tuple[float, Env]] = {}
+        for env, _label, gain in screened:
+            extra = {k: v for k, v in env.items() if k not in self.common}
+            if gain is None or gain <= 0 or not extra:
+                continue
+            own = [n for n in extra if len(extra) == 1 or self._partner(n) in extra]
+            if len(own) != 1 or len(extra) > 2:
+                continue
+            if own[0] not in best or gain > best[own[0]][0]:
+                best[own[0]] = (gain, extra)
+        return best
+
     def _combine(self, screen: Callable[[Env], float | None],
                  screened: list[tuple[Env, str, float | None]]) -> None:
         """Greedy: start from the best single change, add the best value of each other helpful variable."""
-        best_per_var: dict[str, tuple[float, str]] = {}
-        for env, _label, gain in screened:
-            extra = {k: v for k, v in env.items() if k not in self.common}
-            if gain is None or len(extra) != 1 or gain <= 0:
-                continue
-            (name, value), = extra.items()
-            if name not in best_per_var or gain > best_per_var[name][0]:
-                best_per_var[name] = (gain, value)
-        ranked = sorted(best_per_var.items(), key=lambda kv: -kv[1][0])
+        ranked = sorted(self._best_single(screened).items(), key=lambda kv: -kv[1][0])
         if len(ranked) < 2:
             return
-        current = {**self.common, ranked[0][0]: ranked[0][1][1]}
+        current = {**self.common, **ranked[0][1][1]}
         current_gain = ranked[0][1][0]
-        for name, (_gain, value) in ranked[1: 1 + self.s.max_combine]:
-            trial = {**current, name: value}
+        for _name, (_gain, extra) in ranked[1: 1 + self.s.max_combine]:
+            trial = {**current, **extra}
+            if trial == current:
+                continue
             gain = screen(trial)
             if gain is not None and gain > current_gain:
                 current, current_gain = trial, gain
 
     def _finalists(self, screened: list[tuple[Env, str, float | None]]) -> list[Finalist]:
-        ranked = sorted((s for s in screened if s[2] is not None and s[0] != self.common),
-                        key=lambda s: -(s[2] or 0.0))
         out: list[Finalist] = []
-        for env, label, gain in ranked:
+        for env, label, _gain in rank_screened(screened, self.worst_pct, self.s.max_regression_pct,
+                                               leave_out=self.common if self.common else None):
             if len(out) >= self.s.max_finalists:
                 break
-            if gain is not None and gain > 0 and all(f.env != env for f in out):
+            if all(f.env != env for f in out):
                 out.append(Finalist(env, label))
         if self.common:
             out.append(Finalist(dict(self.common), label_of(self.common, {})))
