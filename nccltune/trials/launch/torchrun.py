@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
-from ...files.inputfile import read_bounded
+from ...files.inputfile import loads_strict, read_bounded
 from ...files.trust import ensure_dir, python_argv
 from ...logsetup import escaped
 from ...publish import OWN_TOPOLOGY, TOPO_FILE_VAR, validate_env
@@ -338,7 +337,7 @@ def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
     pid = None
     for line in rank0_out.splitlines():
         with contextlib.suppress(ValueError):
-            doc = json.loads(line)
+            doc = loads_strict(line)
             if isinstance(doc, dict) and doc.get("event") == "start":
                 pid = doc.get("pid")
                 break
