@@ -68,6 +68,10 @@ class Bounded:
         """The file held more than `data`."""
         return self.size > len(self.data)
 
+    def text(self) -> str:
+        """`data` as text, undecodable bytes replaced."""
+        return self.data.decode(errors="replace")
+
     def lines(self) -> list[str]:
         """`data` as text lines (undecodable bytes replaced), less the line cut in two at the edge
         where the file was cut, unless it is the only one."""
@@ -77,19 +81,40 @@ class Bounded:
         return lines
 
 
-def read_bounded(path: Path, limit: int, *, tail: bool = False) -> Bounded:
-    """The first `limit` bytes of a file another process wrote (with `tail`: its last `limit`
-    bytes), never more whatever the file does meanwhile: only a regular file, a symlink at its
-    last component not followed, opened non-blocking (a FIFO cannot hold the reader).
+def open_regular(path: Path, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """A descriptor (and its stat) of a regular file another process or user shaped, opened
+    read-only and non-blocking (a FIFO cannot hold the opener), its last component's link not
+    followed unless `follow`; read_bounded's open, and that of a reader that seeks (an ELF file's
+    sections). The caller closes it.
 
     Raises:
         OSError: it cannot be opened (ELOOP for a symlink), or is not a regular file (EINVAL).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(path: Path, limit: int, *, tail: bool = False, follow: bool = False) -> Bounded:
+    """The first `limit` bytes of a file another process or user wrote (with `tail`: its last
+    `limit` bytes), never more whatever the file does meanwhile: only a regular file, a symlink at
+    its last component not followed (with `follow`: followed, for a file its owner may place by a
+    link, as NCCL's conf files), opened non-blocking (a FIFO cannot hold the reader). The one reader
+    of a rank's output, NCCL's log, NCCL's conf files, /proc and sysfs; whether the file went on
+    past `limit` is `Bounded.cut`, from what the read found rather than the size the file claims
+    (a sysfs attribute says 4096 bytes, a /proc file 0).
+
+    Raises:
+        OSError: it cannot be opened (ELOOP for a symlink), or is not a regular file (EINVAL).
+    """
+    fd, st = open_regular(path, follow=follow)
+    try:
         start = max(0, st.st_size - limit) if tail else 0
         chunks: list[bytes] = []
         got = 0
@@ -103,7 +128,8 @@ def read_bounded(path: Path, limit: int, *, tail: bool = False) -> Bounded:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    size = max(st.st_size, start + len(data))
+    # From its start, a read that ended before `limit` saw the whole file, whatever st_size said.
+    size = len(data) if not tail and len(data) <= limit else max(st.st_size, start + len(data))
     return Bounded(data[:limit], size, tail)
 
 
