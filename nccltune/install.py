@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .errors import InputError, NccltuneError, UnavailableError
 from .files.atomicfile import atomic_write
+from .files.inputfile import loads_strict, read_input_file
 from .files.trust import check_file, ensure_dir, trusted_target, walk_trusted
 from .trials.credentials import DEFAULT_USER
 
@@ -51,6 +52,7 @@ LAUNCHERS = (
     ("slurm-prolog.sh", "etc/slurm/nccltune-task-prolog.sh"),
 )
 MANIFEST = "etc/nccltune/installed.json"
+MAX_MANIFEST_BYTES = 1 << 20  # a few dozen names and digests
 CONFIG = "etc/nccltune/config.yaml"
 # The executable the shipped units name, ExecStart's below a prefix unless --binary says otherwise.
 SHIPPED_EXE = "/usr/local/bin/nccltune"
@@ -280,7 +282,7 @@ def _read_manifest(prefix: Path) -> dict[str, str]:
     # Uninstall deletes what the manifest names: one another user could edit is refused (78).
     check_file(path, "install manifest")
     try:
-        doc = json.loads(path.read_text())
+        doc = loads_strict(read_input_file(path, MAX_MANIFEST_BYTES, "install manifest"))
         files = doc["files"]
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
             raise TypeError("files is not an object of digests")

@@ -6,15 +6,25 @@ a reader that read it whole would need 40 GiB of memory."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import logging
 import os
 import resource
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
+from nccltune.checks.doctor import read_conf_file
 from nccltune.files.inputfile import read_bounded
+from nccltune.hw import procfs, sysfs
+from nccltune.hw.sysfs import SysfsReader
 from nccltune.logsetup import escaped
+from nccltune.nccl import site
 from nccltune.nccl.debuglog import MAX_KEPT_MESSAGES, MAX_MESSAGE_CHARS, parse_nccl_log
 from nccltune.trials import nccllog
 from nccltune.trials.credentials import RANK_DIR
@@ -148,3 +158,139 @@ def test_what_the_parser_keeps_of_a_hostile_log_is_escaped_and_bounded() -> None
     assert log.errors == ["Cuda failure 'out of memory'\\x1b]0;owned\\x07"]
     assert log.topo_file == "/tmp/\\x1b[31mtopo.xml"
     assert log.version == "2.28.9"
+
+
+# -- /proc, sysfs, NCCL's conf files and libraries: the same reader ----------------------------------------
+
+
+def _within(seconds: float, read: Callable[[], object], *fifos: Path) -> object:
+    """What `read` returns, failing (after letting it go: each FIFO opened for writing) where it
+    hangs, as a blocking open of a FIFO nothing writes would."""
+    got: list[object] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            got.append(read())
+        except BaseException as exc:  # raised again below, in the test's own thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        for fifo in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(seconds)
+        pytest.fail(f"the reader hung on {', '.join(map(str, fifos))}")
+    if failed:
+        raise failed[0]
+    return got[0]
+
+
+def test_a_file_that_claims_another_size_is_cut_by_what_the_read_found(tmp_path: Path) -> None:
+    """A sysfs attribute says 4096 bytes and holds a few; a /proc file says 0 and holds more."""
+    candidates = [Path("/sys/devices/system/cpu/online"), *sorted(Path("/sys/class/net").glob("*/operstate"))]
+    attributes = [p for p in candidates if p.is_file()]
+    if not attributes:
+        pytest.skip("no sysfs here")
+    got = read_bounded(attributes[0], 1024)
+    assert os.stat(attributes[0]).st_size > len(got.data) > 0
+    assert not got.cut and got.size == len(got.data)
+    stat_line = read_bounded(Path("/proc/self/stat"), 16)
+    assert os.stat("/proc/self/stat").st_size == 0
+    assert stat_line.cut and len(stat_line.data) == 16
+    assert not read_bounded(Path("/proc/self/stat"), 1 << 16).cut
+
+
+def test_follow_reads_through_a_link_but_still_only_a_regular_file(tmp_path: Path) -> None:
+    (tmp_path / "real").write_text("the site's own\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert read_bounded(tmp_path / "link", 100, follow=True).text() == "the site's own\n"
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "to-fifo").symlink_to(tmp_path / "fifo")
+    with pytest.raises(OSError, match="not a regular file"):
+        _within(10, lambda: read_bounded(tmp_path / "to-fifo", 100, follow=True), tmp_path / "fifo")
+
+
+def test_proc_and_sysfs_readers_take_no_fifo_and_no_file_past_their_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    proc = tmp_path / "proc"
+    for pid in (123, 124):
+        (proc / str(pid)).mkdir(parents=True)
+    os.mkfifo(proc / "123" / "stat")
+    (proc / "124" / "stat").write_text("124 (a (b) c) S 1 124 124 0 -1\n")
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
+    os.mkfifo(proc / "sys" / "kernel" / "random" / "boot_id")
+    fifos = (proc / "123" / "stat", proc / "sys" / "kernel" / "random" / "boot_id")
+    assert _within(10, lambda: procfs.parent_pids(proc), *fifos) == {124: 1}
+    assert _within(10, lambda: procfs.boot_id(proc), *fifos) is None
+    (proc / "125").mkdir()
+    (proc / "125" / "stat").write_text("125 (x) S 1" + " 0" * procfs.MAX_PROC_BYTES + "\n")
+    assert procfs.parent_pid(125, proc) is None
+
+    os.mkfifo(tmp_path / "cpuinfo")
+    reader = SysfsReader(tmp_path)
+    assert _within(10, lambda: reader._read("cpuinfo"), tmp_path / "cpuinfo") is None
+    monkeypatch.setattr(sysfs, "MAX_FILE_BYTES", 64)
+    (tmp_path / "big").write_text("x" * 65)
+    (tmp_path / "fits").write_text("x" * 63 + "\n")
+    with caplog.at_level(logging.WARNING, logger=sysfs.__name__):
+        assert reader._read("big") is None
+    assert f"{tmp_path / 'big'}: longer than 64 bytes" in caplog.text
+    assert reader._read("fits") == "x" * 63
+
+
+def test_nccl_conf_files_and_libraries_are_read_as_regular_files_within_bounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    os.mkfifo(tmp_path / "fifo.conf")
+    fifo = tmp_path / "fifo.conf"
+    assert _within(10, lambda: site.read_conf(fifo), fifo) == {}
+    assert _within(10, lambda: read_conf_file(fifo), fifo) == {}
+    assert _within(10, lambda: site.defined_symbols(fifo, site.TUNER_SYMBOL_RE), fifo) == ()
+    # NCCL follows a link to its conf file: so do both readers.
+    (tmp_path / "real.conf").write_text("NCCL_ALGO=Ring\n")
+    (tmp_path / "nccl.conf").symlink_to(tmp_path / "real.conf")
+    assert site.read_conf(tmp_path / "nccl.conf") == read_conf_file(tmp_path / "nccl.conf") == {"NCCL_ALGO": "Ring"}
+    monkeypatch.setattr(site, "MAX_CONF_BYTES", 8)
+    assert site.read_conf(tmp_path / "nccl.conf") == read_conf_file(tmp_path / "nccl.conf") == {}
+
+
+# Modules that read what other processes and users shape: /proc, sysfs, NCCL's files, a rank's output.
+# The worker and the rank server run in an interpreter of their own and import nothing of nccltune.
+UNTRUSTED_READERS = ["nccltune/hw", "nccltune/nccl", "nccltune/trials", "nccltune/checks"]
+ISOLATED = {"nccltune/trials/worker.py", "nccltune/trials/rankserver.py"}
+
+
+def _whole_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("read_text", "read_bytes"):
+            found.append((node.lineno, func.attr))
+            continue
+        builtin = isinstance(func, ast.Name) and func.id == "open"
+        method = (isinstance(func, ast.Attribute) and func.attr == "open"
+                  and not (isinstance(func.value, ast.Name) and func.value.id in ("os", "Held")))
+        if builtin or method:
+            rest = node.args[1:] if builtin else node.args[:1]
+            mode = next((k.value for k in node.keywords if k.arg == "mode"), rest[0] if rest else None)
+            text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+            if not set(text) & set("wax+"):
+                found.append((node.lineno, "open"))
+    return found
+
+
+def test_what_other_processes_shape_is_read_only_by_the_bounded_reader() -> None:
+    offenders = []
+    for top in UNTRUSTED_READERS:
+        for path in sorted((REPO / top).rglob("*.py")):
+            name = path.relative_to(REPO).as_posix()
+            if name not in ISOLATED:
+                offenders += [f"{name}:{line}: {what}" for line, what in _whole_reads(ast.parse(path.read_text()))]
+    assert not offenders, "read with files.inputfile.read_bounded (or read_input_file):\n" + "\n".join(offenders)
+    code = "p.read_text()\nopen(p)\nopen(p, 'rb')\nopen(p, 'wb')\np.open(mode='a')\nos.open(p, 0)\nPath(p).open()\n"
+    assert [what for _, what in sorted(_whole_reads(ast.parse(code)))] == ["read_text", "open", "open", "open"]

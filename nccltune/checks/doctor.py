@@ -16,7 +16,7 @@ from pathlib import Path
 from ..compare import upgrade_check
 from ..delivery.jobenv import decide
 from ..files.trust import trusted_uids, writable_word
-from ..nccl.site import ConfSetting, SiteTuner, conf_settings
+from ..nccl.site import ConfSetting, SiteTuner, conf_settings, conf_text
 from ..nccl.sitetuner import existing_tuner
 from ..publish import read_published
 from ..store import Store
@@ -50,9 +50,8 @@ def read_conf_file(path: Path) -> dict[str, str]:
     (a NCCL_TOPO_FILE that then does not exist), which universal newlines and str.splitlines() would hide.
     """
     out: dict[str, str] = {}
-    try:
-        text = path.read_bytes().decode(errors="replace")  # no newline translation
-    except OSError:
+    text = conf_text(path)  # bounded, no newline translation
+    if text is None:
         return out
     for line in text.split("\n"):
         if not line or line.startswith("#") or "=" not in line:

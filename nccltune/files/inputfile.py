@@ -1,6 +1,7 @@
 """Reading an input file (config, snapshot, NCCL XML, JSON documents) without hanging, exhausting
-memory or believing a file another user controls; parsing JSON strictly. And reading what a less
-trusted process wrote (a rank's output, NCCL's log) within a bound (`read_bounded`)."""
+memory or believing a file another user controls; and every JSON nccltune reads, parsed strictly:
+`loads_strict` / `parse_json` for text already in memory, `read_json` for a file. And reading what a
+less trusted process wrote (a rank's output, NCCL's log, /proc, sysfs) within a bound (`read_bounded`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ class Bounded:
         """The file held more than `data`."""
         return self.size > len(self.data)
 
+    def text(self) -> str:
+        """`data` as text, undecodable bytes replaced."""
+        return self.data.decode(errors="replace")
+
     def lines(self) -> list[str]:
         """`data` as text lines (undecodable bytes replaced), less the line cut in two at the edge
         where the file was cut, unless it is the only one."""
@@ -76,19 +81,40 @@ class Bounded:
         return lines
 
 
-def read_bounded(path: Path, limit: int, *, tail: bool = False) -> Bounded:
-    """The first `limit` bytes of a file another process wrote (with `tail`: its last `limit`
-    bytes), never more whatever the file does meanwhile: only a regular file, a symlink at its
-    last component not followed, opened non-blocking (a FIFO cannot hold the reader).
+def open_regular(path: Path, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """A descriptor (and its stat) of a regular file another process or user shaped, opened
+    read-only and non-blocking (a FIFO cannot hold the opener), its last component's link not
+    followed unless `follow`; read_bounded's open, and that of a reader that seeks (an ELF file's
+    sections). The caller closes it.
 
     Raises:
         OSError: it cannot be opened (ELOOP for a symlink), or is not a regular file (EINVAL).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(path: Path, limit: int, *, tail: bool = False, follow: bool = False) -> Bounded:
+    """The first `limit` bytes of a file another process or user wrote (with `tail`: its last
+    `limit` bytes), never more whatever the file does meanwhile: only a regular file, a symlink at
+    its last component not followed (with `follow`: followed, for a file its owner may place by a
+    link, as NCCL's conf files), opened non-blocking (a FIFO cannot hold the reader). The one reader
+    of a rank's output, NCCL's log, NCCL's conf files, /proc and sysfs; whether the file went on
+    past `limit` is `Bounded.cut`, from what the read found rather than the size the file claims
+    (a sysfs attribute says 4096 bytes, a /proc file 0).
+
+    Raises:
+        OSError: it cannot be opened (ELOOP for a symlink), or is not a regular file (EINVAL).
+    """
+    fd, st = open_regular(path, follow=follow)
+    try:
         start = max(0, st.st_size - limit) if tail else 0
         chunks: list[bytes] = []
         got = 0
@@ -102,7 +128,8 @@ def read_bounded(path: Path, limit: int, *, tail: bool = False) -> Bounded:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    size = max(st.st_size, start + len(data))
+    # From its start, a read that ended before `limit` saw the whole file, whatever st_size said.
+    size = len(data) if not tail and len(data) <= limit else max(st.st_size, start + len(data))
     return Bounded(data[:limit], size, tail)
 
 
@@ -161,22 +188,39 @@ def lone_surrogate(doc: Any, where: str = "$") -> str | None:
     return None
 
 
-def loads_strict(text: str) -> Any:
-    """json.loads, refusing what Python's parser accepts and JSON (or one meaning) does not: NaN
-    and Infinity, a key twice in one object, nesting deeper than MAX_JSON_DEPTH, a string with a
-    lone surrogate escape (no character: the text would have no UTF-8 form).
+def _too_large(data: str | bytes, max_bytes: int | None) -> bool:
+    if max_bytes is None:
+        return False
+    # A str is at least as long in UTF-8 as in characters: only a close call is encoded to count.
+    if len(data) > max_bytes:
+        return True
+    return (isinstance(data, str) and 4 * len(data) > max_bytes
+            and len(data.encode("utf-8", "surrogatepass")) > max_bytes)
+
+
+def loads_strict(data: str | bytes, *, max_bytes: int | None = None, lone_surrogates: bool = False) -> Any:
+    """THE JSON parser of nccltune, for text already in memory (bytes are UTF-8): json.loads,
+    refusing what Python's parser accepts and JSON (or one meaning) does not: NaN and Infinity, a
+    key twice in one object (at any depth), nesting deeper than MAX_JSON_DEPTH, a string with a
+    lone surrogate escape (no character: the text would have no UTF-8 form) unless
+    ``lone_surrogates`` (a reader that checks its texts itself, with a message of its own); and,
+    with ``max_bytes``, text longer than that.
 
     Raises:
-        json.JSONDecodeError: not JSON (its msg and lineno say where).
+        json.JSONDecodeError: not JSON (its msg, lineno and colno say where).
+        UnicodeDecodeError: bytes that are not UTF-8.
         ValueError: one of the refusals above, worded for a message.
     """
+    if _too_large(data, max_bytes):
+        raise ValueError(f"larger than {max_bytes} bytes")
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
     try:
         doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_not_json)
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     if _depth(doc) > MAX_JSON_DEPTH:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-    if _SURROGATE_ESCAPE_RE.search(text):
+    if not lone_surrogates and _SURROGATE_ESCAPE_RE.search(text):
         bad = lone_surrogate(doc)
         if bad is not None:
             raise ValueError(f"{bad}: a lone surrogate escape (\\ud800-\\udfff without its pair) is no "
@@ -184,17 +228,38 @@ def loads_strict(text: str) -> Any:
     return doc
 
 
-def parse_json(raw: bytes, path: str) -> Any:
-    """A JSON document's bytes, parsed by loads_strict.
+def parse_json(data: bytes | str, name: str, *, max_bytes: int | None = None) -> Any:
+    """A JSON document already in memory, named ``name`` (its file) in every message, parsed by
+    loads_strict.
 
     Raises:
-        InputError: not UTF-8, not JSON (with its line), or refused by loads_strict (exit 78).
+        InputError: larger than ``max_bytes``, not UTF-8, not JSON (with its line and column), or
+            refused by loads_strict (exit 78).
     """
+    if _too_large(data, max_bytes):
+        raise InputError(name, f"larger than {max_bytes} bytes; not a JSON document nccltune reads")
     try:
-        return loads_strict(raw.decode("utf-8"))
+        return loads_strict(data)
     except UnicodeDecodeError as exc:
-        raise InputError(path, f"not UTF-8 (byte {exc.start})") from None
+        raise InputError(name, f"not UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+        raise InputError(name, f"not valid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno) from None
     except ValueError as exc:
-        raise InputError(path, f"not valid JSON: {exc}") from None
+        raise InputError(name, f"not valid JSON: {exc}") from None
+
+
+def read_json(path: Path, max_bytes: int, what: str, *, trusted: bool = False, shown: str | None = None) -> Any:
+    """A JSON file: read by read_input_file (a regular file, at most ``max_bytes``; with
+    ``trusted``, under the trust rule), parsed by parse_json. ``shown``: the name messages give it
+    where it is not ``path`` itself.
+
+    Raises:
+        InputError: it cannot be read (``cannot read: ...``), is no regular file, is larger than
+            ``max_bytes``, or is not strict JSON (with its line and column), naming the file (exit 78).
+    """
+    name = str(path) if shown is None else shown
+    try:
+        raw = read_input_file(path, max_bytes, what, trusted=trusted)
+    except OSError as exc:
+        raise InputError(name, f"cannot read: {exc.strerror or exc}") from exc
+    return parse_json(raw, name)

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from .. import __version__
 from ..errors import CheckFailed, InputError
-from ..files.inputfile import lone_surrogate
+from ..files.inputfile import loads_strict, lone_surrogate
 from ..store import RunRecord, Store, TrialRecord
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
@@ -295,7 +295,7 @@ def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) ->
     """The export document of the selected runs, in memory (write_export's, read back)."""
     buffer = io.BytesIO()
     write_export(store, node, buffer, run_id)
-    doc: dict[str, Any] = json.loads(buffer.getvalue())
+    doc: dict[str, Any] = loads_strict(buffer.getvalue())
     return doc
 
 

@@ -16,9 +16,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..files.inputfile import read_json
+
 log = logging.getLogger(__name__)
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+MAX_SCHEMA_BYTES = 1 << 20
 
 _KNOWN = {"$schema", "$id", "$defs", "$ref", "title", "description", "type", "required", "properties",
           "additionalProperties", "items", "enum", "const", "minimum", "minLength", "pattern", "default",
@@ -40,8 +43,8 @@ class SchemaViolation(ValueError):
 
 @cache
 def load_schema(name: str) -> dict[str, Any]:
-    """`export` or `profile`: the parsed schema file."""
-    doc: dict[str, Any] = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
+    """`export` or `profile`: the parsed schema file (shipped with nccltune, read as every JSON is)."""
+    doc: dict[str, Any] = read_json(SCHEMA_DIR / f"{name}.schema.json", MAX_SCHEMA_BYTES, "JSON schema")
     return doc
 
 

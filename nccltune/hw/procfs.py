@@ -1,4 +1,5 @@
-"""procfs reader for process facts, the only reader of /proc besides hw/sysfs.py. The root is injected.
+"""procfs reader for process facts, the only reader of /proc besides hw/sysfs.py. The root is injected;
+every file is read within a bound (files.inputfile.read_bounded).
 
 - Which processes descend from a given one: the daemon must not count its own trial ranks as a
   job on the GPUs; those ranks are its descendants, found from each process's parent pid.
@@ -8,11 +9,30 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
 
+from ..files.inputfile import read_bounded
+
 log = logging.getLogger(__name__)
+
+# Far above any /proc/<pid>/stat line (a command name of at most 64 bytes, some 50 numbers) or boot_id.
+MAX_PROC_BYTES = 64 << 10
+
+
+def _read_proc(path: Path) -> str:
+    """A /proc file's text, read by files.inputfile.read_bounded like every file another process
+    shapes (a process names itself in its stat line).
+
+    Raises:
+        OSError: it cannot be read, is no regular file, or is longer than MAX_PROC_BYTES (EFBIG).
+    """
+    got = read_bounded(path, MAX_PROC_BYTES)
+    if got.cut:
+        raise OSError(errno.EFBIG, f"longer than {MAX_PROC_BYTES} bytes", str(path))
+    return got.text()
 
 
 def _stat_field(stat_text: str, number: int) -> int | None:
@@ -39,7 +59,7 @@ def _parent_pid(stat_text: str) -> int | None:
 def _stat_of(pid: int, root: str | os.PathLike[str], number: int) -> int | None:
     """Field `number` of /proc/<pid>/stat, or None when there is no such process."""
     try:
-        text = (Path(root) / str(pid) / "stat").read_text(errors="replace")
+        text = _read_proc(Path(root) / str(pid) / "stat")
     except OSError:
         return None
     return _stat_field(text, number)
@@ -54,7 +74,7 @@ def start_time_ticks(pid: int, root: str | os.PathLike[str] = "/proc") -> int | 
 def boot_id(root: str | os.PathLike[str] = "/proc") -> str | None:
     """This boot's id (/proc/sys/kernel/random/boot_id), or None where it cannot be read."""
     try:
-        text = (Path(root) / "sys" / "kernel" / "random" / "boot_id").read_text(errors="replace").strip()
+        text = _read_proc(Path(root) / "sys" / "kernel" / "random" / "boot_id").strip()
     except OSError:
         return None
     return text if text and all(c in "0123456789abcdef-" for c in text) else None
@@ -81,7 +101,7 @@ def parent_pids(root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
         if not entry.name.isdigit():
             continue
         try:
-            text = (base / entry.name / "stat").read_text(errors="replace")
+            text = _read_proc(base / entry.name / "stat")
         except OSError:
             continue  # gone since the listing, or not ours to read
         ppid = _parent_pid(text)

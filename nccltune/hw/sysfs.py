@@ -15,6 +15,7 @@ import platform
 import re
 from pathlib import Path
 
+from ..files.inputfile import read_bounded
 from .cpuset import cpulist_from_cpus, cpus_from_cpumask
 from .types import CpuInfo, IbPort, Nic, NumaNode, PciDevice, SysfsSnapshot, normalize_bus_id, parse_int
 
@@ -25,6 +26,8 @@ _NVIDIA_VENDOR = "0x10de"
 _GDR_MODULES = ("nvidia_peermem", "nv_peer_mem")
 # Interfaces NCCL's socket transport skips by default (NCCL_SOCKET_IFNAME auto rules).
 _SKIPPED_IFACES = ("lo", "docker", "virbr")
+# Far above any file read here: /proc/cpuinfo of a node of a thousand CPUs is a few MiB.
+MAX_FILE_BYTES = 16 << 20
 
 
 class SysfsReader:
@@ -42,10 +45,18 @@ class SysfsReader:
         return os.path.realpath(self.root) == os.path.realpath("/")
 
     def _read(self, rel: str | Path) -> str | None:
+        """A file's text, stripped, read within MAX_FILE_BYTES (files.inputfile.read_bounded: a
+        regular file only, so that a tree holding a FIFO or a link to /dev/zero cannot hang the
+        reader); None where it cannot be read, and (with a warning) where it goes on past the bound."""
+        path = self.root / str(rel).lstrip("/")
         try:
-            return (self.root / str(rel).lstrip("/")).read_text(errors="replace").strip()
+            got = read_bounded(path, MAX_FILE_BYTES)
         except OSError:
             return None
+        if got.cut:
+            log.warning("%s: longer than %d bytes; read as unreadable", path, MAX_FILE_BYTES)
+            return None
+        return got.text().strip()
 
     def _read_int(self, rel: str | Path) -> int | None:
         return parse_int(self._read(rel))

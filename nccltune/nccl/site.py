@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files.inputfile import open_regular, read_bounded
+
 # The first lines of nccltune's managed block in a conf file (publish writes them); recognised by
 # prefix, as the publisher does.
 _BLOCK_BEGIN = "# BEGIN nccltune"
@@ -61,19 +63,27 @@ def conf_files(env: Mapping[str, str]) -> list[Path]:
     return [Path(first), SYSTEM_CONF]
 
 
+def conf_text(path: Path) -> str | None:
+    """One conf file's text (undecodable bytes replaced, no newline translation), read within
+    MAX_CONF_BYTES by files.inputfile.read_bounded, links followed as NCCL follows them (a FIFO or a
+    device refused); None where it cannot be read or is longer. Every reader of NCCL's conf files
+    (this module, doctor) reads them through it."""
+    try:
+        got = read_bounded(path, MAX_CONF_BYTES, follow=True)
+    except OSError:
+        return None
+    return None if got.cut else got.text()
+
+
 def read_conf(path: Path) -> dict[str, str]:
     """KEY=VALUE lines of one conf file as NCCL reads them (no trimming, '#' only at the start of a
     line, lines end at '\\n' only, the first line of a key wins), less nccltune's managed block."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CONF_BYTES + 1)
-    except OSError:
-        return {}
-    if len(data) > MAX_CONF_BYTES:
+    text = conf_text(path)
+    if text is None:
         return {}
     out: dict[str, str] = {}
     in_block = False
-    for line in data.decode(errors="replace").split("\n"):
+    for line in text.split("\n"):
         if line.startswith(_BLOCK_BEGIN):
             in_block = True
         elif line.startswith(_BLOCK_END):
@@ -128,14 +138,14 @@ def defined_symbols(path: Path, pattern: re.Pattern[bytes]) -> tuple[str, ...]:
     """The symbols matching `pattern` (one group: the version) that a 64-bit ELF shared library
     defines, newest version first (see tuner_symbols)."""
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path, follow=True)[0], "rb") as fh:
             ident = fh.read(64)
             if len(ident) < 64 or ident[:4] != _ELF_MAGIC or ident[4] != 2:  # ELFCLASS64
                 return ()
             end = "<" if ident[5] == 1 else ">"
             shoff, = struct.unpack_from(end + "Q", ident, 0x28)
             shentsize, shnum = struct.unpack_from(end + "HH", ident, 0x3A)
-            if shoff == 0 or shentsize < 64 or shnum == 0:
+            if shoff == 0 or shentsize < 64 or shnum == 0 or shentsize * shnum > MAX_DYNSYM_BYTES:
                 return ()
             fh.seek(shoff)
             table = fh.read(shentsize * shnum)

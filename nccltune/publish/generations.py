@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import secrets
@@ -44,13 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..delivery.applied import set_digest
-from ..errors import BusyError
+from ..errors import BusyError, InputError
 from ..files import trust
 from ..files.atomicfile import TEMP_INFIX, fail_without_temp, fsync_dir, remove_dead_temps, remove_quietly, replace_file
+from ..files.inputfile import read_json
 from ..files.trust import CLOEXEC, NOFOLLOW
 from .formats import (
     ENV_NAME,
     JSON_NAME,
+    MAX_PUBLISHED_BYTES,
     PUBLISHED_NAMES,
     SH_NAME,
     SINGLE_ENV_NAME,
@@ -135,9 +136,10 @@ def _legacy_generation(json_path: Path) -> int:
     try:
         if json_path.is_symlink() or not json_path.is_file():
             return 0
-        doc = json.loads(json_path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        log.warning("%s: unreadable (%s); the generation count restarts at 1", json_path, exc)
+        doc = read_json(json_path, MAX_PUBLISHED_BYTES, "published nccl.json")
+    except (OSError, InputError) as exc:
+        log.warning("%s: unreadable (%s); the generation count restarts at 1", json_path,
+                    exc.message if isinstance(exc, InputError) else exc)
         return 0
     prov = doc.get("provenance") if isinstance(doc, dict) else None
     generation = prov.get("generation") if isinstance(prov, dict) else None

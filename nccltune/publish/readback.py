@@ -8,7 +8,6 @@ something nccltune did not write.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import unicodedata
@@ -20,6 +19,7 @@ from typing import Any
 from ..delivery.applied import APPLIED_VAR, set_digest
 from ..errors import InputError, UsageError
 from ..files import trust
+from ..files.inputfile import parse_json
 from .formats import (
     ENV_NAME,
     ENV_PLUGIN_NAME,
@@ -90,14 +90,7 @@ def _read_trusted(path: Path, what: str) -> bytes:
 
 def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str] | None]:
     """(every-job env, provenance, single-node env or None for a set written before the parts)."""
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(where, f"not UTF-8 (byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(where, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
-    except RecursionError as exc:
-        raise InputError(where, "JSON nested too deeply") from exc
+    doc = parse_json(raw, where)
     if not isinstance(doc, dict):
         raise InputError(where, "expected a JSON object")
     version = doc.get("schema_version")

@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from ..errors import InputError
+from ..files.inputfile import loads_strict
 from ..records import Measurement, ReportRow, TrialStatus
 from .summaries import ImportSummary, RunSummary, SummaryError, SweepSummary, VerifySummary
 
@@ -185,7 +186,14 @@ def dump_json(value: Any) -> str:
 
 
 def load_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    """A JSON column, read as every JSON nccltune reads is (files.inputfile.loads_strict), but for
+    a lone surrogate: the history keeps a run's text as it was given (an environment's undecodable
+    byte is one, by Python's surrogateescape), and what writes it out names it (the export: "a text
+    without a UTF-8 form").
+
+    Raises:
+        ValueError: not strict JSON (a column another program wrote)."""
+    return None if text is None else loads_strict(text, lone_surrogates=True)
 
 
 def check_choice(name: str, value: str, allowed: frozenset[str]) -> None:

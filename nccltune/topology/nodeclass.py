@@ -136,7 +136,7 @@ def class_facts(topo: Topology, *, driver_version: str | None, nccl_version: str
     the classes of nodes that measure on the host keep their ids."""
     names = sorted({g.name or "unknown" for g in topo.gpus})
     sms = sorted({g.sm for g in topo.gpus if g.sm is not None})
-    nvlink = sorted(_canon(_nvlink_signature(g)) for g in topo.system.iter("gpu"))
+    nvlink = sorted((_nvlink_signature(g) for g in topo.system.iter("gpu")), key=_canon)
     gpu_place, nic_place = _placements(topo.system)
     cpu_nodes = [c for c in topo.system.children if c.tag == "cpu"]
     cpu: dict[str, Any] = {}
@@ -157,7 +157,7 @@ def class_facts(topo: Topology, *, driver_version: str | None, nccl_version: str
         "gpu_model": ", ".join(names),
         "gpu_count": len(topo.gpus),
         "gpu_sm": sms,
-        "nvlink": [json.loads(s) for s in nvlink],
+        "nvlink": nvlink,
         "pcie_tree": _shape(topo.system),
         "gpu_placement": gpu_place,
         "nics": nics,

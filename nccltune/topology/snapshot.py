@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..files.inputfile import read_input_file
+from ..files.inputfile import parse_json, read_input_file
 from ..hw.nvml import read_nvml
 from ..hw.sysfs import read_sysfs
 from ..hw.types import SNAPSHOT_SCHEMA_VERSION, Snapshot, SnapshotFormatError, from_dict, to_dict
@@ -47,15 +47,11 @@ def parse_snapshot(text: str, path: str = "<snapshot>") -> Snapshot:
     """Parse a snapshot document.
 
     Raises:
-        InputError: malformed JSON (with its line), wrong kind, unknown schema version, or a
+        InputError: not strict JSON (files.inputfile.parse_json: with its line and column;
+            NaN, a key twice, too deep, over MAX_SNAPSHOT_BYTES), wrong kind, unknown schema version, or a
             field that does not match the schema (named by its JSON path). Exit 78.
     """
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
-    except RecursionError as exc:
-        raise InputError(path, "JSON nested too deeply to be a snapshot") from exc
+    doc = parse_json(text, path, max_bytes=MAX_SNAPSHOT_BYTES)
     if not isinstance(doc, dict):
         raise InputError(path, "a snapshot is a JSON object")
     kind = doc.pop("kind", None)

@@ -24,7 +24,6 @@ trial shares the one directory, which must pass the trust rule, as bench.python 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 from ..config.schema import BenchConfig
 from ..errors import InputError, UnavailableError
 from ..files import trust
+from ..files.inputfile import loads_strict
 from ..images import Image, parse_image
 from .credentials import rank_user
 from .launch import WORKER
@@ -173,8 +173,8 @@ class Container:
             raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} did not run it ({exc})") from exc
         lines = done.stdout.strip().splitlines()
         try:
-            got = json.loads(lines[-1]) if done.returncode == 0 and lines else None
-        except json.JSONDecodeError:
+            got = loads_strict(lines[-1]) if done.returncode == 0 and lines else None
+        except ValueError:
             got = None
         if not isinstance(got, dict):
             said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]

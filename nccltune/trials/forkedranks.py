@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..files import trust
+from ..files.inputfile import loads_strict
 from ..hw.procfs import parent_pid
 from ..logsetup import escaped
 from . import rankserver
@@ -269,7 +270,7 @@ class RankServer:
         if not data:
             raise ServerFailed("it closed its socket")
         try:
-            doc = json.loads(data)
+            doc = loads_strict(data)
         except ValueError as exc:
             raise ServerFailed(f"it sent something that is not JSON: {data[:80]!r}") from exc
         if not isinstance(doc, dict):

@@ -9,12 +9,12 @@ working directory or environment is imported.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
 from typing import Any
 
+from ..files.inputfile import loads_strict
 from ..files.trust import child_env, python_argv
 from .runner import WORKER
 
@@ -31,7 +31,7 @@ def parse_probe(stdout: str) -> dict[str, Any]:
     lines = stdout.strip().splitlines()
     if not lines:
         raise ValueError("the probe printed nothing")
-    info = json.loads(lines[-1])
+    info = loads_strict(lines[-1])
     if not isinstance(info, dict):
         raise ValueError(f"the probe printed {lines[-1][:80]!r}, not a JSON object")
     info.pop("event", None)

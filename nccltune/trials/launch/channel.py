@@ -231,7 +231,7 @@ def strict_json(data: bytes | str) -> Any:
         ValueError: not UTF-8, not JSON, or refused by loads_strict.
     """
     try:
-        return loads_strict(data.decode("utf-8") if isinstance(data, bytes) else data)
+        return loads_strict(data)
     except ValueError as exc:
         # A peer's report names a non-finite number as such, as the channel always has.
         constant = str(exc).removesuffix(" is not JSON")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -14,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import EXIT_CONFIG, NccltuneError, UnavailableError
-from ...files.inputfile import read_bounded
+from ...errors import EXIT_CONFIG, InputError, NccltuneError, UnavailableError
+from ...files.inputfile import loads_strict, read_bounded, read_input_file
 from ...files.trust import ensure_dir, python_argv
 from ...logsetup import escaped
 from ...publish import OWN_TOPOLOGY, TOPO_FILE_VAR, validate_env
+from ...topology.ncclxml import MAX_XML_BYTES
 from .. import credentials, nccllog, rankexec
 from ..held import Child, Held, below
 from ..trialenv import RankSide, TrialEnv
@@ -211,9 +211,14 @@ def _file_payload(trial: TrialSpec) -> dict[str, str]:
         path = candidate.get(name)
         if path:
             try:
-                out[name] = Path(path).read_text()
+                # A site may pin its own file here: a regular one, bounded as every input is.
+                raw = read_input_file(Path(path), MAX_XML_BYTES, f"{name} file")
             except OSError as exc:
                 raise UnavailableError(f"{name} {path}: {exc.strerror}") from exc
+            try:
+                out[name] = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(path, f"not UTF-8 (byte {exc.start})") from None
     return out
 
 
@@ -338,7 +343,7 @@ def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
     pid = None
     for line in rank0_out.splitlines():
         with contextlib.suppress(ValueError):
-            doc = json.loads(line)
+            doc = loads_strict(line)
             if isinstance(doc, dict) and doc.get("event") == "start":
                 pid = doc.get("pid")
                 break
