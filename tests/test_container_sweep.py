@@ -200,3 +200,29 @@ def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str
         c.remove([name])
     assert running() == []
     assert not (rootfs / "etc" / "planted").exists() and not (rootfs / "tmp" / "own").exists()
+
+
+def test_root_runs_the_runtime_only_from_the_safe_path_and_only_if_no_other_user_can_change_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nccltune.errors import UnavailableError
+    from nccltune.files import trust
+    from nccltune.trials.container import runtime_executable
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "podman"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(trust, "SAFE_PATH", str(bin_dir))
+    assert runtime_executable("podman") == str(fake.resolve())
+    # The same program made writable by every user: root does not run it.
+    fake.chmod(0o757)
+    with pytest.raises(InputError, match="world-writable"):
+        runtime_executable("podman")
+    # A runtime on the caller's PATH but not on the safe path is not found at all.
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(trust, "SAFE_PATH", str(tmp_path / "empty"))
+    with pytest.raises(UnavailableError, match="not in"):
+        runtime_executable("podman")
+    with pytest.raises(UnavailableError):
+        pick_runtime("podman")

@@ -66,10 +66,23 @@ def pick_runtime(configured: str, *, rootfs: bool = False) -> str:
                          hint="podman runs one (podman run --rootfs): set bench.runtime to podman or auto")
     names = (configured,) if configured != "auto" else ("podman",) if rootfs else ("podman", "docker", "enroot")
     for name in names:
-        if shutil.which(name):
+        if shutil.which(name, path=trust.SAFE_PATH):
             return name
-    raise UnavailableError(f"bench.runtime {configured}: no {' or '.join(names)} on PATH",
+    raise UnavailableError(f"bench.runtime {configured}: no {' or '.join(names)} in {trust.SAFE_PATH}",
                            hint="install a container runtime or leave bench.image unset")
+
+
+def runtime_executable(name: str) -> str:
+    """The runtime `name`'s program as root runs it: on trust.SAFE_PATH, every directory and link
+    on the way and the file itself passing the trust rule.
+
+    Raises:
+        UnavailableError: not installed there (exit 69).
+        InputError: another user could change it (exit 78)."""
+    found = shutil.which(name, path=trust.SAFE_PATH)
+    if found is None:
+        raise UnavailableError(f"bench.runtime {name}: not in {trust.SAFE_PATH}")
+    return str(trust.trusted_file(found, f"container runtime ({name}, bench.runtime)"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,13 @@ class Container:
     uid: int | None = None
     gid: int | None = None
     gpus: bool = True
+    # The runtime's program as run: found on trust.SAFE_PATH and its chain checked by the trust
+    # rule (root runs it), never whatever a PATH entry of another user's would name.
+    executable: str | None = None
+
+    @property
+    def command(self) -> str:
+        return self.executable or self.runtime
 
     def _worker_mounts(self, flag: str, how: str) -> list[str]:
         """The worker's directory and collectives.py beside it, read-only, as `flag SRC:DST{how}`."""
@@ -106,7 +126,7 @@ class Container:
         (podman, docker: what `remove` ends)."""
         if self.runtime == "enroot":
             return self._enroot(inner, env, trial_dir, cwd)
-        out = [self.runtime, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
+        out = [self.command, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
                "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
                *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
                "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
@@ -126,7 +146,7 @@ class Container:
     def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
         # enroot runs the container as the calling user (remapped root only with --root): the runner
         # switches to bench.user before it execs enroot, as for a rank on the host.
-        out = ["enroot", "start", *self._worker_mounts("--mount", ":none,bind,ro"),
+        out = [self.command, "start", *self._worker_mounts("--mount", ":none,bind,ro"),
                *self._trial_mount("--mount", trial_dir, ":none,bind,rw")]
         for name in sorted(env):
             out += ["--env", name]
@@ -147,7 +167,7 @@ class Container:
         if self.runtime == "enroot" or not names:
             return
         try:
-            subprocess.run([self.runtime, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
+            subprocess.run([self.command, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
                            stdin=subprocess.DEVNULL, env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("%s rm -f %s: %s", self.runtime, " ".join(names), exc)
@@ -198,8 +218,9 @@ def from_config(bench: BenchConfig, *, demo: bool) -> Container:
         except OSError as exc:
             raise InputError("bench.image", f"{image.rootfs}: {exc.strerror or exc}") from None
     user = rank_user(bench.user)
-    return Container(pick_runtime(bench.runtime, rootfs=image.rootfs is not None), image, WORKER.parent,
-                     uid=user.uid if user else None, gid=user.gid if user else None, gpus=not demo)
+    runtime = pick_runtime(bench.runtime, rootfs=image.rootfs is not None)
+    return Container(runtime, image, WORKER.parent, uid=user.uid if user else None, gid=user.gid if user else None,
+                     gpus=not demo, executable=runtime_executable(runtime))
 
 
 def probe_image(bench: BenchConfig) -> tuple[Container, dict[str, str]]:
