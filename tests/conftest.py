@@ -25,6 +25,10 @@ FIXTURES = TESTS / "fixtures"
 NCCL_LOGS = FIXTURES / "nccllog"  # NCCL_DEBUG=INFO logs
 NCCL_TESTS_OUTPUT = FIXTURES / "nccl-tests"  # all_reduce_perf output
 
+# Recorded trees hold no tests, and a recorded sysfs holds the kernel's own symlink cycles
+# (class/net/eth0/device/net/eth0/...): collection never walks into them.
+collect_ignore = ["fixtures", "golden"]
+
 
 # The slowest test files, slowest first (seconds each on a quiet two-core machine, from
 # --durations=0): pytest-xdist hands the files out in this order, so that no long file is the last
