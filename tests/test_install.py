@@ -232,6 +232,14 @@ def test_written_dirs_names_each_directory_once_and_none_below_another() -> None
     assert cfg.written_dirs() == (Path("/var/lib/nccltune"), Path("/etc"))
 
 
+def test_written_dirs_hold_the_node_feature_files_directory() -> None:
+    from nccltune.config.schema import Config, PublishConfig
+
+    nfd = "/etc/kubernetes/node-feature-discovery/features.d/nccltune"
+    cfg = Config(state_dir="/var/lib/nccltune", publish=PublishConfig(node_features_file=nfd))
+    assert cfg.written_dirs() == (Path("/var/lib/nccltune"), Path(nfd).parent)
+
+
 def test_uninstall_refuses_a_manifest_others_may_edit(tmp_path: Path) -> None:
     root = tmp_path / "root"
     assert install("--prefix", root, "--binary", "/opt/x/bin/nccltune")[0] == 0

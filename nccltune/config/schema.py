@@ -352,10 +352,13 @@ class Config:
     def written_dirs(self) -> tuple[Path, ...]:
         """Every directory nccltune may write in under this config: the state and publish
         directories, the topology copy's, the CDI spec directory, the NCCL conf file's (its block is
-        replaced by a rename there) and the metrics textfile directory; one below another listed
+        replaced by a rename there), the metrics textfile directory and the NFD feature file's (it is
+        replaced by a rename there too); one below another listed
         is left out. The one list the units' ReadWritePaths= is made from (install.py)."""
         dirs = [Path(self.state_dir), self.publish_dir, self.topology_file.parent]
-        dirs += [d for d in (self.cdi_dir, self.nccl_conf.parent if self.nccl_conf else None, self.metrics_dir) if d]
+        features = self.node_features_file.parent if self.node_features_file else None
+        conf = self.nccl_conf.parent if self.nccl_conf else None
+        dirs += [d for d in (self.cdi_dir, conf, self.metrics_dir, features) if d]
         unique = list(dict.fromkeys(dirs))
         return tuple(d for d in unique if not any(o != d and d.is_relative_to(o) for o in unique))
 
