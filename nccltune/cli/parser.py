@@ -171,11 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
     _common(topo)
     topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
-    topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                      help="the bundled (or given) recorded node, for machines without GPUs")
+    _demo_snapshot(topo, "the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
     topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
-    topo.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(topo)
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
     rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
     _common(rec)
@@ -184,16 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     chk = tsub.add_parser("check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
     _common(chk)
     chk.add_argument("xml", metavar="XML", help="the NCCL topology XML to try (e.g. from `nccltune topo --xml`)")
-    chk.add_argument("--json", action="store_true", help="print one JSON document")
-    chk.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python or auto)")
+    _json(chk)
+    _worker_python(chk, "worker interpreter (default: bench.python or auto)")
     chk.add_argument("--dump", metavar="OUT", help="also keep NCCL's own re-dump of the topology here")
     dif = tsub.add_parser("diff", help="semantic differences between two topologies (snapshot or XML)")
     _common(dif)
     dif.add_argument("a", metavar="A", help="the first topology: a snapshot, a bundled name or an NCCL XML")
     dif.add_argument("b", metavar="B", help="the second topology, compared with A")
-    dif.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(dif)
 
-    _add_sweep_parsers(sub)
+    _add_commands(sub)
     _add_fleet_parsers(sub)
     _describe(parser)
     return parser
@@ -209,15 +208,47 @@ def enable_completion(parser: argparse.ArgumentParser) -> None:
     argcomplete.autocomplete(parser)
 
 
+def _demo_snapshot(p: argparse.ArgumentParser, help: str) -> None:
+    """`--demo [SNAPSHOT]`: a recorded node (the bundled one without SNAPSHOT) instead of this one."""
+    p.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT", help=help)
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _worker_python(p: argparse.ArgumentParser, help: str = "worker interpreter (default: bench.python, or auto)"
+                   ) -> None:
+    p.add_argument("--python", metavar="PY", help=help)
+
+
+def _nnodes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=_positive_int, metavar="N",
+                   help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                        "else the every-job part only)")
+
+
+def _add_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Every command but topo's and the fleet's, in the order `nccltune --help` lists them."""
+    _add_sweep_parsers(sub)
+    _add_job_env_parsers(sub)
+    _add_history_parser(sub)
+    _add_service_parsers(sub)
+    _add_check_parsers(sub)
+    _add_install_parsers(sub)
+    _add_report_parser(sub)
+    _add_compare_parser(sub)
+    _add_import_parser(sub)
+
+
 def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
     _common(sw)
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
     sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
                     "pipeline, or a custom one (sweep.profiles)")
-    sw.add_argument("--json", action="store_true", help="print one JSON document")
-    sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                    help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
+    _json(sw)
+    _demo_snapshot(sw, "run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
     sw.add_argument("--force", action="store_true", help="sweep even while compute processes use the GPUs")
     sw.add_argument("--over-profile", action="store_true",
                     help="publish this node's own result even while a class profile is in force (by default "
@@ -225,7 +256,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--exhaustive", action="store_true", help="measure the full grid instead of the staged search")
     sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
                     help="sweep a variable although the environment or config sets it")
-    sw.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    _worker_python(sw)
     sw.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="measure jobs of N nodes (this one coordinates; see --join)")
     sw.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
@@ -244,15 +275,15 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     kg.add_argument("path", nargs="?", metavar="PATH", help="where (default: multinode.key_file, "
                     "/etc/nccltune/multinode.key); an existing file is never replaced")
 
+
+def _add_job_env_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     env = sub.add_parser("env", help="print the published environment")
     _common(env)
     _demo_state(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
                      help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
     env.add_argument("--json", action="store_true", help="the same as --format json: both parts, labelled")
-    env.add_argument("--nnodes", type=_positive_int, metavar="N",
-                     help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
-                          "else the every-job part only)")
+    _nnodes(env)
     env.add_argument("--as-published", action="store_true",
                      help="print the files as published, whatever the calling environment sets (for a file "
                           "others read: EnvironmentFile=, --env-file); default: as a job with this environment "
@@ -260,24 +291,25 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
     _common(ex)
-    ex.add_argument("--nnodes", type=_positive_int, metavar="N",
-                    help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
-                         "else the every-job part only)")
+    _nnodes(ex)
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                     help="the command and its arguments, after --")
 
+
+def _add_history_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     hist = sub.add_parser("history", help="past sweeps and verifications")
     _common(hist)
     _demo_state(hist)
     hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
-    hist.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(hist)
 
+
+def _add_service_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
     _common(dm)
-    dm.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                    help="the same service loop on the CPU over a recorded topology")
-    dm.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    _demo_snapshot(dm, "the same service loop on the CPU over a recorded topology")
+    _worker_python(dm)
     dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
     dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
 
@@ -295,12 +327,13 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="name the CDI device in cdi.k8s.io/ annotations instead of CDIDevices (kubelet before "
                          "1.28, or the DevicePluginCDIDevices gate off)")
 
+
+def _add_check_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
     _common(doc)
     doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
-    doc.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="judge the bundled (or given) snapshot, for machines without GPUs")
-    doc.add_argument("--json", action="store_true", help="print one JSON document")
+    _demo_snapshot(doc, "judge the bundled (or given) snapshot, for machines without GPUs")
+    _json(doc)
 
     ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
                          "against the last sweep")
@@ -309,17 +342,18 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
     ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
-    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="verify the CPU demo's published setting (state in ./nccltune-demo)")
+    _demo_snapshot(ver, "verify the CPU demo's published setting (state in ./nccltune-demo)")
     ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
-    ver.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
-    ver.add_argument("--json", action="store_true", help="print one JSON document")
+    _worker_python(ver)
+    _json(ver)
     ver.add_argument("--baseline", type=int, metavar="RUN",
                      help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
     ver.add_argument("--quick", action="store_true",
                      help="for a per-job prolog: the profile's first collective at the smallest and largest "
                           "size, one run (NCCL's log still read); says what it checked")
 
+
+def _add_install_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ins = sub.add_parser("install", help="install the systemd units and enable the service")
     _common(ins)
     ins.add_argument("--prefix", metavar="DIR",
@@ -337,6 +371,8 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
     uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
 
+
+def _add_report_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _common(rep)
     _demo_state(rep)
@@ -354,8 +390,6 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                           "defaults, per size the median over them (what report and compare show)")
     rep.add_argument("--trial", type=_positive_int, metavar="SEQ",
                      help="with --format nccl-tests-json: one trial's numbers (SEQ from `nccltune history --run ID`)")
-    _add_compare_parser(sub)
-    _add_import_parser(sub)
 
 
 def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -369,7 +403,7 @@ def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     imp.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
                      help="the collective measured, where the document's binary (args[0]) is no *_perf binary "
                           "nccltune knows (a renamed build)")
-    imp.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(imp)
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -379,15 +413,14 @@ def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
     cmp.add_argument("--side", choices=("published", "defaults"), default="published",
                      help="compare the published setting's trials (default) or NCCL's defaults'")
-    cmp.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(cmp)
 
 
 def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     exp = sub.add_parser("export", help="this node's sweep measurements as one JSON document (for fleet decide)")
     _common(exp)
     exp.add_argument("--run", type=int, metavar="ID", help="one run (default: every ok sweep of this topology)")
-    exp.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="a demo node: its state in ./nccltune-demo, its topology from the snapshot")
+    _demo_snapshot(exp, "a demo node: its state in ./nccltune-demo, its topology from the snapshot")
     exp.add_argument("--out", metavar="FILE", help="write here (atomically) instead of standard output")
 
     fl = sub.add_parser("fleet", help="decide for a class of nodes from their exports")
@@ -403,7 +436,7 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="files written by `nccltune export` on each node, or directories of them")
     st.add_argument("--profiles", metavar="PROFILES",
                     help="a class profile, or a directory of them named <class id>.json")
-    st.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(st)
 
     app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
     _common(app)
@@ -412,7 +445,5 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     # cmd_apply takes back (publish_cmds.profile_and_demo).
     app.add_argument("profile_path", metavar="PROFILE", nargs="?",
                      help="a class profile, or a directory of them named <class id>.json")
-    app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
-    app.add_argument("--python", metavar="PY",
-                     help="interpreter whose NCCL the node's jobs load (default: bench.python)")
+    _demo_snapshot(app, "a demo node: its state in ./nccltune-demo, its class from the snapshot")
+    _worker_python(app, "interpreter whose NCCL the node's jobs load (default: bench.python)")
