@@ -151,6 +151,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="warnings and errors only (no progress or notes on stderr)")
 
 
+def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
+    """A command's parser with the flags every command takes (`_common`)."""
+    p = sub.add_parser(name, help=help)
+    _common(p)
+    return p
+
+
 def _demo_state(p: argparse.ArgumentParser) -> None:
     p.add_argument("--demo", action="store_true",
                    help=f"read the CPU demo's state in ./{DEMO_STATE_DIR}/ (also the fallback when the state "
@@ -168,26 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warnings and errors only (no progress or notes on stderr)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
-    _common(topo)
+    topo = _command(sub, "topo", help="show this node's topology, record it, check or diff NCCL XML")
     topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
     _demo_snapshot(topo, "the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
     topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
     _json(topo)
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
-    rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
-    _common(rec)
+    rec = _command(tsub, "record", help="capture this node's raw readings as a replayable snapshot")
     rec.add_argument("out", metavar="OUT", help="the snapshot file to write (JSON)")
     rec.add_argument("--description", help="one line saying what machine this is")
-    chk = tsub.add_parser("check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
-    _common(chk)
+    chk = _command(tsub, "check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
     chk.add_argument("xml", metavar="XML", help="the NCCL topology XML to try (e.g. from `nccltune topo --xml`)")
     _json(chk)
     _worker_python(chk, "worker interpreter (default: bench.python or auto)")
     chk.add_argument("--dump", metavar="OUT", help="also keep NCCL's own re-dump of the topology here")
-    dif = tsub.add_parser("diff", help="semantic differences between two topologies (snapshot or XML)")
-    _common(dif)
+    dif = _command(tsub, "diff", help="semantic differences between two topologies (snapshot or XML)")
     dif.add_argument("a", metavar="A", help="the first topology: a snapshot, a bundled name or an NCCL XML")
     dif.add_argument("b", metavar="B", help="the second topology, compared with A")
     _json(dif)
@@ -242,8 +245,7 @@ def _add_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
-    _common(sw)
+    sw = _command(sub, "sweep", help="measure NCCL defaults and candidates, choose, publish")
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
     sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
                     "pipeline, or a custom one (sweep.profiles)")
@@ -270,15 +272,13 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
                          "with --nodes > 1, else local)")
 
-    kg = sub.add_parser("keygen", help="write a new secret key for sweeps over several nodes (copy it to every node)")
-    _common(kg)
+    kg = _command(sub, "keygen", help="write a new secret key for sweeps over several nodes (copy it to every node)")
     kg.add_argument("path", nargs="?", metavar="PATH", help="where (default: multinode.key_file, "
                     "/etc/nccltune/multinode.key); an existing file is never replaced")
 
 
 def _add_job_env_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    env = sub.add_parser("env", help="print the published environment")
-    _common(env)
+    env = _command(sub, "env", help="print the published environment")
     _demo_state(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
                      help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
@@ -289,16 +289,14 @@ def _add_job_env_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                           "others read: EnvironmentFile=, --env-file); default: as a job with this environment "
                           "gets them (its own variables and NCCLTUNE_DISABLE respected)")
 
-    ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
-    _common(ex)
+    ex = _command(sub, "exec", help="run a command (e.g. torchrun) with the published environment")
     _nnodes(ex)
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                     help="the command and its arguments, after --")
 
 
 def _add_history_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    hist = sub.add_parser("history", help="past sweeps and verifications")
-    _common(hist)
+    hist = _command(sub, "history", help="past sweeps and verifications")
     _demo_state(hist)
     hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
@@ -306,15 +304,13 @@ def _add_history_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_service_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
-    _common(dm)
+    dm = _command(sub, "daemon", help="the node service (systemd Type=notify)")
     _demo_snapshot(dm, "the same service loop on the CPU over a recorded topology")
     _worker_python(dm)
     dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
     dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
 
-    dp = sub.add_parser("device-plugin", help="the kubelet device plugin that hands pods nccltune's CDI devices")
-    _common(dp)
+    dp = _command(sub, "device-plugin", help="the kubelet device plugin that hands pods nccltune's CDI devices")
     dp.add_argument("--cdi-dir", metavar="DIR", help="the CDI spec directory the daemon publishes to "
                     "(default publish.cdi_dir)")
     dp.add_argument("--plugin-dir", metavar="DIR", default="/var/lib/kubelet/device-plugins",
@@ -329,15 +325,13 @@ def _add_service_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_check_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
-    _common(doc)
+    doc = _command(sub, "doctor", help="find harmful NCCL settings and node problems")
     doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
     _demo_snapshot(doc, "judge the bundled (or given) snapshot, for machines without GPUs")
     _json(doc)
 
-    ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
-                         "against the last sweep")
-    _common(ver)
+    ver = _command(sub, "verify", help="quick run of the profile's collectives with the published environment "
+                                       "against the last sweep")
     ver.add_argument("--profile", metavar="NAME", help="whose collectives to check (default: sweep.profile)")
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
@@ -354,8 +348,7 @@ def _add_check_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_install_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    ins = sub.add_parser("install", help="install the systemd units and enable the service")
-    _common(ins)
+    ins = _command(sub, "install", help="install the systemd units and enable the service")
     ins.add_argument("--prefix", metavar="DIR",
                      help="install below DIR as a DESTDIR (packages, images, tests): every path written "
                           "inside the files is the final one; implies --no-enable unless --enable")
@@ -365,16 +358,14 @@ def _add_install_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="ExecStart's nccltune (default: this one; below --prefix, /usr/local/bin/nccltune)")
     ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
 
-    uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")
-    _common(uns)
+    uns = _command(sub, "uninstall", help="remove what install wrote (unchanged files only; never the state)")
     uns.add_argument("--prefix", metavar="DIR", help="uninstall below DIR; implies --no-disable")
     uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
     uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
 
 
 def _add_report_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
-    _common(rep)
+    rep = _command(sub, "report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _demo_state(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
@@ -393,8 +384,7 @@ def _add_report_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    imp = sub.add_parser("import", help="read an nccl-tests -J document into the history (for report and compare)")
-    _common(imp)
+    imp = _command(sub, "import", help="read an nccl-tests -J document into the history (for report and compare)")
     imp.add_argument("--demo", action="store_true",
                      help=f"store it in the CPU demo's history in ./{DEMO_STATE_DIR}/ (also where it goes when the "
                           "state directory has no history and ./nccltune-demo/ has)")
@@ -407,8 +397,7 @@ def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size")
-    _common(cmp)
+    cmp = _command(sub, "compare", help="two runs side by side: faster, slower or the same beyond noise per size")
     cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
     cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
     cmp.add_argument("--side", choices=("published", "defaults"), default="published",
@@ -417,29 +406,25 @@ def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    exp = sub.add_parser("export", help="this node's sweep measurements as one JSON document (for fleet decide)")
-    _common(exp)
+    exp = _command(sub, "export", help="this node's sweep measurements as one JSON document (for fleet decide)")
     exp.add_argument("--run", type=int, metavar="ID", help="one run (default: every ok sweep of this topology)")
     _demo_snapshot(exp, "a demo node: its state in ./nccltune-demo, its topology from the snapshot")
     exp.add_argument("--out", metavar="FILE", help="write here (atomically) instead of standard output")
 
     fl = sub.add_parser("fleet", help="decide for a class of nodes from their exports")
     fsub = fl.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=_Parser, required=True)
-    dec = fsub.add_parser("decide", help="pool the exports of one node class into a class profile")
-    _common(dec)
+    dec = _command(fsub, "decide", help="pool the exports of one node class into a class profile")
     dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
     dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
     dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
-    st = fsub.add_parser("status", help="per class: each node's NCCL/driver/torch and what is in force")
-    _common(st)
+    st = _command(fsub, "status", help="per class: each node's NCCL/driver/torch and what is in force")
     st.add_argument("exports", nargs="+", metavar="EXPORT",
                     help="files written by `nccltune export` on each node, or directories of them")
     st.add_argument("--profiles", metavar="PROFILES",
                     help="a class profile, or a directory of them named <class id>.json")
     _json(st)
 
-    app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
-    _common(app)
+    app = _command(sub, "apply", help="publish a class profile on this node after checking it is for it")
     # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
     # Optional to argparse only: `apply --demo class.json` gives --demo the profile, which
     # cmd_apply takes back (publish_cmds.profile_and_demo).
