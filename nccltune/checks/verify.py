@@ -275,6 +275,20 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
     return chosen or ladder[-3:]
 
 
+def _scope(cfg: Config, node: Node, repeats: int, quick: bool) -> tuple[list[int], tuple[str, ...], int, str]:
+    """What verify measures: its sizes, the profile's collectives, how many runs, and the line
+    that says so."""
+    sizes = verify_sizes(cfg, node)
+    collectives = workload(cfg, node, sizes).collectives
+    if quick:
+        # For a per-job prolog: the profile's first collective at the smallest and largest verify
+        # size, one run (the allowed drift widens for it); NCCL's log is read all the same.
+        sizes, collectives, repeats = sorted({sizes[0], sizes[-1]}), collectives[:1], 1
+    checked = (f"{'quick: ' if quick else ''}{', '.join(collectives)} at "
+               f"{', '.join(format_size(s) for s in sizes)}, {repeats} run(s)")
+    return sizes, collectives, repeats, checked
+
+
 def _published_env(cfg: Config, use_current: bool) -> tuple[dict[str, str], str, PublishedSet | None]:
     """The environment verify runs with, where it comes from, and the published set it is
     (None with `use_current`: the calling environment alone)."""
@@ -401,14 +415,7 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             raise UsageError(f"{'--floor' if floor_gbps is not None else '--baseline'}: this node has one GPU, where "
                              f"verify times nothing ({NOT_TIMED}): it checks what NCCL runs")
         return verify_one_gpu(cfg, node, use_current=use_current, quick=quick, abort_check=abort_check)
-    sizes = verify_sizes(cfg, node)
-    collectives = workload(cfg, node, sizes).collectives
-    if quick:
-        # For a per-job prolog: the profile's first collective at the smallest and largest verify
-        # size, one run (the allowed drift widens for it); NCCL's log is read all the same.
-        sizes, collectives, repeats = sorted({sizes[0], sizes[-1]}), collectives[:1], 1
-    checked = (f"{'quick: ' if quick else ''}{', '.join(collectives)} at "
-               f"{', '.join(format_size(s) for s in sizes)}, {repeats} run(s)")
+    sizes, collectives, repeats, checked = _scope(cfg, node, repeats, quick)
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
     env, source, got = _published_env(cfg, use_current)
