@@ -103,6 +103,28 @@ def tuner_finding(existing: SiteTuner | None, mode: str) -> Finding | None:
                    "per-size tuner table is not active", "set tuner.plugin: nccltune to use nccltune's table instead")
 
 
+class _Settings:
+    """What NCCL would read for a variable: the environment first, then the first conf file that
+    sets it, each with where it came from."""
+
+    def __init__(self, env: Mapping[str, str], conf_files: list[Path]) -> None:
+        self.env = env
+        self.conf: dict[str, tuple[str, Path]] = {}
+        for path in conf_files:
+            for key, value in read_conf_file(path).items():
+                self.conf.setdefault(key, (value, path))
+
+    def get(self, name: str) -> tuple[str, str] | None:
+        if name in self.env:
+            return self.env[name], "the environment"
+        if name in self.conf:
+            return self.conf[name][0], str(self.conf[name][1])
+        return None
+
+    def where(self, name: str) -> str:
+        return "the environment" if name in self.env else str(self.conf[name][1])
+
+
 def diagnose(
     topo: Topology,
     paths: PathMatrix,
@@ -116,32 +138,33 @@ def diagnose(
 ) -> list[Finding]:
     """What is wrong or worth knowing about NCCL on this node. `interfaces` are the node's network
     interfaces (the kernel's list where None), for NCCL_SOCKET_IFNAME."""
-    f: list[Finding] = []
+    f = _plugin_findings(env, conf_files, tuner_mode)
+    settings = _Settings(env, conf_files)
+    f += _p2p_findings(topo, paths, settings)
+    f += _transport_findings(topo, settings)
+    f += _variable_findings(settings)
+    f += _setting_findings(topo, paths, settings, interfaces)
+    f += _file_findings(settings, topologyd_file)
+    f += _published_findings(topo, publish_dir, env, f)
+    f += _hardware_findings(topo)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(f, key=lambda x: order[x.severity])
+
+
+def _plugin_findings(env: Mapping[str, str], conf_files: list[Path], tuner_mode: str) -> list[Finding]:
+    """The tuner NCCL would load, what the site's conf files pin, and nccltune's own plugin."""
     tuner = tuner_finding(existing_tuner(env, conf_files), tuner_mode)
-    if tuner is not None:
-        f.append(tuner)
     site = site_settings_finding(conf_settings(env, conf_files))
-    if site is not None:
-        f.append(site)
-    if tuner is None and tuner_mode != "keep":
-        plugin = plugin_finding()
-        if plugin is not None:
-            f.append(plugin)
+    plugin = plugin_finding() if tuner is None and tuner_mode != "keep" else None
+    return [x for x in (tuner, site, plugin) if x is not None]
+
+
+def _p2p_findings(topo: Topology, paths: PathMatrix, s: _Settings) -> list[Finding]:
+    """NCCL_P2P_DISABLE and NCCL_P2P_LEVEL against the GPU pairs that would use P2P."""
+    f: list[Finding] = []
     nvlink_pairs = [(a, b) for (a, b), p in paths.gpu_gpu.items() if a < b and p.type in ("NVL", "NVB")]
-    conf: dict[str, tuple[str, Path]] = {}
-    for path in conf_files:
-        for key, value in read_conf_file(path).items():
-            conf.setdefault(key, (value, path))
-
-    def setting(name: str) -> tuple[str, str] | None:
-        if name in env:
-            return env[name], "the environment"
-        if name in conf:
-            return conf[name][0], str(conf[name][1])
-        return None
-
-    p2p_disable = setting("NCCL_P2P_DISABLE")
-    p2p_level = setting("NCCL_P2P_LEVEL")
+    p2p_disable = s.get("NCCL_P2P_DISABLE")
+    p2p_level = s.get("NCCL_P2P_LEVEL")
     if nvlink_pairs and p2p_disable and p2p_disable[0] == "1":
         f.append(Finding("error", "p2p-disabled", f"NCCL_P2P_DISABLE=1 (from {p2p_disable[1]}) on a node whose GPUs "
                          "are joined by NVLink: all-reduce goes through host memory (about 12x slower on the 2x "
@@ -159,32 +182,51 @@ def diagnose(
                          + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
                          + "): their traffic goes through host memory instead",
                          "unset NCCL_P2P_LEVEL (NCCL's default uses P2P up to PXB)"))
-    shm = setting("NCCL_SHM_DISABLE")
+    return f
+
+
+def _transport_findings(topo: Topology, s: _Settings) -> list[Finding]:
+    """Shared memory or RDMA turned off where the node has a use for them."""
+    f: list[Finding] = []
+    shm = s.get("NCCL_SHM_DISABLE")
     if shm and shm[0] == "1":
         f.append(Finding("warning", "shm-disabled", f"NCCL_SHM_DISABLE=1 (from {shm[1]}): pairs without P2P then "
                          "go through the network stack", "unset NCCL_SHM_DISABLE"))
-    ib_disable = setting("NCCL_IB_DISABLE")
+    ib_disable = s.get("NCCL_IB_DISABLE")
     if ib_disable and ib_disable[0] == "1" and any(n.kind == "ib" for n in topo.nics):
         f.append(Finding("warning", "ib-disabled", f"NCCL_IB_DISABLE=1 (from {ib_disable[1]}) although RDMA NICs "
                          f"are present ({', '.join(n.name for n in topo.nics if n.kind == 'ib')}): inter-node "
                          "traffic falls back to sockets", "unset NCCL_IB_DISABLE"))
+    return f
+
+
+def _variable_findings(s: _Settings) -> list[Finding]:
+    """Values the catalogue refuses, and names NCCL does not read."""
+    f: list[Finding] = []
     for name, tunable in CATALOGUE.items():
-        got = setting(name)
+        got = s.get(name)
         if got is None:
             continue
         problem = tunable.validate(got[0])
         if problem:
             f.append(Finding("error", "invalid-value", f"{name} from {got[1]}: {problem}",
                              f"fix or unset {name}"))
-    for name in sorted({*env, *conf}):
+    for name in sorted({*s.env, *s.conf}):
         if unknown_variable(name):
-            where = "the environment" if name in env else str(conf[name][1])
             hint = did_you_mean(name)
             f.append(Finding("warning", "unknown-variable",
-                             f"{name} (from {where}) is not a variable NCCL reads: NCCL ignores it"
+                             f"{name} (from {s.where(name)}) is not a variable NCCL reads: NCCL ignores it"
                              + (f"; did you mean {hint}?" if hint else ""),
                              f"rename it to {hint}" if hint else f"unset {name}, or check its spelling"))
-    ifname = setting("NCCL_SOCKET_IFNAME")
+    return f
+
+
+def _setting_findings(topo: Topology, paths: PathMatrix, s: _Settings,
+                      interfaces: list[str] | None) -> list[Finding]:
+    """Settings that stop NCCL, risk wrong results or cost time: the socket interface, LL128 named
+    outright, the deprecated error-handling variable, debug logging left on."""
+    f: list[Finding] = []
+    ifname = s.get("NCCL_SOCKET_IFNAME")
     if ifname:
         names = sorted(n for _i, n in socket.if_nameindex()) if interfaces is None else list(interfaces)
         if not socket_ifname_matches(ifname[0], names):
@@ -193,7 +235,7 @@ def diagnose(
                              f"interfaces ({', '.join(names) or 'none'}): NCCL finds no socket interface and "
                              "fails to start", "name a prefix of an interface, `=NAME` for one exactly, `^NAME` "
                              "to leave one out"))
-    proto = setting("NCCL_PROTO")
+    proto = s.get("NCCL_PROTO")
     if proto:
         tokens = {t.strip().lower() for part in proto[0].split(";") for t in part.split(":")[-1].split(",")}
         if "ll128" in tokens and not proto[0].lstrip().startswith("^"):
@@ -203,18 +245,23 @@ def diagnose(
                              + ("NCCL would enable it here anyway" if auto else
                                 "NCCL would not enable it on this topology (data corruption risk where data "
                                 "transits the CPU)"), "remove LL128 from NCCL_PROTO and let NCCL decide"))
-    old_aeh = env.get("NCCL_ASYNC_ERROR_HANDLING")
-    if old_aeh is not None:
-        both = "TORCH_NCCL_ASYNC_ERROR_HANDLING" in env
+    if s.env.get("NCCL_ASYNC_ERROR_HANDLING") is not None:
+        both = "TORCH_NCCL_ASYNC_ERROR_HANDLING" in s.env
         f.append(Finding("warning", "deprecated-async-error-handling",
                          "NCCL_ASYNC_ERROR_HANDLING is deprecated since torch 2.2"
                          + (" and TORCH_NCCL_ASYNC_ERROR_HANDLING, also set, wins over it" if both else ""),
                          "use TORCH_NCCL_ASYNC_ERROR_HANDLING only"))
-    debug = setting("NCCL_DEBUG")
+    debug = s.get("NCCL_DEBUG")
     if debug and debug[0].upper() in ("INFO", "TRACE"):
         f.append(Finding("warning", "debug-on", f"NCCL_DEBUG={debug[0]} (from {debug[1]}) left on: logging on every "
                          "collective costs host time and fills logs", "unset NCCL_DEBUG or set it to WARN"))
-    for key, (value, path) in conf.items():
+    return f
+
+
+def _file_findings(s: _Settings, topologyd_file: Path) -> list[Finding]:
+    """The graph and topology files NCCL is pointed at, or loads unasked."""
+    f: list[Finding] = []
+    for key, (value, path) in s.conf.items():
         if key == "NCCL_GRAPH_FILE":
             f.append(Finding("error", "graph-file-in-conf", f"NCCL_GRAPH_FILE={value} in {path} applies to every "
                              "communicator, also those of another GPU count (NVIDIA/nccl#1008)",
@@ -222,15 +269,23 @@ def diagnose(
         if key == "NCCL_TOPO_FILE" and not Path(value).exists():
             f.append(Finding("error", "stale-topo-file", f"NCCL_TOPO_FILE={value} in {path} does not exist: NCCL "
                              "silently falls back to auto-detection", f"remove it from {path} or run nccltune sweep"))
-    graph_env = env.get("NCCL_GRAPH_FILE")
+    graph_env = s.env.get("NCCL_GRAPH_FILE")
     if graph_env:
         f.append(Finding("warning", "graph-file", f"NCCL_GRAPH_FILE={graph_env} in the environment: for debugging "
                          "only", "unset NCCL_GRAPH_FILE"))
-    if "NCCL_TOPO_FILE" not in env and "NCCL_TOPO_FILE" not in conf and topologyd_file.exists():
+    if "NCCL_TOPO_FILE" not in s.env and "NCCL_TOPO_FILE" not in s.conf and topologyd_file.exists():
         f.append(Finding("info", "topologyd-file", f"{topologyd_file} exists: NCCL loads it whenever NCCL_TOPO_FILE "
                          "is unset", "make sure it describes this node"))
+    return f
 
-    published = _published(publish_dir, f)
+
+def _published_findings(topo: Topology, publish_dir: Path, env: Mapping[str, str],
+                        found: list[Finding]) -> list[Finding]:
+    """What nccltune published here against this node and the calling environment; `found`, the
+    findings so far, is where reading the published set adds its own and what the environment's
+    findings are weighed against."""
+    published = _published(publish_dir, found)
+    f: list[Finding] = []
     if published is not None:
         pub_env, prov = published
         kept = _kept_by_job(pub_env, env)
@@ -248,8 +303,13 @@ def diagnose(
         if topo_file and not Path(topo_file).exists():
             f.append(Finding("error", "published-topo-missing", f"the published NCCL_TOPO_FILE {topo_file} is missing",
                              "run nccltune sweep"))
-    f += _calling_env_findings(env, published[0] if published is not None else {}, f)
-    # One finding per problem, naming every GPU it concerns, not one per GPU.
+    return f + _calling_env_findings(env, published[0] if published is not None else {}, found + f)
+
+
+def _hardware_findings(topo: Topology) -> list[Finding]:
+    """NVLinks down and PCIe links below their width or generation, one finding per problem
+    naming every GPU it concerns, not one per GPU."""
+    f: list[Finding] = []
     inactive = [f"GPU{g.index} ({g.bus_id}): only {g.nvlinks_active} of {g.nvlinks_total} NVLinks are active"
                 for g in topo.gpus if g.nvlinks_total and g.nvlinks_active < g.nvlinks_total]
     if inactive:
@@ -268,8 +328,7 @@ def diagnose(
                                                       for (cur, top), gpus in sorted(slow.items()))
                          + " (normal when idle; a problem under load)",
                          "check again under load (nvidia-smi -q -d PCIE)"))
-    order = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(f, key=lambda x: order[x.severity])
+    return f
 
 
 # NCCL's default P2P level (paths.cc): P2P between two GPUs whose path is at most PXB.

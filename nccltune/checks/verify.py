@@ -275,6 +275,123 @@ def verify_sizes(cfg: Config, node: Node) -> list[int]:
     return chosen or ladder[-3:]
 
 
+def _scope(cfg: Config, node: Node, repeats: int, quick: bool) -> tuple[list[int], tuple[str, ...], int, str]:
+    """What verify measures: its sizes, the profile's collectives, how many runs, and the line
+    that says so."""
+    sizes = verify_sizes(cfg, node)
+    collectives = workload(cfg, node, sizes).collectives
+    if quick:
+        # For a per-job prolog: the profile's first collective at the smallest and largest verify
+        # size, one run (the allowed drift widens for it); NCCL's log is read all the same.
+        sizes, collectives, repeats = sorted({sizes[0], sizes[-1]}), collectives[:1], 1
+    checked = (f"{'quick: ' if quick else ''}{', '.join(collectives)} at "
+               f"{', '.join(format_size(s) for s in sizes)}, {repeats} run(s)")
+    return sizes, collectives, repeats, checked
+
+
+def _published_env(cfg: Config, use_current: bool) -> tuple[dict[str, str], str, PublishedSet | None]:
+    """The environment verify runs with, where it comes from, and the published set it is
+    (None with `use_current`: the calling environment alone)."""
+    if use_current:
+        return {}, "current environment", None
+    got = read_set(cfg.publish_dir)
+    if got is None:
+        raise CheckFailed(f"nothing is published in {cfg.publish_dir}",
+                          hint="run `nccltune sweep`, or pass --current to check the calling environment")
+    # Verify runs a job on this one node: it gets both parts, as such a job does.
+    return job_env(got, nnodes=1), f"published in {cfg.publish_dir}", got
+
+
+def _measure(session: TrialSession, runner: Runner, env: dict[str, str], repeats: int
+             ) -> tuple[dict[Key, float], dict[Key, list[float]], TrialResult | None]:
+    """`repeats` trials of `env`: the best bus bandwidth of each key, every sample of it, and the
+    last trial that ran to the end (whose NCCL log tells what ran)."""
+    best: dict[Key, float] = {}
+    samples: dict[Key, list[float]] = {}
+    last_good: TrialResult | None = None
+    try:
+        for i in range(repeats):
+            res = session.trial(env, "verify", f"verify #{i + 1}")
+            if not res.ok:
+                continue
+            last_good = res
+            for s in res.sizes:
+                # The better of the repeats: a degraded link is slow every time, noise is not.
+                key = (s.collective, s.size_bytes)
+                best[key] = max(best.get(key, 0.0), s.busbw_gbps)
+                samples.setdefault(key, []).append(s.busbw_gbps)
+    except BaseException:
+        session.abandon("interrupted", VerifySummary(error="interrupted"))
+        raise
+    finally:
+        runner.close()
+    return best, samples, last_good
+
+
+def _rows(keys: list[Key], expected: dict[Key, tuple[float, float, float | None]], counts: SampleCounts,
+          best: dict[Key, float], samples: dict[Key, list[float]], class_keys: set[Key],
+          reference: ClassReference | None, threshold: float) -> tuple[list[VerifyRow], list[tuple[Key, ClassVerdict]]]:
+    """One row per key against its expectation (the class's distribution for `class_keys`, else
+    the node's own numbers or the floor), and the keys below their class."""
+    rows = []
+    below_class: list[tuple[Key, ClassVerdict]] = []
+    for key in keys:
+        exp = expected.get(key)
+        if key in class_keys and reference is not None and samples.get(key):
+            verdict = judge_node(samples[key], reference.sizes[key], threshold)
+            # As against the node's own numbers: a size whose allowed drop is 100% or more (a class
+            # whose lowest node was at 0) cannot fail; it is named and left out, never passed.
+            class_ok = verdict.allowed_pct < UNVERIFIABLE_PCT
+            rows.append(VerifyRow(key[1], verdict.measured_gbps, verdict.class_median_gbps, verdict.allowed_pct,
+                                  verdict.drift_pct, not verdict.below or not class_ok, key[0], class_ok))
+            if verdict.below and class_ok:
+                below_class.append((key, verdict))
+            continue
+        got_bw = best.get(key)
+        allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(key, []), expected_gbps=exp[0],
+                                    defaults_gbps=exp[2]) if exp else threshold
+        drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
+        verifiable = exp is None or allowed < UNVERIFIABLE_PCT
+        ok = got_bw is not None and (drift is None or drift >= -allowed or not verifiable)
+        rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0], verifiable))
+    return rows, below_class
+
+
+def _bandwidth_verdict(rows: list[VerifyRow], measured_any: bool, failures: list[str],
+                       below_class: list[tuple[Key, ClassVerdict]],
+                       reference: ClassReference | None) -> tuple[VerifyCode, bool, str]:
+    """The measurement's code, whether it passed, and why, from the rows."""
+    unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
+    unverifiable = [r for r in rows if not r.verifiable]
+    judged = [r for r in rows if r.verifiable and r.expected_gbps is not None]
+    excluded = ("; not verifiable (the noise there allows a drop no measurement can show): "
+                + ", ".join(f"{key_label((r.collective, r.size_bytes))} (allowed -{r.allowed_pct:.0f}%)"
+                            for r in unverifiable)) if unverifiable else ""
+    if not measured_any:
+        return "all_trials_failed", False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
+    if unmeasured:
+        # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
+        return "not_measured", False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
+                                       "not measured" + (f" ({failures[0]})" if failures else ""))
+    if below_class and reference is not None:
+        key, worst = min(below_class, key=lambda kv: kv[1].ratio)
+        return "below_class", False, (f"{key_label(key)}: {worst.measured_gbps:.2f} GB/s is "
+                                      f"{-worst.drift_pct:.1f}% below the median {worst.class_median_gbps:.2f} GB/s "
+                                      f"of the {reference.sizes[key].nodes} node(s) of its class "
+                                      f"{reference.class_id} (allowed {worst.allowed_pct:.1f}%)")
+    if unverifiable and not judged:
+        return "not_verifiable", False, ("no size can be verified" + excluded
+                                         + "; sweep again on a quiet node, or verify against --floor")
+    if any(not r.ok for r in rows if r.expected_gbps is not None):
+        worst_row = min((r for r in rows if r.drift_pct is not None and not r.ok), key=lambda r: r.drift_pct or 0.0)
+        return "below_expectation", False, (f"{key_label((worst_row.collective, worst_row.size_bytes))}: "
+                                            f"{worst_row.measured_gbps:.2f} GB/s is "
+                                            f"{-(worst_row.drift_pct or 0):.1f}% below the expected "
+                                            f"{worst_row.expected_gbps:.2f}")
+    return "passed", True, "bus bandwidth as expected" + (
+        f" at {len(judged)} size(s)" + excluded if unverifiable else "")
+
+
 def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float | None = None,
                use_current: bool = False, threshold_pct: float | None = None, force: bool = False,
                node: Node | None = None, repeats: int = 2, quick: bool = False,
@@ -298,27 +415,10 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
             raise UsageError(f"{'--floor' if floor_gbps is not None else '--baseline'}: this node has one GPU, where "
                              f"verify times nothing ({NOT_TIMED}): it checks what NCCL runs")
         return verify_one_gpu(cfg, node, use_current=use_current, quick=quick, abort_check=abort_check)
-    sizes = verify_sizes(cfg, node)
-    collectives = workload(cfg, node, sizes).collectives
-    if quick:
-        # For a per-job prolog: the profile's first collective at the smallest and largest verify
-        # size, one run (the allowed drift widens for it); NCCL's log is read all the same.
-        sizes, collectives, repeats = sorted({sizes[0], sizes[-1]}), collectives[:1], 1
-    checked = (f"{'quick: ' if quick else ''}{', '.join(collectives)} at "
-               f"{', '.join(format_size(s) for s in sizes)}, {repeats} run(s)")
+    sizes, collectives, repeats, checked = _scope(cfg, node, repeats, quick)
     threshold = cfg.daemon.drift_threshold_pct if threshold_pct is None else threshold_pct
     state = Path(cfg.state_dir)
-    env: dict[str, str] = {}
-    source = "current environment"
-    got: PublishedSet | None = None
-    if not use_current:
-        got = read_set(cfg.publish_dir)
-        if got is None:
-            raise CheckFailed(f"nothing is published in {cfg.publish_dir}",
-                              hint="run `nccltune sweep`, or pass --current to check the calling environment")
-        # Verify runs a job on this one node: it gets both parts, as such a job does.
-        env = job_env(got, nnodes=1)
-        source = f"published in {cfg.publish_dir}"
+    env, source, got = _published_env(cfg, use_current)
     # The published values win over the calling environment's (the runner lays the candidate on top).
     base_env = dict(os.environ)
     ensure_dir(state, "state directory")
@@ -344,85 +444,11 @@ def run_verify(cfg: Config, *, demo: str | bool | None = None, floor_gbps: float
         run_id = start_run(store, kind="verify", cfg=cfg, node=node, profile=None,
                            topology={"source": node.topo.source})
         session = TrialSession(store, run_id, runner, sizes, cfg=cfg, node=node, collectives=collectives)
-        best: dict[Key, float] = {}
-        samples: dict[Key, list[float]] = {}
-        last_good: TrialResult | None = None
-        try:
-            for i in range(repeats):
-                res = session.trial(env, "verify", f"verify #{i + 1}")
-                if not res.ok:
-                    continue
-                last_good = res
-                for s in res.sizes:
-                    # The better of the repeats: a degraded link is slow every time, noise is not.
-                    key = (s.collective, s.size_bytes)
-                    best[key] = max(best.get(key, 0.0), s.busbw_gbps)
-                    samples.setdefault(key, []).append(s.busbw_gbps)
-        except BaseException:
-            session.abandon("interrupted", VerifySummary(error="interrupted"))
-            raise
-        finally:
-            runner.close()
+        best, samples, last_good = _measure(session, runner, env, repeats)
         failures = [reason for _label, reason in session.failed]
         nccl_version = session.nccl_version
-        rows = []
-        below_class: list[tuple[Key, ClassVerdict]] = []
-        for key in keys:
-            exp = expected.get(key)
-            if key in class_keys and reference is not None and samples.get(key):
-                verdict = judge_node(samples[key], reference.sizes[key], threshold)
-                # As against the node's own numbers: a size whose allowed drop is 100% or more (a class
-                # whose lowest node was at 0) cannot fail; it is named and left out, never passed.
-                class_ok = verdict.allowed_pct < UNVERIFIABLE_PCT
-                rows.append(VerifyRow(key[1], verdict.measured_gbps, verdict.class_median_gbps, verdict.allowed_pct,
-                                      verdict.drift_pct, not verdict.below or not class_ok, key[0], class_ok))
-                if verdict.below and class_ok:
-                    below_class.append((key, verdict))
-                continue
-            got_bw = best.get(key)
-            allowed = allowed_drift_pct(threshold, exp[1], counts, samples.get(key, []), expected_gbps=exp[0],
-                                        defaults_gbps=exp[2]) if exp else threshold
-            drift = (100.0 * (got_bw - exp[0]) / exp[0]) if exp and got_bw is not None and exp[0] > 0 else None
-            verifiable = exp is None or allowed < UNVERIFIABLE_PCT
-            ok = got_bw is not None and (drift is None or drift >= -allowed or not verifiable)
-            rows.append(VerifyRow(key[1], got_bw, exp[0] if exp else None, allowed, drift, ok, key[0], verifiable))
-        unmeasured = [r for r in rows if r.expected_gbps is not None and r.measured_gbps is None]
-        unverifiable = [r for r in rows if not r.verifiable]
-        judged = [r for r in rows if r.verifiable and r.expected_gbps is not None]
-        excluded = ("; not verifiable (the noise there allows a drop no measurement can show): "
-                    + ", ".join(f"{key_label((r.collective, r.size_bytes))} (allowed -{r.allowed_pct:.0f}%)"
-                                for r in unverifiable)) if unverifiable else ""
-        code: VerifyCode = "passed"
-        if not best:
-            code = "all_trials_failed"
-            passed, reason = False, f"every verify trial failed: {failures[0] if failures else 'unknown'}"
-        elif unmeasured:
-            # A size the worker skipped (not enough free GPU memory) or that failed: no drift to rank.
-            code = "not_measured"
-            passed, reason = False, (f"{', '.join(key_label((r.collective, r.size_bytes)) for r in unmeasured)}: "
-                                     "not measured"
-                                     + (f" ({failures[0]})" if failures else ""))
-        elif below_class and reference is not None:
-            key, worst = min(below_class, key=lambda kv: kv[1].ratio)
-            code = "below_class"
-            passed, reason = False, (f"{key_label(key)}: {worst.measured_gbps:.2f} GB/s is "
-                                     f"{-worst.drift_pct:.1f}% below the median {worst.class_median_gbps:.2f} GB/s "
-                                     f"of the {reference.sizes[key].nodes} node(s) of its class "
-                                     f"{reference.class_id} (allowed {worst.allowed_pct:.1f}%)")
-        elif unverifiable and not judged:
-            code = "not_verifiable"
-            passed, reason = False, ("no size can be verified" + excluded
-                                     + "; sweep again on a quiet node, or verify against --floor")
-        elif any(not r.ok for r in rows if r.expected_gbps is not None):
-            worst_row = min((r for r in rows if r.drift_pct is not None and not r.ok), key=lambda r: r.drift_pct or 0.0)
-            code = "below_expectation"
-            passed, reason = False, (f"{key_label((worst_row.collective, worst_row.size_bytes))}: "
-                                     f"{worst_row.measured_gbps:.2f} GB/s is "
-                                     f"{-(worst_row.drift_pct or 0):.1f}% below the expected "
-                                     f"{worst_row.expected_gbps:.2f}")
-        else:
-            passed, reason = True, "bus bandwidth as expected" + (
-                f" at {len(judged)} size(s)" + excluded if unverifiable else "")
+        rows, below_class = _rows(keys, expected, counts, best, samples, class_keys, reference, threshold)
+        code, passed, reason = _bandwidth_verdict(rows, bool(best), failures, below_class, reference)
         if passed and baseline_run is not None:
             slower = baseline_slower(store, baseline_run, run_id, "defaults" if use_current else "published")
             if slower:

@@ -151,6 +151,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="warnings and errors only (no progress or notes on stderr)")
 
 
+def _command(sub: argparse._SubParsersAction[_Parser], name: str, help: str) -> _Parser:
+    """A command's parser with the flags every command takes (`_common`)."""
+    p = sub.add_parser(name, help=help)
+    _common(p)
+    return p
+
+
 def _demo_state(p: argparse.ArgumentParser) -> None:
     p.add_argument("--demo", action="store_true",
                    help=f"read the CPU demo's state in ./{DEMO_STATE_DIR}/ (also the fallback when the state "
@@ -168,32 +175,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warnings and errors only (no progress or notes on stderr)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    topo = sub.add_parser("topo", help="show this node's topology, record it, check or diff NCCL XML")
-    _common(topo)
+    topo = _command(sub, "topo", help="show this node's topology, record it, check or diff NCCL XML")
     topo.add_argument("--input", metavar="FILE", help="a recorded snapshot or an NCCL topology XML")
-    topo.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                      help="the bundled (or given) recorded node, for machines without GPUs")
+    _demo_snapshot(topo, "the bundled (or given) recorded node, for machines without GPUs")
     topo.add_argument("--xml", metavar="OUT", help="write NCCL's topology XML (for NCCL_TOPO_FILE) to OUT")
     topo.add_argument("--no-nics", action="store_true", help="leave NICs out of the matrix, the JSON and the XML")
-    topo.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(topo)
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION", parser_class=_Parser)
-    rec = tsub.add_parser("record", help="capture this node's raw readings as a replayable snapshot")
-    _common(rec)
+    rec = _command(tsub, "record", help="capture this node's raw readings as a replayable snapshot")
     rec.add_argument("out", metavar="OUT", help="the snapshot file to write (JSON)")
     rec.add_argument("--description", help="one line saying what machine this is")
-    chk = tsub.add_parser("check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
-    _common(chk)
+    chk = _command(tsub, "check", help="run a small NCCL job with this XML and report whether NCCL loaded it")
     chk.add_argument("xml", metavar="XML", help="the NCCL topology XML to try (e.g. from `nccltune topo --xml`)")
-    chk.add_argument("--json", action="store_true", help="print one JSON document")
-    chk.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python or auto)")
+    _json(chk)
+    _worker_python(chk, "worker interpreter (default: bench.python or auto)")
     chk.add_argument("--dump", metavar="OUT", help="also keep NCCL's own re-dump of the topology here")
-    dif = tsub.add_parser("diff", help="semantic differences between two topologies (snapshot or XML)")
-    _common(dif)
+    dif = _command(tsub, "diff", help="semantic differences between two topologies (snapshot or XML)")
     dif.add_argument("a", metavar="A", help="the first topology: a snapshot, a bundled name or an NCCL XML")
     dif.add_argument("b", metavar="B", help="the second topology, compared with A")
-    dif.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(dif)
 
-    _add_sweep_parsers(sub)
+    _add_commands(sub)
     _add_fleet_parsers(sub)
     _describe(parser)
     return parser
@@ -209,15 +211,46 @@ def enable_completion(parser: argparse.ArgumentParser) -> None:
     argcomplete.autocomplete(parser)
 
 
+def _demo_snapshot(p: argparse.ArgumentParser, help: str) -> None:
+    """`--demo [SNAPSHOT]`: a recorded node (the bundled one without SNAPSHOT) instead of this one."""
+    p.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT", help=help)
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _worker_python(p: argparse.ArgumentParser, help: str = "worker interpreter (default: bench.python, or auto)"
+                   ) -> None:
+    p.add_argument("--python", metavar="PY", help=help)
+
+
+def _nnodes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=_positive_int, metavar="N",
+                   help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
+                        "else the every-job part only)")
+
+
+def _add_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """Every command but topo's and the fleet's, in the order `nccltune --help` lists them."""
+    _add_sweep_parsers(sub)
+    _add_job_env_parsers(sub)
+    _add_history_parser(sub)
+    _add_service_parsers(sub)
+    _add_check_parsers(sub)
+    _add_install_parsers(sub)
+    _add_report_parser(sub)
+    _add_compare_parser(sub)
+    _add_import_parser(sub)
+
+
 def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    sw = sub.add_parser("sweep", help="measure NCCL defaults and candidates, choose, publish")
-    _common(sw)
+    sw = _command(sub, "sweep", help="measure NCCL defaults and candidates, choose, publish")
     sw.add_argument("--plan", action="store_true", help="print the plan (measured, pruned and why, ETA) and stop")
     sw.add_argument("--profile", metavar="NAME", help="objective: balanced (default), large, small, ddp, fsdp, moe, "
                     "pipeline, or a custom one (sweep.profiles)")
-    sw.add_argument("--json", action="store_true", help="print one JSON document")
-    sw.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                    help="run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
+    _json(sw)
+    _demo_snapshot(sw, "run on the CPU (gloo) over a recorded topology (default: the bundled 2-GPU node)")
     sw.add_argument("--force", action="store_true", help="sweep even while compute processes use the GPUs")
     sw.add_argument("--over-profile", action="store_true",
                     help="publish this node's own result even while a class profile is in force (by default "
@@ -225,7 +258,7 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     sw.add_argument("--exhaustive", action="store_true", help="measure the full grid instead of the staged search")
     sw.add_argument("--unpin", action="append", default=[], metavar="NAME",
                     help="sweep a variable although the environment or config sets it")
-    sw.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+    _worker_python(sw)
     sw.add_argument("--nodes", type=int, default=1, metavar="N",
                     help="measure jobs of N nodes (this one coordinates; see --join)")
     sw.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
@@ -239,50 +272,45 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="how ranks start (auto: srun inside a Slurm allocation of several nodes, torchrun "
                          "with --nodes > 1, else local)")
 
-    kg = sub.add_parser("keygen", help="write a new secret key for sweeps over several nodes (copy it to every node)")
-    _common(kg)
+    kg = _command(sub, "keygen", help="write a new secret key for sweeps over several nodes (copy it to every node)")
     kg.add_argument("path", nargs="?", metavar="PATH", help="where (default: multinode.key_file, "
                     "/etc/nccltune/multinode.key); an existing file is never replaced")
 
-    env = sub.add_parser("env", help="print the published environment")
-    _common(env)
+
+def _add_job_env_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    env = _command(sub, "env", help="print the published environment")
     _demo_state(env)
     env.add_argument("--format", choices=("sh", "env", "json"), default="sh",
                      help="nccl.sh (to source, default), nccl.env (EnvironmentFile=, --env-file) or nccl.json")
     env.add_argument("--json", action="store_true", help="the same as --format json: both parts, labelled")
-    env.add_argument("--nnodes", type=_positive_int, metavar="N",
-                     help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
-                          "else the every-job part only)")
+    _nnodes(env)
     env.add_argument("--as-published", action="store_true",
                      help="print the files as published, whatever the calling environment sets (for a file "
                           "others read: EnvironmentFile=, --env-file); default: as a job with this environment "
                           "gets them (its own variables and NCCLTUNE_DISABLE respected)")
 
-    ex = sub.add_parser("exec", help="run a command (e.g. torchrun) with the published environment")
-    _common(ex)
-    ex.add_argument("--nnodes", type=_positive_int, metavar="N",
-                    help="the job's node count: 1 adds the single-node part (default: NCCLTUNE_JOB_NNODES, "
-                         "else the every-job part only)")
+    ex = _command(sub, "exec", help="run a command (e.g. torchrun) with the published environment")
+    _nnodes(ex)
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                     help="the command and its arguments, after --")
 
-    hist = sub.add_parser("history", help="past sweeps and verifications")
-    _common(hist)
+
+def _add_history_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    hist = _command(sub, "history", help="past sweeps and verifications")
     _demo_state(hist)
     hist.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (a positive number)")
     hist.add_argument("--run", type=int, metavar="ID", help="show one run's trials")
-    hist.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(hist)
 
-    dm = sub.add_parser("daemon", help="the node service (systemd Type=notify)")
-    _common(dm)
-    dm.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                    help="the same service loop on the CPU over a recorded topology")
-    dm.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
+
+def _add_service_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    dm = _command(sub, "daemon", help="the node service (systemd Type=notify)")
+    _demo_snapshot(dm, "the same service loop on the CPU over a recorded topology")
+    _worker_python(dm)
     dm.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (daemon.poll_interval_s)")
     dm.add_argument("--max-polls", type=int, metavar="N", help="stop after N polls (bring-up scripts, tests)")
 
-    dp = sub.add_parser("device-plugin", help="the kubelet device plugin that hands pods nccltune's CDI devices")
-    _common(dp)
+    dp = _command(sub, "device-plugin", help="the kubelet device plugin that hands pods nccltune's CDI devices")
     dp.add_argument("--cdi-dir", metavar="DIR", help="the CDI spec directory the daemon publishes to "
                     "(default publish.cdi_dir)")
     dp.add_argument("--plugin-dir", metavar="DIR", default="/var/lib/kubelet/device-plugins",
@@ -295,33 +323,32 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="name the CDI device in cdi.k8s.io/ annotations instead of CDIDevices (kubelet before "
                          "1.28, or the DevicePluginCDIDevices gate off)")
 
-    doc = sub.add_parser("doctor", help="find harmful NCCL settings and node problems")
-    _common(doc)
-    doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
-    doc.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="judge the bundled (or given) snapshot, for machines without GPUs")
-    doc.add_argument("--json", action="store_true", help="print one JSON document")
 
-    ver = sub.add_parser("verify", help="quick run of the profile's collectives with the published environment "
-                         "against the last sweep")
-    _common(ver)
+def _add_check_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    doc = _command(sub, "doctor", help="find harmful NCCL settings and node problems")
+    doc.add_argument("--input", metavar="FILE", help="judge a recorded snapshot instead of this node")
+    _demo_snapshot(doc, "judge the bundled (or given) snapshot, for machines without GPUs")
+    _json(doc)
+
+    ver = _command(sub, "verify", help="quick run of the profile's collectives with the published environment "
+                                       "against the last sweep")
     ver.add_argument("--profile", metavar="NAME", help="whose collectives to check (default: sweep.profile)")
     ver.add_argument("--floor", type=float, metavar="GBPS", help="fail below this busbw at the largest size")
     ver.add_argument("--current", action="store_true", help="check the calling environment, not the published one")
     ver.add_argument("--threshold", type=float, metavar="PCT", help="allowed drift (daemon.drift_threshold_pct)")
-    ver.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="verify the CPU demo's published setting (state in ./nccltune-demo)")
+    _demo_snapshot(ver, "verify the CPU demo's published setting (state in ./nccltune-demo)")
     ver.add_argument("--force", action="store_true", help="verify even while compute processes use the GPUs")
-    ver.add_argument("--python", metavar="PY", help="worker interpreter (default: bench.python, or auto)")
-    ver.add_argument("--json", action="store_true", help="print one JSON document")
+    _worker_python(ver)
+    _json(ver)
     ver.add_argument("--baseline", type=int, metavar="RUN",
                      help="also fail (exit 1) when slower than run RUN beyond noise at any size (upgrade pipelines)")
     ver.add_argument("--quick", action="store_true",
                      help="for a per-job prolog: the profile's first collective at the smallest and largest "
                           "size, one run (NCCL's log still read); says what it checked")
 
-    ins = sub.add_parser("install", help="install the systemd units and enable the service")
-    _common(ins)
+
+def _add_install_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    ins = _command(sub, "install", help="install the systemd units and enable the service")
     ins.add_argument("--prefix", metavar="DIR",
                      help="install below DIR as a DESTDIR (packages, images, tests): every path written "
                           "inside the files is the final one; implies --no-enable unless --enable")
@@ -331,14 +358,14 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="ExecStart's nccltune (default: this one; below --prefix, /usr/local/bin/nccltune)")
     ins.add_argument("--dry-run", action="store_true", help="print what would be written and run; write nothing")
 
-    uns = sub.add_parser("uninstall", help="remove what install wrote (unchanged files only; never the state)")
-    _common(uns)
+    uns = _command(sub, "uninstall", help="remove what install wrote (unchanged files only; never the state)")
     uns.add_argument("--prefix", metavar="DIR", help="uninstall below DIR; implies --no-disable")
     uns.add_argument("--no-disable", action="store_true", help="do not run systemctl disable/daemon-reload")
     uns.add_argument("--dry-run", action="store_true", help="print what would be removed and run; remove nothing")
 
-    rep = sub.add_parser("report", help="the last sweep's table, or a plot of bus bandwidth against size")
-    _common(rep)
+
+def _add_report_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    rep = _command(sub, "report", help="the last sweep's table, or a plot of bus bandwidth against size")
     _demo_state(rep)
     rep.add_argument("--run", type=int, metavar="ID", help="a run id from `nccltune history`")
     rep.add_argument("--plot", metavar="OUT.png", help="write a plot (needs matplotlib)")
@@ -354,13 +381,10 @@ def _add_sweep_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                           "defaults, per size the median over them (what report and compare show)")
     rep.add_argument("--trial", type=_positive_int, metavar="SEQ",
                      help="with --format nccl-tests-json: one trial's numbers (SEQ from `nccltune history --run ID`)")
-    _add_compare_parser(sub)
-    _add_import_parser(sub)
 
 
 def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    imp = sub.add_parser("import", help="read an nccl-tests -J document into the history (for report and compare)")
-    _common(imp)
+    imp = _command(sub, "import", help="read an nccl-tests -J document into the history (for report and compare)")
     imp.add_argument("--demo", action="store_true",
                      help=f"store it in the CPU demo's history in ./{DEMO_STATE_DIR}/ (also where it goes when the "
                           "state directory has no history and ./nccltune-demo/ has)")
@@ -369,50 +393,42 @@ def _add_import_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     imp.add_argument("--collective", choices=COLLECTIVE_NAMES, metavar="NAME",
                      help="the collective measured, where the document's binary (args[0]) is no *_perf binary "
                           "nccltune knows (a renamed build)")
-    imp.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(imp)
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    cmp = sub.add_parser("compare", help="two runs side by side: faster, slower or the same beyond noise per size")
-    _common(cmp)
+    cmp = _command(sub, "compare", help="two runs side by side: faster, slower or the same beyond noise per size")
     cmp.add_argument("a", type=int, metavar="RUN_A", help="the reference run")
     cmp.add_argument("b", type=int, metavar="RUN_B", help="the run judged against it")
     cmp.add_argument("--side", choices=("published", "defaults"), default="published",
                      help="compare the published setting's trials (default) or NCCL's defaults'")
-    cmp.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(cmp)
 
 
 def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    exp = sub.add_parser("export", help="this node's sweep measurements as one JSON document (for fleet decide)")
-    _common(exp)
+    exp = _command(sub, "export", help="this node's sweep measurements as one JSON document (for fleet decide)")
     exp.add_argument("--run", type=int, metavar="ID", help="one run (default: every ok sweep of this topology)")
-    exp.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="a demo node: its state in ./nccltune-demo, its topology from the snapshot")
+    _demo_snapshot(exp, "a demo node: its state in ./nccltune-demo, its topology from the snapshot")
     exp.add_argument("--out", metavar="FILE", help="write here (atomically) instead of standard output")
 
     fl = sub.add_parser("fleet", help="decide for a class of nodes from their exports")
     fsub = fl.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=_Parser, required=True)
-    dec = fsub.add_parser("decide", help="pool the exports of one node class into a class profile")
-    _common(dec)
+    dec = _command(fsub, "decide", help="pool the exports of one node class into a class profile")
     dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
     dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
     dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
-    st = fsub.add_parser("status", help="per class: each node's NCCL/driver/torch and what is in force")
-    _common(st)
+    st = _command(fsub, "status", help="per class: each node's NCCL/driver/torch and what is in force")
     st.add_argument("exports", nargs="+", metavar="EXPORT",
                     help="files written by `nccltune export` on each node, or directories of them")
     st.add_argument("--profiles", metavar="PROFILES",
                     help="a class profile, or a directory of them named <class id>.json")
-    st.add_argument("--json", action="store_true", help="print one JSON document")
+    _json(st)
 
-    app = sub.add_parser("apply", help="publish a class profile on this node after checking it is for it")
-    _common(app)
+    app = _command(sub, "apply", help="publish a class profile on this node after checking it is for it")
     # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.
     # Optional to argparse only: `apply --demo class.json` gives --demo the profile, which
     # cmd_apply takes back (publish_cmds.profile_and_demo).
     app.add_argument("profile_path", metavar="PROFILE", nargs="?",
                      help="a class profile, or a directory of them named <class id>.json")
-    app.add_argument("--demo", nargs="?", const=True, default=None, metavar="SNAPSHOT",
-                     help="a demo node: its state in ./nccltune-demo, its class from the snapshot")
-    app.add_argument("--python", metavar="PY",
-                     help="interpreter whose NCCL the node's jobs load (default: bench.python)")
+    _demo_snapshot(app, "a demo node: its state in ./nccltune-demo, its class from the snapshot")
+    _worker_python(app, "interpreter whose NCCL the node's jobs load (default: bench.python)")

@@ -54,6 +54,23 @@ def read_input_file(path: Path, max_bytes: int, what: str, *, trusted: bool = Fa
         os.close(fd)
 
 
+def read_input_text(path: Path, max_bytes: int, what: str, *, not_text: str, trusted: bool = False) -> str:
+    """`read_input_file`, as UTF-8 text.
+
+    Raises:
+        InputError: what read_input_file refuses, a file that cannot be read (`cannot read: ...`),
+            or one that is not UTF-8 (`not_text`, at the line of the first byte that is not) (exit 78).
+    """
+    try:
+        raw = read_input_file(path, max_bytes, what, trusted=trusted)
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(str(path), not_text, line=raw[: exc.start].count(b"\n") + 1) from exc
+
+
 @dataclass(frozen=True)
 class Bounded:
     """What `read_bounded` kept of a file: `data`, from its start or its end, and `size`, how

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +163,7 @@ _NUMERIC_WITH_PERIOD_RE = re.compile(r"^-?\d+\.$", _A)
 # auto-detection.
 _TOPO_LOAD_FILE_RE = re.compile(r"^Loading topology file (.+)$", _A)
 _TOPO_LOAD_NAME_RE = re.compile(r"^Loading topology (.+)$", _A)
-_TOPO_UNNAMED = "Loading unnamed topology"
+_TOPO_UNNAMED_RE = re.compile(r"Loading unnamed topology", _A)
 _TOPO_OPEN_ERROR_RE = re.compile(r"^Could not open XML topology file (.*?) : (.*)$", _A)
 # graph/xml.h:kvConvertToInt and printMissingTopoDictValueHint / printMissingTopoAttrHint;
 # xml.cc:xmlGetNode for extra attributes. All are signs of a faulty topology file.
@@ -203,6 +203,7 @@ _COMM_SUMMARY_RE = re.compile(r"\brank (\d+) nRanks (\d+) nNodes (\d+)", _A)
 # plugin/tuner.cc: the plugin NCCL bound; nccltune_tuner.c prefixes every line it logs.
 _TUNER_RE = re.compile(r"^TUNER/Plugin: Using (.+)$", _A)
 TUNER_NOTE_PREFIX = "nccltune tuner: "
+_TUNER_NOTE_RE = re.compile(re.escape(TUNER_NOTE_PREFIX) + "(.*)", _A | re.DOTALL)
 # graph/paths.cc:ncclTopoCheckP2p (INFO; the NVLINK variant is a WARN and fails the init).
 _P2P_DISABLED_RE = re.compile(r"P2P is disabled between (?:NVLINK )?connected GPUs (\d+) and (\d+)", _A)
 
@@ -338,113 +339,85 @@ class _Builder:
 
     def _warn(self, msg: str) -> None:
         _keep(self.warnings, msg)
-        if msg.startswith(TUNER_NOTE_PREFIX):
-            _keep(self.tuner_notes, msg[len(TUNER_NOTE_PREFIX):])
+        note = _TUNER_NOTE_RE.match(msg)
+        if note is not None:
+            self._tuner_note(note)
         if _is_failure(msg):
             _keep(self.errors, msg)
         # Releases before 2.2x printed these topology messages as WARN, not INFO.
-        self._topology(msg)
+        self._first_of(_TOPOLOGY_MESSAGES, msg)
         m = _P2P_DISABLED_RE.search(msg)
         if m is not None:
-            self._p2p_pair(m.group(1), m.group(2))
+            self._p2p_pair(m)
 
     def _info(self, msg: str) -> None:
-        # Cheapest and most frequent first: the transport and tuning lines dominate big logs.
-        m = _VIA_RE.match(msg)
-        if m is not None:
-            self.transports[_transport_key(m.group(1))] += 1
-            return
-        m = _TUNING_RE.match(msg)
-        if m is not None:
-            self._tuning(m)
-            return
-        m = _PATH_BASE_RE.match(msg)
-        if m is not None:
-            self._path_line(m.group(1), m.group(2))
-            return
-        m = _ENV_RE.match(msg)
-        if m is not None:
-            self._env(m.group(1), m.group(2))
-            return
-        if msg.startswith(TUNER_NOTE_PREFIX):
-            _keep(self.tuner_notes, msg[len(TUNER_NOTE_PREFIX):])
-            return
-        m = _TUNER_RE.match(msg)
-        if m is not None:
-            self.tuner = m.group(1).strip()
-            return
-        if self._topology(msg):
-            return
-        m = _GRAPH_RE.match(msg)
-        if m is not None:
-            self._graph(m)
-            return
-        m = _SYSTEM_RE.match(msg)
-        if m is not None:
-            self.max_bw = _float(m.group(1))
-            self.total_bw = _float(m.group(2))
-            return
-        m = _DRIVER_RE.match(msg)
-        if m is not None:
-            self.cuda_driver = _int(m.group(1))
-            return
-        m = _NETWORK_RE.match(msg)
-        if m is not None:
-            self.network = m.group(1).strip()
-            return
-        m = _COLL_CHANNELS_RE.search(msg)
-        if m is not None:
-            self.coll_channels = _int(m.group(1))
-            return
-        m = _INIT_COMPLETE_RE.search(msg)
-        if m is not None:
-            rank, nranks = _int(m.group(1)), _int(m.group(2))
-            if rank is not None:
-                self.init_complete_ranks.add(rank)
-            if nranks is not None:
-                self.nranks = nranks
-            return
-        m = _COMM_SUMMARY_RE.search(msg)
-        if m is not None:
-            nranks = _int(m.group(2))
-            if nranks is not None:
-                self.nranks = nranks
-            return
-        m = _P2P_DISABLED_RE.search(msg)
-        if m is not None:
-            self._p2p_pair(m.group(1), m.group(2))
+        self._first_of(_INFO_MESSAGES, msg)
 
-    def _topology(self, msg: str) -> bool:
-        """Topology-file messages; True when ``msg`` was one of them."""
-        m = _TOPO_LOAD_FILE_RE.match(msg)
-        if m is not None:
-            self.topo_loaded = True
-            self.topo_loaded_file = m.group(1).strip()
-            return True
-        if msg == _TOPO_UNNAMED:
-            self.topo_loaded = True
-            return True
-        m = _TOPO_LOAD_NAME_RE.match(msg)
-        if m is not None:
-            # <system name="file"> prints "Loading topology file" with nothing after it.
-            self.topo_loaded = True
-            self.topo_name = m.group(1).strip()
-            return True
-        m = _TOPO_OPEN_ERROR_RE.match(msg)
-        if m is not None:
-            self.topo_open_error = m.group(2).strip()[:MAX_MESSAGE_CHARS]
-            return True
-        if _TOPO_HINT_RE.match(msg):
-            _keep(self.topo_hints, msg)
-            return True
-        m = _IGNORED_ELEMENT_RE.match(msg)
-        if m is not None:
-            _keep(self.ignored_elements, m.group(1))
-            return True
-        return False
+    def _first_of(self, kinds: tuple[tuple[_Find, _Take], ...], msg: str) -> None:
+        """The first kind of message `msg` is, in the order of `kinds`, takes it; none: skipped."""
+        for find, take in kinds:
+            m = find(msg)
+            if m is not None:
+                take(self, m)
+                return
 
-    def _env(self, name: str, value: str) -> None:
-        value = value.strip()
+    def _transport(self, m: re.Match[str]) -> None:
+        self.transports[_transport_key(m.group(1))] += 1
+
+    def _tuner_note(self, m: re.Match[str]) -> None:
+        _keep(self.tuner_notes, m.group(1))
+
+    def _tuner(self, m: re.Match[str]) -> None:
+        self.tuner = m.group(1).strip()
+
+    def _topo_file_loaded(self, m: re.Match[str]) -> None:
+        self.topo_loaded = True
+        self.topo_loaded_file = m.group(1).strip()
+
+    def _topo_unnamed_loaded(self, m: re.Match[str]) -> None:
+        self.topo_loaded = True
+
+    def _topo_named_loaded(self, m: re.Match[str]) -> None:
+        # <system name="file"> prints "Loading topology file" with nothing after it.
+        self.topo_loaded = True
+        self.topo_name = m.group(1).strip()
+
+    def _topo_open_error(self, m: re.Match[str]) -> None:
+        self.topo_open_error = m.group(2).strip()[:MAX_MESSAGE_CHARS]
+
+    def _topo_hint(self, m: re.Match[str]) -> None:
+        _keep(self.topo_hints, m.string)
+
+    def _ignored_element(self, m: re.Match[str]) -> None:
+        _keep(self.ignored_elements, m.group(1))
+
+    def _system(self, m: re.Match[str]) -> None:
+        self.max_bw = _float(m.group(1))
+        self.total_bw = _float(m.group(2))
+
+    def _driver(self, m: re.Match[str]) -> None:
+        self.cuda_driver = _int(m.group(1))
+
+    def _network(self, m: re.Match[str]) -> None:
+        self.network = m.group(1).strip()
+
+    def _coll_channels(self, m: re.Match[str]) -> None:
+        self.coll_channels = _int(m.group(1))
+
+    def _init_complete(self, m: re.Match[str]) -> None:
+        rank, nranks = _int(m.group(1)), _int(m.group(2))
+        if rank is not None:
+            self.init_complete_ranks.add(rank)
+        if nranks is not None:
+            self.nranks = nranks
+
+    def _comm_summary(self, m: re.Match[str]) -> None:
+        nranks = _int(m.group(2))
+        if nranks is not None:
+            self.nranks = nranks
+
+    def _env(self, m: re.Match[str]) -> None:
+        name, value = m.group(1), m.group(2).strip()
         if _NUMERIC_WITH_PERIOD_RE.match(value):
             value = value[:-1]
         self.env[name] = value
@@ -467,15 +440,15 @@ class _Builder:
             GraphSearch(pattern, crossnic, nchannels, bw_intra, bw_inter, m.group(6), m.group(7), same)
         )
 
-    def _path_line(self, base: str, rest: str) -> None:
-        row = self.paths.setdefault(base, {})
-        for node, hops_text, bw_text, path_type in _PATH_ENTRY_RE.findall(rest):
+    def _path_line(self, m: re.Match[str]) -> None:
+        row = self.paths.setdefault(m.group(1), {})
+        for node, hops_text, bw_text, path_type in _PATH_ENTRY_RE.findall(m.group(2)):
             hops, bw = _int(hops_text), _float(bw_text)
             if hops is not None and bw is not None:
                 row[node] = (hops, bw, path_type)
 
-    def _p2p_pair(self, a: str, b: str) -> None:
-        ga, gb = _int(a), _int(b)
+    def _p2p_pair(self, m: re.Match[str]) -> None:
+        ga, gb = _int(m.group(1)), _int(m.group(2))
         if ga is None or gb is None:
             return
         pair = (ga, gb)
@@ -511,6 +484,40 @@ class _Builder:
             tuner=self.tuner,
             tuner_notes=self.tuner_notes,
         )
+
+
+# How a kind of message is found in a message's text, and what the builder takes from it.
+_Find = Callable[[str], re.Match[str] | None]
+_Take = Callable[[_Builder, re.Match[str]], None]
+
+# The topology file's messages, INFO now and WARN in releases before 2.2x.
+_TOPOLOGY_MESSAGES: tuple[tuple[_Find, _Take], ...] = (
+    (_TOPO_LOAD_FILE_RE.match, _Builder._topo_file_loaded),
+    (_TOPO_UNNAMED_RE.fullmatch, _Builder._topo_unnamed_loaded),
+    (_TOPO_LOAD_NAME_RE.match, _Builder._topo_named_loaded),
+    (_TOPO_OPEN_ERROR_RE.match, _Builder._topo_open_error),
+    (_TOPO_HINT_RE.match, _Builder._topo_hint),
+    (_IGNORED_ELEMENT_RE.match, _Builder._ignored_element),
+)
+# INFO messages, the first kind that matches taking one; the cheapest and most frequent first:
+# the transport and tuning lines dominate big logs.
+_INFO_MESSAGES: tuple[tuple[_Find, _Take], ...] = (
+    (_VIA_RE.match, _Builder._transport),
+    (_TUNING_RE.match, _Builder._tuning),
+    (_PATH_BASE_RE.match, _Builder._path_line),
+    (_ENV_RE.match, _Builder._env),
+    (_TUNER_NOTE_RE.match, _Builder._tuner_note),
+    (_TUNER_RE.match, _Builder._tuner),
+    *_TOPOLOGY_MESSAGES,
+    (_GRAPH_RE.match, _Builder._graph),
+    (_SYSTEM_RE.match, _Builder._system),
+    (_DRIVER_RE.match, _Builder._driver),
+    (_NETWORK_RE.match, _Builder._network),
+    (_COLL_CHANNELS_RE.search, _Builder._coll_channels),
+    (_INIT_COMPLETE_RE.search, _Builder._init_complete),
+    (_COMM_SUMMARY_RE.search, _Builder._comm_summary),
+    (_P2P_DISABLED_RE.search, _Builder._p2p_pair),
+)
 
 
 def parse_nccl_log(text: str) -> NcclLog:

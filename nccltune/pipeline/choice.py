@@ -12,22 +12,12 @@ from pathlib import Path
 
 from ..names import DEFAULTS_LABEL
 from ..nccl.debuglog import SizeChoice, prevailing
-from ..publish import (
-    OWN_TOPOLOGY,
-    TOPO_FILE_VAR,
-    TUNER_FINGERPRINT_VAR,
-    TUNER_PLUGIN_VAR,
-    TUNER_TABLE_VAR,
-    resolve_topology,
-)
+from ..publish import OWN_TOPOLOGY, TOPO_FILE_VAR, resolve_topology
 from ..records import ReportRow, TrialResult
 from ..sweep.plan import Plan
 from ..sweep.select import Key, split_key
 from ..sweep.strategy import Finalist, SearchResult, label_of
-
-# The tuner's variables in a candidate (the per-size stage's whole result): every job gets the
-# plugin and its table, whose entries apply only to the communicator shape they were measured for.
-TUNER_VARS = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
+from ..trials.trialenv import TUNER_VARS, names_own_topology
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class Choice:
         """The every-job part names nccltune's own topology file (the marker), which the publish
         writes into the generation; a topology file the config pins is the site's, published as
         its path and never replaced by nccltune's."""
-        return self.every_job_env.get(TOPO_FILE_VAR) == OWN_TOPOLOGY
+        return names_own_topology(self.every_job_env)
 
     @property
     def recorded_every_job(self) -> dict[str, str]:
@@ -92,6 +82,8 @@ def split_scopes(chosen_env: Mapping[str, str], plan: Plan) -> tuple[dict[str, s
         every_job[TOPO_FILE_VAR] = OWN_TOPOLOGY
     config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
     every_job.update({**plan.policy, **config_pins})
+    # The tuner's variables (the per-size stage's whole result): every job gets the plugin and its
+    # table, whose entries apply only to the communicator shape they were measured for.
     every_job.update({n: v for n, v in chosen_env.items() if n in TUNER_VARS and n not in every_job})
     single_node = {n: v for n, v in chosen_env.items() if n not in every_job and n != TOPO_FILE_VAR}
     return every_job, single_node

@@ -18,7 +18,7 @@ from pathlib import Path
 from lxml import etree
 
 from ..errors import InputError
-from ..files.inputfile import read_input_file
+from ..files.inputfile import read_input_text
 from .model import Topology, XNode, from_xml_tree
 
 MAX_ELEMENTS = 256  # NCCL_TOPO_XML_MAX_NODES
@@ -228,14 +228,7 @@ def _strtol(text: str) -> int | None:
 def load_xml(path: str | Path) -> Topology:
     """Read an NCCL topology file into the model. Raises InputError (exit 78)."""
     p = Path(path)
-    try:
-        raw = read_input_file(p, MAX_XML_BYTES, "topology XML", trusted=True)
-    except OSError as exc:
-        raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(str(p), "not a text file (not UTF-8)", line=raw[: exc.start].count(b"\n") + 1) from exc
+    text = read_input_text(p, MAX_XML_BYTES, "topology XML", not_text="not a text file (not UTF-8)", trusted=True)
     return from_xml_tree(parse_xml(text, str(p)), source=f"xml:{p}")
 
 

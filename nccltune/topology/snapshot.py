@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..files.inputfile import parse_json, read_input_file
+from ..files.inputfile import parse_json, read_input_text
 from ..hw.nvml import read_nvml
 from ..hw.sysfs import read_sysfs
 from ..hw.types import SNAPSHOT_SCHEMA_VERSION, Snapshot, SnapshotFormatError, from_dict, to_dict
@@ -101,15 +101,8 @@ def validate_snapshot(snap: Snapshot, path: str) -> None:
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Load a snapshot file. Raises InputError (exit 78) on any fault, naming the file."""
     p = Path(path)
-    try:
-        raw = read_input_file(p, MAX_SNAPSHOT_BYTES, "snapshot", trusted=True)
-    except OSError as exc:
-        raise InputError(str(p), f"cannot read: {exc.strerror}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(str(p), "not UTF-8 text (not a snapshot)", line=raw[: exc.start].count(b"\n") + 1) from exc
-    return parse_snapshot(text, str(p))
+    return parse_snapshot(read_input_text(p, MAX_SNAPSHOT_BYTES, "snapshot", not_text="not UTF-8 text (not a snapshot)",
+                                          trusted=True), str(p))
 
 
 def save_snapshot(snap: Snapshot, path: str | os.PathLike[str]) -> None:

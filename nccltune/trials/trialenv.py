@@ -43,6 +43,15 @@ from ..tuner.build import is_own_tuner
 from .credentials import RankUser, rank_env
 from .nccllog import debug_env
 
+# nccltune's own tuner in an environment: the plugin, its table and the table's fingerprint.
+TUNER_VARS = frozenset({TUNER_PLUGIN_VAR, TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR})
+
+
+def names_own_topology(env: Mapping[str, str]) -> bool:
+    """Whether `env` names nccltune's own topology file (the marker publish.OWN_TOPOLOGY), which
+    stands for the run's copy in a trial and for the generation's in a publish."""
+    return env.get(TOPO_FILE_VAR) == OWN_TOPOLOGY
+
 
 def fixed_part(calling: Mapping[str, str], pins: Mapping[str, str], unpin: Iterable[str]) -> dict[str, str]:
     """What every trial of a sweep starts from: ``calling`` (the calling environment as the job set
@@ -101,7 +110,7 @@ class TrialEnv:
     @property
     def own_topology(self) -> bool:
         """The candidate names nccltune's own topology file (the marker)."""
-        return self.candidate.get(TOPO_FILE_VAR) == OWN_TOPOLOGY
+        return names_own_topology(self.candidate)
 
     def recorded(self, topology_file: Path | None) -> dict[str, str]:
         """The candidate with the marker as ``topology_file``: what the history stores of the trial,

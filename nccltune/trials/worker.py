@@ -158,11 +158,7 @@ def probe_record(maps: Callable[[], str] = read_maps) -> dict[str, object]:
         info["error"] = str(exc)
         return info
     info["torch_version"] = torch.__version__
-    try:
-        v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-        info["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    except Exception:  # a CPU-only torch has no NCCL: reported as unknown
-        pass
+    info["nccl_version"] = torch_nccl_version(torch)  # None from a CPU-only torch: unknown
     # Read after NCCL was asked its version, so that a lazily loaded library is mapped by then.
     with contextlib.suppress(OSError):
         info["nccl_lib"] = loaded_nccl_path(maps())
@@ -386,10 +382,7 @@ def torch_call(dist: Any, name: str, send: Any, recv: Any, rank: int, world: int
         raise ValueError(f"unknown collective {name!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv) == ["--probe"]:
-        emit(probe_record())
-        return 0
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     ap.add_argument("--collectives", default=coll.DEFAULT,
@@ -407,8 +400,258 @@ def main(argv: list[str] | None = None) -> int:
                          "(fewer for large sizes, see block_count)")
     ap.add_argument("--no-prequeue", action="store_true",
                     help="events timing: do not hold the GPU while the host enqueues the timed iterations")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+class SetupError(Exception):
+    """A rank that cannot measure: the error line's kind and message; the worker exits EXIT_SETUP."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def torch_nccl_version(torch: Any) -> str | None:
+    """The NCCL version torch reports, as text; None where it has none (a CPU-only torch)."""
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # best effort, reported as unknown
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+class Job:
+    """This rank in the job: its process group, its device, and the way every rank agreed to call
+    and time the collectives (set by `attach_nccl` and `choose_timing`)."""
+
+    def __init__(self, torch: Any, dist: Any, args: argparse.Namespace, rank: int, world: int,
+                 local_rank: int) -> None:
+        self.torch, self.dist, self.args = torch, dist, args
+        self.rank, self.world = rank, world
+        self.gpu = args.backend == "nccl"
+        self.device = self._device(local_rank)
+        self.nccl_version: str | None = None
+        self.direct: DirectNccl | None = None
+        self.direct_note = ""
+        self.stream: Any = None
+        self.graph_note = ""
+        self.graph_ok = False
+        self.mode = ""
+        self.prequeue = False
+
+    def _device(self, local_rank: int) -> Any:
+        torch = self.torch
+        if not self.gpu:
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise SetupError("no_cuda", "torch sees no CUDA device")
+        # A rank bound to one GPU (srun --gpus-per-task=1: Slurm sets CUDA_VISIBLE_DEVICES per task)
+        # sees only that one; otherwise every rank of the node sees them all and takes its own.
+        device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local_rank)
+        torch.cuda.set_device(device)
+        return device
+
+    def init_process_group(self) -> None:
+        init_kwargs = {"backend": self.args.backend, "rank": self.rank, "world_size": self.world,
+                       "timeout": timedelta(seconds=self.args.timeout_s)}
+        if self.gpu:
+            # Eager communicator creation: NCCL's init (and its log) happens here, not at the first op.
+            init_kwargs["device_id"] = self.device
+        try:
+            self.dist.init_process_group(**init_kwargs)
+        except TypeError:  # torch without device_id
+            init_kwargs.pop("device_id", None)
+            self.dist.init_process_group(**init_kwargs)
+
+    def everywhere(self, ok: bool) -> bool:
+        """True when `ok` holds on every rank: ranks must take the same path, or they would wait
+        on different collectives."""
+        flag = self.torch.tensor([1 if ok else 0], dtype=self.torch.int32, device=self.device)
+        self.dist.all_reduce(flag, op=self.dist.ReduceOp.MIN)
+        return int(flag.item()) == 1
+
+    def attach_nccl(self, wanted: list[Any]) -> None:
+        """On GPUs: NCCL's version, the direct calls and graph capture where every rank has them."""
+        if not self.gpu:
+            return
+        torch, timing = self.torch, self.args.timing
+        self.nccl_version = torch_nccl_version(torch)
+        if timing != "events":
+            self.dist.barrier()  # a first collective: the communicator exists even where init is lazy
+            self.direct, self.direct_note = DirectNccl.attach(self.dist, self.device, self.nccl_version)
+            if not self.everywhere(self.direct is not None):
+                if self.direct is not None:
+                    self.direct_note = "another rank cannot call NCCL directly"
+                self.direct = None
+        if self.direct is None:
+            return
+        # A stream of its own, as nccl-tests creates: the legacy default stream would serialise
+        # with every other blocking stream on the device.
+        self.stream = torch.cuda.Stream(self.device)
+        torch.cuda.set_stream(self.stream)
+        if graph_wanted(timing):
+            self.graph_note = capture_probe(torch, self.direct, wanted, self.world, self.stream)
+            if not self.everywhere(not self.graph_note) and not self.graph_note:
+                self.graph_note = "another rank cannot capture NCCL calls into a CUDA graph"
+            self.graph_ok = not self.graph_note
+
+    def choose_timing(self) -> str:
+        """Set the agreed timing mode; the start line's description of it."""
+        direct_ok = self.direct is not None
+        mode = timing_mode(self.args.timing, self.gpu, direct_ok, self.graph_ok)
+        if mode is None:
+            kind, why = (("no_graph", self.graph_note) if direct_ok else ("no_direct_nccl", self.direct_note))
+            raise SetupError(kind, why)
+        self.mode = mode
+        self.prequeue = mode == "events" and not self.args.no_prequeue and hasattr(self.torch.cuda, "_sleep")
+        if mode == "events":
+            return "cuda-events, prequeued" if self.prequeue else "cuda-events"
+        return {
+            "graph": f"host clock, CUDA graph of {self.args.iters} direct NCCL calls (as nccl-tests -G)",
+            "direct": "host clock, direct NCCL calls (as nccl-tests)",
+            "host": "host clock",
+        }.get(mode, "")
+
+    @property
+    def through_nccl(self) -> bool:
+        return self.mode in ("graph", "direct")
+
+    def start_record(self, timing: str, wanted: list[Any]) -> dict[str, object]:
+        torch, args, direct = self.torch, self.args, self.direct
+        return {
+            "event": "start", "backend": args.backend, "world_size": self.world,
+            "torch_version": torch.__version__, "nccl_version": self.nccl_version,
+            "device": torch.cuda.get_device_name(self.device) if self.gpu else "cpu",
+            "placement": "out-of-place" if self.through_nccl else "in-place", "dtype": "float32", "op": "sum",
+            "pid": os.getpid(), "timing": timing, "collectives": [c.name for c in wanted],
+            **({"direct_nccl": self.direct_note} if self.gpu and args.timing != "events" else {}),
+            **({"graph_capture": self.graph_note} if self.graph_note else {}),
+            **({"all_to_all_call": direct.all_to_all_call} if direct is not None else {}),
+        }
+
+    def buffer_limit(self) -> int:
+        """The most bytes one buffer of a size may take."""
+        if self.gpu:
+            free, _total = self.torch.cuda.mem_get_info(self.device)
+            return int(free // 4)  # send and receive buffers plus NCCL's own and headroom
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+
+    def make_call(self, name: str, src: Any, dst: Any, count: int) -> Callable[[], None]:
+        """One call of collective `name` with its arguments bound: the device addresses and the
+        stream as plain integers for NCCL, else torch's call (in place for TORCH_IN_PLACE)."""
+        if self.direct is not None:
+            assert self.stream is not None
+            return functools.partial(self.direct.call, name, src.data_ptr(), dst.data_ptr(), count,
+                                     self.stream.cuda_stream)
+        return functools.partial(torch_call, self.dist, name, src, dst, self.rank, self.world)
+
+    def unsupported(self, c: Any) -> str | None:
+        """Why this torch cannot run collective `c` on this backend, agreed by every rank; None
+        where it can (always through NCCL's own calls)."""
+        if self.through_nccl:
+            return None
+        reason = None if self.gpu else coll.gloo_reason(c)
+        if reason is not None:
+            return reason
+        # This torch's backend may lack the call: it raises on every rank before any
+        # communication, so one small call tells, and the ranks agree on the answer.
+        torch = self.torch
+        count, send_n, recv_n = c.counts(64 * self.world, self.world)
+        probe_send = torch.ones(send_n, dtype=torch.float32, device=self.device)
+        probe_recv = probe_send.clone() if c.name in TORCH_IN_PLACE else torch.empty(recv_n, device=self.device)
+        try:
+            self.make_call(c.name, probe_send, probe_recv, count)()
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            reason = f"torch {torch.__version__} {self.args.backend}: {exc}".splitlines()[0]
+        if not self.everywhere(reason is None):
+            reason = reason or "not supported by another rank's torch"
+        return reason
+
+    def time_size(self, c: Any, count: int, send_n: int, recv_n: int, nbytes: int, in_place: bool,
+                  fault: str | None) -> tuple[int, list[float], float, float]:
+        """Warm-up and timed blocks of one size: (blocks, per-block microseconds, median time,
+        median GPU-event time), averaged over the ranks. Its buffers are freed on return, before
+        the check allocates its own."""
+        torch, args, device = self.torch, self.args, self.device
+        send = torch.ones(send_n, dtype=torch.float32, device=device)
+        recv = send if in_place else torch.empty(recv_n, dtype=torch.float32, device=device)
+        op = self.make_call(c.name, send, recv, count)
+        for _ in range(args.warmup):
+            op()
+        if fault == "hang":
+            time.sleep(3600)
+        graph = None
+        if self.mode == "graph":
+            assert self.direct is not None and self.stream is not None
+            graph = capture(torch, op, args.iters, self.stream)
+            graph.replay()  # the first launch uploads the graph; not timed
+        if self.gpu:
+            torch.cuda.synchronize(device)
+        self.dist.barrier()
+        if self.gpu:
+            torch.cuda.synchronize(device)
+        blocks = block_count(nbytes, args.iters, args.max_blocks)
+        # Generous host time per enqueued call (python, c10d, NCCL and its INFO log), in GPU cycles
+        # at about 2 GHz; a too long sleep only costs idle time before the timed window.
+        sleep_cycles = int((args.iters * 150e-6 + 1e-3) * 2.0e9) if self.prequeue else 0
+        per_block: list[float] = []
+        for _ in range(blocks):
+            per_block.extend(timed_block(torch, self.gpu, self.mode, args.iters, op, graph, sleep_cycles))
+        timing_t = torch.tensor(per_block, dtype=torch.float64, device=device)
+        self.dist.all_reduce(timing_t)
+        averaged = [float(x) / self.world for x in timing_t.tolist()]  # nccl-tests averages over ranks
+        block_us, block_gpu_us = averaged[0::2], averaged[1::2]
+        return blocks, block_us, statistics.median(block_us), statistics.median(block_gpu_us)
+
+    def correct(self, name: str, count: int, send_n: int, recv_n: int, in_place: bool, fault: str | None) -> bool:
+        """A fresh call on pattern data, checked element by element on every rank."""
+        torch, device = self.torch, self.device
+        index = torch.arange(send_n, dtype=torch.int32, device=device)
+        data = pattern(torch, self.rank, index)
+        out = data.clone() if in_place else torch.full((recv_n,), -1.0, dtype=torch.float32, device=device)
+        self.make_call(name, data, out, count)()
+        expected = expected_output(torch, name, self.rank, self.world, count, recv_n, device)
+        if fault == "wrong_sum":
+            out[0] += 1.0
+        bad = 0 if expected is None else int((out != expected).sum().item())
+        flag = torch.tensor([bad], dtype=torch.int64, device=device)
+        self.dist.all_reduce(flag)
+        return int(flag.item()) == 0
+
+    def measure(self, c: Any, size: int, limit: int, fault: str | None) -> bool:
+        """One size of collective `c`: timed, checked, rank 0's line written; False on a wrong result."""
+        name, args = c.name, self.args
+        count, send_n, recv_n = c.counts(size, self.world)
+        nbytes = max(send_n, recv_n) * coll.ELEMENT_BYTES
+        if nbytes > limit:
+            if self.rank == 0:
+                emit({"event": "skip", "collective": name, "size_bytes": nbytes,
+                      "reason": f"needs more than {limit} bytes free"})
+            return True
+        in_place = not self.through_nccl and name in TORCH_IN_PLACE
+        blocks, block_us, time_us, gpu_time_us = self.time_size(c, count, send_n, recv_n, nbytes, in_place, fault)
+        correct = args.no_check or self.correct(name, count, send_n, recv_n, in_place, fault)
+        if self.rank == 0:
+            factor = c.busbw_factor(self.world)
+            algbw = coll.algbw_gbps(nbytes, time_us)
+            record: dict[str, object] = {
+                "event": "size", "collective": name, "size_bytes": nbytes, "count": count,
+                "time_us": round(time_us, 3), "algbw_gbps": _significant(algbw),
+                "busbw_gbps": _significant(algbw * factor), "correct": correct, "iters": args.iters,
+                "warmup": args.warmup, "blocks": blocks, "placement": "in-place" if in_place else "out-of-place"}
+            if blocks > 1:
+                record["block_busbw_gbps"] = [_significant(coll.algbw_gbps(nbytes, us) * factor) for us in block_us]
+            if self.gpu:
+                record["gpu_time_us"] = round(gpu_time_us, 3)
+            emit(record)
+        return correct
+
+
+def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--probe"]:
+        emit(probe_record())
+        return 0
+    args = _arguments(argv)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -423,7 +666,6 @@ def main(argv: list[str] | None = None) -> int:
     if fault == "garbage" and rank == 0:
         sys.stdout.write("this is not json\n{\"event\": \n")
         sys.stdout.flush()
-
     try:
         import torch
         import torch.distributed as dist
@@ -432,195 +674,26 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SETUP
 
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    gpu = args.backend == "nccl"
-    if gpu:
-        if not torch.cuda.is_available():
-            emit({"event": "error", "rank": rank, "kind": "no_cuda", "message": "torch sees no CUDA device"})
-            return EXIT_SETUP
-        # A rank bound to one GPU (srun --gpus-per-task=1: Slurm sets CUDA_VISIBLE_DEVICES per task)
-        # sees only that one; otherwise every rank of the node sees them all and takes its own.
-        device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-
-    init_kwargs = {"backend": args.backend, "rank": rank, "world_size": world,
-                   "timeout": timedelta(seconds=args.timeout_s)}
-    if gpu:
-        # Eager communicator creation: NCCL's init (and its log) happens here, not at the first op.
-        init_kwargs["device_id"] = device
     try:
-        dist.init_process_group(**init_kwargs)
-    except TypeError:  # torch without device_id
-        init_kwargs.pop("device_id", None)
-        dist.init_process_group(**init_kwargs)
-
-    def everywhere(ok: bool) -> bool:
-        """True when `ok` holds on every rank: ranks must take the same path, or they would wait
-        on different collectives."""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return int(flag.item()) == 1
-
-    nccl_version = None
-    direct: DirectNccl | None = None
-    direct_note = ""
-    stream = None
-    graph_ok, graph_note = False, ""
-    if gpu:
-        try:
-            v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-            nccl_version = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-        except Exception:  # best effort, reported as unknown
-            nccl_version = None
-        if args.timing != "events":
-            dist.barrier()  # a first collective: the communicator exists even where init is lazy
-            direct, direct_note = DirectNccl.attach(dist, device, nccl_version)
-            if not everywhere(direct is not None):
-                if direct is not None:
-                    direct_note = "another rank cannot call NCCL directly"
-                direct = None
-        if direct is not None:
-            # A stream of its own, as nccl-tests creates: the legacy default stream would serialise
-            # with every other blocking stream on the device.
-            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            torch.cuda.set_stream(stream)
-            if graph_wanted(args.timing):
-                graph_note = capture_probe(torch, direct, wanted, world, stream)
-                if not everywhere(not graph_note) and not graph_note:
-                    graph_note = "another rank cannot capture NCCL calls into a CUDA graph"
-                graph_ok = not graph_note
-    mode = timing_mode(args.timing, gpu, direct is not None, graph_ok)
-    if mode is None:
-        kind, why = (("no_graph", graph_note) if direct is not None else ("no_direct_nccl", direct_note))
-        emit({"event": "error", "rank": rank, "kind": kind, "message": why})
+        job = Job(torch, dist, args, rank, world, local_rank)
+        job.init_process_group()
+        job.attach_nccl(wanted)
+        timing = job.choose_timing()
+    except SetupError as exc:
+        emit({"event": "error", "rank": rank, "kind": exc.kind, "message": str(exc)})
         return EXIT_SETUP
-    timing = {
-        "graph": f"host clock, CUDA graph of {args.iters} direct NCCL calls (as nccl-tests -G)",
-        "direct": "host clock, direct NCCL calls (as nccl-tests)",
-        "host": "host clock",
-    }.get(mode, "")
-    prequeue = mode == "events" and not args.no_prequeue and hasattr(torch.cuda, "_sleep")
-    if mode == "events":
-        timing = "cuda-events, prequeued" if prequeue else "cuda-events"
-    through_nccl = mode in ("graph", "direct")
     if rank == 0:
-        emit({
-            "event": "start", "backend": args.backend, "world_size": world,
-            "torch_version": torch.__version__, "nccl_version": nccl_version,
-            "device": torch.cuda.get_device_name(device) if gpu else "cpu",
-            "placement": "out-of-place" if through_nccl else "in-place", "dtype": "float32", "op": "sum",
-            "pid": os.getpid(), "timing": timing, "collectives": [c.name for c in wanted],
-            **({"direct_nccl": direct_note} if gpu and args.timing != "events" else {}),
-            **({"graph_capture": graph_note} if graph_note else {}),
-            **({"all_to_all_call": direct.all_to_all_call} if direct is not None else {}),
-        })
-
-    if gpu:
-        free, _total = torch.cuda.mem_get_info(device)
-        limit = free // 4  # send and receive buffers plus NCCL's own and headroom
-    else:
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
-    # Generous host time per enqueued call (python, c10d, NCCL and its INFO log), in GPU cycles at
-    # about 2 GHz; a too long sleep only costs idle time before the timed window.
-    sleep_cycles = (args.iters * 150e-6 + 1e-3) * 2.0e9
-
-    def make_call(name: str, src: Any, dst: Any, count: int) -> Callable[[], None]:
-        """One call of collective `name` with its arguments bound: the device addresses and the
-        stream as plain integers for NCCL, else torch's call (in place for TORCH_IN_PLACE)."""
-        if direct is not None:
-            assert stream is not None
-            return functools.partial(direct.call, name, src.data_ptr(), dst.data_ptr(), count, stream.cuda_stream)
-        return functools.partial(torch_call, dist, name, src, dst, rank, world)
-
+        emit(job.start_record(timing, wanted))
+    limit = job.buffer_limit()
     status = 0
     for c in wanted:
-        name = c.name
-        if not through_nccl:
-            reason = None if gpu else coll.gloo_reason(c)
-            if reason is None:
-                # This torch's backend may lack the call: it raises on every rank before any
-                # communication, so one small call tells, and the ranks agree on the answer.
-                _count, send_n, recv_n = c.counts(64 * world, world)
-                probe_send = torch.ones(send_n, dtype=torch.float32, device=device)
-                probe_recv = probe_send.clone() if name in TORCH_IN_PLACE else torch.empty(recv_n, device=device)
-                try:
-                    make_call(name, probe_send, probe_recv, _count)()
-                except (RuntimeError, NotImplementedError, ValueError) as exc:
-                    reason = f"torch {torch.__version__} {args.backend}: {exc}".splitlines()[0]
-                if not everywhere(reason is None):
-                    reason = reason or "not supported by another rank's torch"
-            if reason is not None:
-                if rank == 0:
-                    emit({"event": "not_measured", "collective": name, "backend": args.backend, "reason": reason})
-                continue
-
-        for size in sizes:
-            count, send_n, recv_n = c.counts(size, world)
-            nbytes = max(send_n, recv_n) * coll.ELEMENT_BYTES
-            if nbytes > limit:
-                if rank == 0:
-                    emit({"event": "skip", "collective": name, "size_bytes": nbytes,
-                          "reason": f"needs more than {limit} bytes free"})
-                continue
-            in_place = not through_nccl and name in TORCH_IN_PLACE
-            send = torch.ones(send_n, dtype=torch.float32, device=device)
-            recv = send if in_place else torch.empty(recv_n, dtype=torch.float32, device=device)
-            op = make_call(name, send, recv, count)
-            for _ in range(args.warmup):
-                op()
-            if fault == "hang":
-                time.sleep(3600)
-            graph = None
-            if mode == "graph":
-                assert direct is not None and stream is not None
-                graph = capture(torch, op, args.iters, stream)
-                graph.replay()  # the first launch uploads the graph; not timed
-            if gpu:
-                torch.cuda.synchronize(device)
-            dist.barrier()
-            if gpu:
-                torch.cuda.synchronize(device)
-            blocks = block_count(nbytes, args.iters, args.max_blocks)
-            per_block: list[float] = []
-            for _ in range(blocks):
-                per_block.extend(timed_block(torch, gpu, mode, args.iters, op, graph,
-                                             int(sleep_cycles) if prequeue else 0))
-            timing_t = torch.tensor(per_block, dtype=torch.float64, device=device)
-            dist.all_reduce(timing_t)
-            averaged = [float(x) / world for x in timing_t.tolist()]  # nccl-tests averages over ranks
-            block_us, block_gpu_us = averaged[0::2], averaged[1::2]
-            time_us, gpu_time_us = statistics.median(block_us), statistics.median(block_gpu_us)
-            del graph, op, send, recv  # freed before the check allocates its own buffers
-
-            correct = True
-            if not args.no_check:
-                index = torch.arange(send_n, dtype=torch.int32, device=device)
-                data = pattern(torch, rank, index)
-                out = data.clone() if in_place else torch.full((recv_n,), -1.0, dtype=torch.float32, device=device)
-                make_call(name, data, out, count)()
-                expected = expected_output(torch, name, rank, world, count, recv_n, device)
-                if fault == "wrong_sum":
-                    out[0] += 1.0
-                bad = 0 if expected is None else int((out != expected).sum().item())
-                flag = torch.tensor([bad], dtype=torch.int64, device=device)
-                dist.all_reduce(flag)
-                correct = int(flag.item()) == 0
-                del index, data, out, expected
+        reason = job.unsupported(c)
+        if reason is not None:
             if rank == 0:
-                factor = c.busbw_factor(world)
-                algbw = coll.algbw_gbps(nbytes, time_us)
-                record: dict[str, object] = {
-                    "event": "size", "collective": name, "size_bytes": nbytes, "count": count,
-                    "time_us": round(time_us, 3), "algbw_gbps": _significant(algbw),
-                    "busbw_gbps": _significant(algbw * factor), "correct": correct, "iters": args.iters,
-                    "warmup": args.warmup, "blocks": blocks, "placement": "in-place" if in_place else "out-of-place"}
-                if blocks > 1:
-                    record["block_busbw_gbps"] = [_significant(coll.algbw_gbps(nbytes, us) * factor) for us in block_us]
-                if gpu:
-                    record["gpu_time_us"] = round(gpu_time_us, 3)
-                emit(record)
-            if not correct:
+                emit({"event": "not_measured", "collective": c.name, "backend": args.backend, "reason": reason})
+            continue
+        for size in sizes:
+            if not job.measure(c, size, limit, fault):
                 status = EXIT_WRONG_RESULT
     dist.barrier()
     dist.destroy_process_group()

@@ -28,6 +28,7 @@ LIBRARY_NAME = "libnccl-tuner-nccltune.so"
 SOURCE_NAME = "nccltune_tuner.c"
 HEADER_NAME = "nccltune_tuner.h"
 VERSION_HEADER_NAME = "nccltune_version.h"  # shared by both plugins: NCCL version numbers
+TEXT_HEADER_NAME = "nccltune_text.h"  # shared by both plugins: the bounded read and the line rules
 ENV_LIBRARY_NAME = "libnccl-env-nccltune.so"
 ENV_SOURCE_NAME = "nccltune_env.c"
 ENV_HEADER_NAME = "nccltune_env.h"
@@ -61,9 +62,9 @@ class PluginSource:
     what: str  # how results name it
 
 
-TUNER = PluginSource(LIBRARY_NAME, SOURCE_NAME, (HEADER_NAME, VERSION_HEADER_NAME), "tuner plugin")
-ENV_PLUGIN = PluginSource(ENV_LIBRARY_NAME, ENV_SOURCE_NAME, (ENV_HEADER_NAME, HEADER_NAME, VERSION_HEADER_NAME),
-                          "env plugin")
+TUNER = PluginSource(LIBRARY_NAME, SOURCE_NAME, (HEADER_NAME, VERSION_HEADER_NAME, TEXT_HEADER_NAME), "tuner plugin")
+ENV_PLUGIN = PluginSource(ENV_LIBRARY_NAME, ENV_SOURCE_NAME,
+                          (ENV_HEADER_NAME, HEADER_NAME, VERSION_HEADER_NAME, TEXT_HEADER_NAME), "env plugin")
 
 
 @dataclass(frozen=True)

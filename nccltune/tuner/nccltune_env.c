@@ -46,6 +46,7 @@
 #define _GNU_SOURCE /* strcasecmp */
 
 #include "nccltune_env.h"
+#include "nccltune_text.h"
 #include "nccltune_version.h"
 
 #include <errno.h>
@@ -197,38 +198,14 @@ static int parse(parse_t *ps, const char *buf, size_t size) {
     return -1;
   }
   while (pos < size) {
-    const char *start = buf + pos;
-    const char *nl = memchr(start, '\n', size - pos);
-    size_t len = (size_t)(nl - start);
     char line[ENV_MAX_LINE + 1];
     char *tok[ENV_MAX_FIELDS];
-    int ntok = 0;
-    pos += len + 1;
+    int ntok;
     lineno++;
-    if (len > ENV_MAX_LINE) {
-      fail(ps, lineno, "line longer than %d bytes", ENV_MAX_LINE);
+    if (nccltune_line_fields(buf, size, &pos, line, ENV_MAX_LINE, tok, ENV_MAX_FIELDS, &ntok, ps->why,
+                             sizeof ps->why) != 0) {
+      ps->line = lineno;
       return -1;
-    }
-    for (size_t i = 0; i < len; i++) {
-      unsigned char c = (unsigned char)start[i];
-      if (c != '\t' && (c < 0x20 || c > 0x7e)) {
-        fail(ps, lineno, "byte 0x%02x is not printable ASCII", c);
-        return -1;
-      }
-    }
-    memcpy(line, start, len);
-    line[len] = '\0';
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    for (char *p = line; *p;) {
-      while (*p == ' ' || *p == '\t') *p++ = '\0';
-      if (!*p) break;
-      if (ntok == ENV_MAX_FIELDS) {
-        fail(ps, lineno, "more than %d fields", ENV_MAX_FIELDS);
-        return -1;
-      }
-      tok[ntok++] = p;
-      while (*p && *p != ' ' && *p != '\t') p++;
     }
     if (state == WANT_HEADER) {
       if (ntok != 2 || strcmp(tok[0], ENV_MAGIC) != 0 || strcmp(tok[1], ENV_VERSION) != 0) {
@@ -332,17 +309,10 @@ static char *read_trusted(const char *path, size_t *size, char *why, size_t why_
   const char *bad;
   char dir[4096];
   char *buf, *slash;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  int too_large;
+  int fd = nccltune_open_regular(path, O_NOFOLLOW, &st, why, why_size);
   *size = 0;
-  if (fd < 0) {
-    snprintf(why, why_size, "cannot open: %s", strerror(errno));
-    return NULL;
-  }
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    snprintf(why, why_size, "not a regular file");
-    close(fd);
-    return NULL;
-  }
+  if (fd < 0) return NULL;
   if ((bad = untrusted(&st)) != NULL) {
     snprintf(why, why_size, "the file is %s", bad);
     close(fd);
@@ -358,30 +328,8 @@ static char *read_trusted(const char *path, size_t *size, char *why, size_t why_
     close(fd);
     return NULL;
   }
-  buf = malloc((size_t)ENV_MAX_BYTES + 1);
-  if (buf == NULL) {
-    snprintf(why, why_size, "out of memory");
-    close(fd);
-    return NULL;
-  }
-  while (*size <= (size_t)ENV_MAX_BYTES) {
-    ssize_t n = read(fd, buf + *size, (size_t)ENV_MAX_BYTES + 1 - *size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      snprintf(why, why_size, "read failed: %s", strerror(errno));
-      free(buf);
-      close(fd);
-      return NULL;
-    }
-    if (n == 0) break;
-    *size += (size_t)n;
-  }
+  buf = nccltune_read_bounded(fd, (size_t)ENV_MAX_BYTES, size, &too_large, why, why_size);
   close(fd);
-  if (*size > (size_t)ENV_MAX_BYTES) {
-    snprintf(why, why_size, "larger than %ld bytes", ENV_MAX_BYTES);
-    free(buf);
-    return NULL;
-  }
   return buf;
 }
 

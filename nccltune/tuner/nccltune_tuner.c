@@ -58,6 +58,7 @@
  */
 #define _GNU_SOURCE /* dladdr */
 
+#include "nccltune_text.h"
 #include "nccltune_tuner.h"
 #include "nccltune_version.h"
 
@@ -267,38 +268,15 @@ static void parse_table(load_t *ld, const char *buf, size_t size) {
     return;
   }
   while (pos < size) {
-    const char *start = buf + pos;
-    const char *nl = memchr(start, '\n', size - pos);
-    size_t len = (size_t)(nl - start);
     char line[TABLE_MAX_LINE + 1];
     char *tok[TABLE_MAX_FIELDS];
-    int ntok = 0;
-    pos += len + 1;
+    char why[64];
+    int ntok;
     lineno++;
-    if (len > TABLE_MAX_LINE) {
-      fail(ld, LOAD_MALFORMED, lineno, "line longer than %d bytes", TABLE_MAX_LINE);
+    if (nccltune_line_fields(buf, size, &pos, line, TABLE_MAX_LINE, tok, TABLE_MAX_FIELDS, &ntok, why,
+                             sizeof why) != 0) {
+      fail(ld, LOAD_MALFORMED, lineno, "%s", why);
       goto bad;
-    }
-    for (size_t i = 0; i < len; i++) {
-      unsigned char c = (unsigned char)start[i];
-      if (c != '\t' && (c < 0x20 || c > 0x7e)) {
-        fail(ld, LOAD_MALFORMED, lineno, "byte 0x%02x is not printable ASCII", c);
-        goto bad;
-      }
-    }
-    memcpy(line, start, len);
-    line[len] = '\0';
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    for (char *p = line; *p;) {
-      while (*p == ' ' || *p == '\t') *p++ = '\0';
-      if (!*p) break;
-      if (ntok == TABLE_MAX_FIELDS) {
-        fail(ld, LOAD_MALFORMED, lineno, "more than %d fields", TABLE_MAX_FIELDS);
-        goto bad;
-      }
-      tok[ntok++] = p;
-      while (*p && *p != ' ' && *p != '\t') p++;
     }
     if (state == WANT_HEADER) {
       /* The header is the very first line, blank or not. */
@@ -409,16 +387,13 @@ bad:
  * a device would block or never end). */
 static void load_table(load_t *ld, const char *path) {
   struct stat st;
+  char why[128];
   char *buf;
-  size_t size = 0;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  size_t size;
+  int too_large;
+  int fd = nccltune_open_regular(path, 0, &st, why, sizeof why);
   if (fd < 0) {
-    fail(ld, errno == ENOENT ? LOAD_NO_TABLE : LOAD_UNREADABLE, 0, "cannot open: %s", strerror(errno));
-    return;
-  }
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    fail(ld, LOAD_UNREADABLE, 0, "not a regular file");
-    close(fd);
+    fail(ld, errno == ENOENT ? LOAD_NO_TABLE : LOAD_UNREADABLE, 0, "%s", why);
     return;
   }
   if (st.st_size > TABLE_MAX_BYTES) {
@@ -426,31 +401,13 @@ static void load_table(load_t *ld, const char *path) {
     close(fd);
     return;
   }
-  buf = malloc((size_t)TABLE_MAX_BYTES + 1);
+  buf = nccltune_read_bounded(fd, (size_t)TABLE_MAX_BYTES, &size, &too_large, why, sizeof why);
+  close(fd);
   if (buf == NULL) {
-    fail(ld, LOAD_UNREADABLE, 0, "out of memory");
-    close(fd);
+    fail(ld, too_large ? LOAD_MALFORMED : LOAD_UNREADABLE, 0, "%s", why);
     return;
   }
-  /* Read up to one byte more than allowed: a file that grew since fstat is still caught. */
-  while (size <= (size_t)TABLE_MAX_BYTES) {
-    ssize_t n = read(fd, buf + size, (size_t)TABLE_MAX_BYTES + 1 - size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      fail(ld, LOAD_UNREADABLE, 0, "read failed: %s", strerror(errno));
-      free(buf);
-      close(fd);
-      return;
-    }
-    if (n == 0) break;
-    size += (size_t)n;
-  }
-  close(fd);
-  if (size > (size_t)TABLE_MAX_BYTES) {
-    fail(ld, LOAD_MALFORMED, 0, "larger than %ld bytes", TABLE_MAX_BYTES);
-  } else {
-    parse_table(ld, buf, size);
-  }
+  parse_table(ld, buf, size);
   free(buf);
 }
 
