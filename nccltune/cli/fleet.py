@@ -15,6 +15,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from ..config import profile_collectives
     from ..files.atomicfile import atomic_write
     from ..fleet.decide import decide, dumps_profile, load_exports, rules_from
+    from ..fleet.parts import summary_lines
 
     cfg = load_cfg(args)
     target = output_file(args.out, "class profile")
@@ -28,6 +29,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     atomic_write(target, dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")
+    for line in summary_lines(doc):
+        out(line)
     out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")
     return EXIT_OK
 
