@@ -164,12 +164,9 @@ def test_apply_writes_every_versions_section_for_the_plugins(tmp_path: Path) -> 
 
 def test_a_node_applies_the_section_of_its_nccl(tmp_path: Path) -> None:
     from nccltune.fleet.apply import ProfileRefused, check_profile
-    from nccltune.fleet.node import load_fleet_node
 
     prof = decide(load_exports(_versions(tmp_path)), RULES)
-    demo = load_fleet_node(Config(state_dir=str(tmp_path / "state")), str(bundled_topologies_dir()
-                                                                           / "h200x2-nvswitch-vm.json"))
-    node = dataclasses.replace(demo, demo=False)  # the recorded GPU node, its NCCL as the worker reports it
+    node = _gpu_node(tmp_path)
     check_profile(prof, "p.json", node, "2.27.7")
     check_profile(prof, "p.json", node, "2.28.9")
     with pytest.raises(ProfileRefused, match=r"stale profile: NCCL 2\.28\.9 \(profile\) vs 2\.29\.1") as exc:
@@ -196,3 +193,55 @@ def test_apply_publishes_the_parts_a_set_holds_end_to_end(tmp_path: Path) -> Non
     assert job_env(published, 1) == {**RING, **own}
     for nnodes in (2, 3, 8):  # a set holds the safe and single-node parts: more nodes get the safe part
         assert job_env(published, nnodes) == {**POLICY, **BUFF, **own}
+
+
+def _gpu_node(tmp_path: Path) -> Any:
+    from nccltune.fleet.node import load_fleet_node
+
+    demo = load_fleet_node(Config(state_dir=str(tmp_path / "state")), str(bundled_topologies_dir()
+                                                                           / "h200x2-nvswitch-vm.json"))
+    return dataclasses.replace(demo, demo=False)  # the recorded GPU node, its NCCL as the worker reports it
+
+
+def test_each_node_publishes_its_nccls_section_and_every_section_for_the_plugins(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes, on NCCL 2.27.7 and 2.28.9, apply one profile: each publishes its own version's
+    parts, and both the tuner table and the env plugin's file with both versions' sections."""
+    from nccltune.fleet import table as fleet_table
+    from nccltune.fleet.apply import publish_loaded, read_profile
+    from nccltune.publish.readback import job_env, read_set
+    from nccltune.tuner.build import ENV_PLUGIN, BuildResult
+    from nccltune.tuner.envfile import parse_env_file
+    from nccltune.tuner.table import parse_table
+
+    def built(out_dir: Path, **_kw: Any) -> BuildResult:  # no compiler run: a stand-in library
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "lib.so").write_bytes(b"\x7fELF stand-in")
+        return BuildResult(True, out_dir / "lib.so", "cc", what=ENV_PLUGIN.what)
+
+    monkeypatch.setattr(fleet_table, "build_plugin", built)
+    monkeypatch.setattr(fleet_table, "build_env_plugin", built)
+    prof = decide(load_exports(_versions(tmp_path)), RULES)
+    entry = {"collective": "allreduce", "min_bytes": 0, "max_bytes": 1048575, "nnodes": 1, "nranks": 2,
+             "ranks_per_node": 2, "algo": "ring", "proto": "ll128", "channels": None}
+    for section, algo in zip(prof["nccl_sections"], ("tree", "ring"), strict=True):
+        section["tuner_table"] = [{**entry, "algo": algo}]
+    prof["tuner_table"] = prof["nccl_sections"][0]["tuner_table"]
+    path = tmp_path / "profile.json"
+    path.write_text(dumps_profile(prof))
+    node = _gpu_node(tmp_path)
+    for nccl, single_node, every_job in (("2.27.7", {}, RING), ("2.28.9", {"NCCL_ALGO": "Tree"}, {**POLICY, **BUFF})):
+        cfg = Config(state_dir=str(tmp_path / f"state-{nccl}"))
+        publish_loaded(cfg, node, nccl, read_profile(path))
+        published = read_set(cfg.publish_dir)
+        assert published is not None
+        tuned = {k: v for k, v in published.env.items() if not k.startswith(("NCCLTUNE_", "NCCL_TUNER", "NCCL_ENV"))}
+        assert tuned == every_job and published.single_node_env == single_node
+        assert {k: v for k, v in job_env(published, 1).items() if k in RING or k in TREE} == {**every_job,
+                                                                                                **single_node}
+        table = parse_table(Path(published.env["NCCLTUNE_TUNER_TABLE"]).read_text(), "table")
+        assert table.versions() == (nccl, *({"2.27.7", "2.28.9"} - {nccl}))  # the node's own NCCL first
+        assert {(e.nccl, e.algo) for e in table.entries} == {("2.28.9", "tree"), ("2.27.7", "ring")}
+        values = parse_env_file(Path(published.env["NCCLTUNE_ENV_TABLE"]).read_text(), "env")
+        assert {v.nccl for v in values} == {"2.27.7", "2.28.9"}
+        assert Path(published.env["NCCL_ENV_PLUGIN"]).read_bytes().startswith(b"\x7fELF")

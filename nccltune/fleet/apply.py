@@ -277,7 +277,8 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
         created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
         topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
         backend=str(doc["backend"]), demo=bool(doc["demo"]), profile=str(doc["evidence"]["rules"]["profile"]),
-        gains=profile_gains(doc), note=note,
+        # The evidence is the top-level section's: its gains name no other version's choice.
+        gains=profile_gains(doc) if doc["versions"]["nccl"] == loaded.doc["versions"]["nccl"] else {}, note=note,
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
         tuning_fingerprint=tuning_fp, class_profile=loaded.provenance(),
