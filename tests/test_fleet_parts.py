@@ -50,7 +50,7 @@ def _shaped(tmp_path: Path, *, demo: bool = False) -> list[Path]:
 
 
 def test_decide_makes_one_part_per_measured_node_count(tmp_path: Path) -> None:
-    prof = decide(load_exports(_shaped(tmp_path)), RULES)
+    prof = decide(load_exports(_shaped(tmp_path)), RULES, by_node_count=True)
     validate(prof, load_schema("profile"))
     assert prof["schema_version"] == 2
     parts = {p["nnodes"]: p for p in prof["parts"]}
@@ -85,7 +85,7 @@ def test_a_part_that_loses_keeps_the_defaults_for_its_shape(tmp_path: Path) -> N
     paths = _write(tmp_path, {
         "a": shaped_runs_export("a", {1: (BASE, WIN, RING), 2: (BASE, LOSE, TREE)}),
         "b": shaped_runs_export("b", {1: (BASE, WIN, RING)})})
-    prof = decide(load_exports(paths), RULES)
+    prof = decide(load_exports(paths), RULES, by_node_count=True)
     parts = {p["nnodes"]: p for p in prof["parts"]}
     assert parts[1]["env"] == RING and parts[2]["chosen"] == "NCCL defaults" and parts[2]["env"] == POLICY
     safe, by_count = shape_envs(prof)
@@ -95,7 +95,7 @@ def test_a_part_that_loses_keeps_the_defaults_for_its_shape(tmp_path: Path) -> N
 
 def test_one_shape_keeps_the_profile_of_one_group(tmp_path: Path) -> None:
     paths = _write(tmp_path, {h: shaped_runs_export(h, {1: (BASE, WIN, RING)}) for h in ("a", "b")})
-    prof = decide(load_exports(paths), RULES)
+    prof = decide(load_exports(paths), RULES, by_node_count=True)
     assert prof["schema_version"] == 1 and "parts" not in prof and "nccl_sections" not in prof
     assert prof["env"] == RING and sections(prof)[0]["env"] == RING
     assert shape_envs(sections(prof)[0]) == (RING, {})
@@ -105,8 +105,23 @@ def test_parts_differ_in_node_count_alone(tmp_path: Path) -> None:
     doc = shaped_runs_export("a", {1: (BASE, WIN, RING), 2: (BASE, WIN, TREE)})
     doc["runs"][1]["job"].update(label="2x1", ranks_per_node=1)
     with pytest.raises(InputError, match=r"runs of different job shapes \(1x2 in .*a\.json run 1, 2x1 here\)") as exc:
-        decide(load_exports(_write(tmp_path, {"a": doc})), RULES)
+        decide(load_exports(_write(tmp_path, {"a": doc})), RULES, by_node_count=True)
     assert exc.value.exit_code == 78
+
+
+def test_parts_are_asked_for_else_a_profile_has_one_shape(tmp_path: Path) -> None:
+    paths = _write(tmp_path, {"a": shaped_runs_export("a", {1: (BASE, WIN, RING), 2: (BASE, WIN, TREE)}),
+                              "b": shaped_runs_export("b", {1: (BASE, WIN, TREE)}, nccl="2.28.9"),
+                              "c": shaped_runs_export("c", {1: (BASE, WIN, RING)}, nccl="2.27.7")})
+    with pytest.raises(InputError, match=r"runs of different job shapes \(1x2 in .*a\.json run 1, 2x2 here\)") as exc:
+        decide(load_exports(paths[:1]), RULES)
+    assert "a part per node count with --parts" in str(exc.value)
+    # NCCL versions are never pooled, asked or not: a section each, of its runs' one shape.
+    prof = decide(load_exports(paths[1:]), RULES)
+    validate(prof, load_schema("profile"))
+    assert [(s["nccl"], [p["nnodes"] for p in s["parts"]], s["env"]) for s in prof["nccl_sections"]] == [
+        ("2.28.9", [1], TREE), ("2.27.7", [1], RING)]
+    assert shape_envs(prof["nccl_sections"][1]) == (RING, {1: {}})
 
 
 def _versions(tmp_path: Path, *, demo: bool = False) -> list[Path]:
@@ -120,7 +135,7 @@ def _versions(tmp_path: Path, *, demo: bool = False) -> list[Path]:
 
 
 def test_decide_keeps_one_section_per_nccl_version(tmp_path: Path) -> None:
-    prof = decide(load_exports(_versions(tmp_path)), RULES)
+    prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
     validate(prof, load_schema("profile"))
     got = {s["nccl"]: s for s in prof["nccl_sections"]}
     assert [s["nccl"] for s in prof["nccl_sections"]] == ["2.28.9", "2.27.7"]  # newest first: the top level
@@ -141,7 +156,7 @@ def test_apply_writes_every_versions_section_for_the_plugins(tmp_path: Path) -> 
     from nccltune.fleet.table import profile_env_text, profile_table
     from nccltune.tuner.envfile import parse_env_file
 
-    prof = decide(load_exports(_versions(tmp_path)), RULES)
+    prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
     entry = {"collective": "allreduce", "min_bytes": 0, "max_bytes": 1048575, "nnodes": 1, "nranks": 2,
              "ranks_per_node": 2, "algo": "ring", "proto": "ll128", "channels": None}
     prof["nccl_sections"][1]["tuner_table"] = [entry]
@@ -159,13 +174,14 @@ def test_apply_writes_every_versions_section_for_the_plugins(tmp_path: Path) -> 
         ("2.27.7", "all", "NCCL_BUFFSIZE", "8388608"), ("2.27.7", "all", "NCCL_ALGO", "Ring")}
     one = tmp_path / "one"
     one.mkdir()
-    assert profile_env_text(decide(load_exports(_shaped(one)), RULES), "p.json") is None  # the env files carry it
+    one_version = decide(load_exports(_shaped(one)), RULES, by_node_count=True)
+    assert profile_env_text(one_version, "p.json") is None  # the env files carry it
 
 
 def test_a_node_applies_the_section_of_its_nccl(tmp_path: Path) -> None:
     from nccltune.fleet.apply import ProfileRefused, check_profile
 
-    prof = decide(load_exports(_versions(tmp_path)), RULES)
+    prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
     node = _gpu_node(tmp_path)
     check_profile(prof, "p.json", node, "2.27.7")
     check_profile(prof, "p.json", node, "2.28.9")
@@ -179,7 +195,7 @@ def test_apply_publishes_the_parts_a_set_holds_end_to_end(tmp_path: Path) -> Non
     from nccltune.fleet.apply import apply_profile
     from nccltune.publish.readback import job_env, read_set
 
-    prof = decide(load_exports(_shaped(tmp_path, demo=True)), RULES)
+    prof = decide(load_exports(_shaped(tmp_path, demo=True)), RULES, by_node_count=True)
     path = tmp_path / "profile.json"
     path.write_text(dumps_profile(prof))
     cfg = Config(state_dir=str(tmp_path / "state"))
@@ -221,7 +237,7 @@ def test_each_node_publishes_its_nccls_section_and_every_section_for_the_plugins
 
     monkeypatch.setattr(fleet_table, "build_plugin", built)
     monkeypatch.setattr(fleet_table, "build_env_plugin", built)
-    prof = decide(load_exports(_versions(tmp_path)), RULES)
+    prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
     entry = {"collective": "allreduce", "min_bytes": 0, "max_bytes": 1048575, "nnodes": 1, "nranks": 2,
              "ranks_per_node": 2, "algo": "ring", "proto": "ll128", "channels": None}
     for section, algo in zip(prof["nccl_sections"], ("tree", "ring"), strict=True):

@@ -25,7 +25,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     swept_for = {run["profile"] for e in exports for run in e.doc["runs"]}  # the objectives, as pool() reads them
     rules = rules_from(args.profile, swept_for, min_gain_pct=cfg.sweep.min_gain_pct,
                        max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
-    doc = decide(exports, rules)
+    # --parts (cli/parser.py): a part per measured node count, each decided from its own sweeps.
+    doc = decide(exports, rules, by_node_count=bool(getattr(args, "parts", False)))
     atomic_write(target, dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")

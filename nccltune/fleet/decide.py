@@ -336,7 +336,8 @@ def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
     if len(shapes) > 1:
         (a, (_, where_a)), (b, (_, where_b)) = list(shapes.items())[:2]
         raise InputError(where_b, f"runs of different job shapes ({a} in {where_a}, {b} here) do not measure the "
-                         "same job", hint="decide each shape from its own exports (nccltune export --run ID)")
+                         "same job", hint="decide each shape from its own exports (nccltune export --run ID), or "
+                         "a part per node count with --parts")
     job = next(iter(shapes.values()))[0] if shapes else None
     if job is None:
         return {"ranks_per_node": ranks_per_node, "measured_nnodes": 1, "min_nnodes": 1, "max_nnodes": None,
@@ -571,18 +572,20 @@ def _wins_doc(choice: TableChoice) -> list[dict[str, Any]]:
             for part in choice.parts for _s, w in sorted(part.wins.items())]
 
 
-def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:
-    """The class profile document for these exports (already checked by load_exports): one part
-    per measured node count and one section per NCCL version, each decided by decide_group from
-    its own runs alone (fleet/parts.py).
+def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None,
+           by_node_count: bool = False) -> dict[str, Any]:
+    """The class profile document for these exports (already checked by load_exports): one section
+    per NCCL version and, `by_node_count`, one part per measured node count, each decided by
+    decide_group from its own runs alone (fleet/parts.py); without it, runs of different job
+    shapes are refused.
 
     Raises:
-        InputError: no ok baseline trial in a group's exports, runs of different ranks per node or
-            of NIC loopback beside other runs (exit 78).
+        InputError: no ok baseline trial in a group's exports, runs of different job shapes (by
+            node count: of different ranks per node, or NIC loopback beside other runs). Exit 78.
     """
     from .parts import decide_parts
 
-    return decide_parts(exports, rules, now=now)
+    return decide_parts(exports, rules, now=now, by_node_count=by_node_count)
 
 
 def decide_group(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:

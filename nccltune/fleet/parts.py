@@ -1,8 +1,10 @@
 """A class profile's parts by job shape and its sections by NCCL version.
 
 The exports of one kind of node are split by the NCCL version each measured with (a class fact:
-exports of classes that differ in it alone decide together) and, inside each version, by the node
-count of each run's job shape (1 for a node's own ranks, N for a sweep over N nodes). Each group
+exports of classes that differ in it alone decide together) and, asked for (`by_node_count`,
+`fleet decide --parts`), inside each version by the node count of each run's job shape (1 for a
+node's own ranks, N for a sweep over N nodes); without it a version's runs must share one shape,
+as a profile of one shape always needed. Each group
 is decided on its own by decide.decide_group, the one decision rule of a node's sweep: only the
 runs of that version and node count are evidence for that part, so 2.27 and 2.28 samples, or one
 node's samples and a 2-node sweep's, are never pooled.
@@ -73,13 +75,14 @@ def version_key(version: str | None) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in version.split("."))
 
 
-def split(exports: Sequence[Export]) -> dict[str | None, dict[int, list[Export]]]:
-    """NCCL version -> node count -> the exports of its runs, each export cut to those runs."""
+def split(exports: Sequence[Export], by_node_count: bool) -> dict[str | None, dict[int, list[Export]]]:
+    """NCCL version -> node count -> the exports of its runs, each export cut to those runs; not
+    `by_node_count`, a version's runs are one group (key 0), whose shapes decide_group checks."""
     out: dict[str | None, dict[int, list[Export]]] = {}
     for e in exports:
         counts: dict[int, list[dict[str, Any]]] = {}
         for run in e.doc["runs"]:
-            counts.setdefault(_run_shape(e, run)[0], []).append(run)
+            counts.setdefault(_run_shape(e, run)[0] if by_node_count else 0, []).append(run)
         for nnodes, runs in counts.items():
             out.setdefault(nccl_of(e), {}).setdefault(nnodes, []).append(Export(e.path, {**e.doc, "runs": runs},
                                                                                e.sha256))
@@ -92,9 +95,10 @@ def _common(envs: Sequence[Mapping[str, str]]) -> dict[str, str]:
     return {k: v for k, v in sorted(first.items()) if all(env.get(k) == v for env in envs[1:])}
 
 
-def _part_doc(nnodes: int, doc: Mapping[str, Any]) -> dict[str, Any]:
+def _part_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
     evidence = doc["evidence"]
-    return {"nnodes": nnodes, "job_shape": doc["job_shape"], "env": doc["env"], "topology_file": doc["topology_file"],
+    return {"nnodes": doc["job_shape"]["measured_nnodes"], "job_shape": doc["job_shape"], "env": doc["env"],
+            "topology_file": doc["topology_file"],
             "chosen": doc["chosen"], "node_count": evidence["node_count"], "trials": evidence["trials"],
             "verdict": evidence["verdict"], "table_status": evidence["table"]["status"],
             "candidates": [{k: c[k] for k in ("label", "eligible", "status", "gain_pct", "reason")}
@@ -102,7 +106,7 @@ def _part_doc(nnodes: int, doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _section(version: str | None, docs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    parts = [_part_doc(n, docs[n]) for n in sorted(docs)]
+    parts = [_part_doc(docs[n]) for n in sorted(docs)]
     chosen = (DEFAULTS_LABEL if all(p["chosen"] == DEFAULTS_LABEL for p in parts)
               else "; ".join(f"{p['nnodes']} node(s): {p['chosen']}" for p in parts))
     return {"nccl": version, "node_class": docs[min(docs)]["node_class"],
@@ -112,14 +116,17 @@ def _section(version: str | None, docs: Mapping[int, Mapping[str, Any]]) -> dict
             "tuner_table": [e for n in sorted(docs) for e in docs[n]["tuner_table"]]}
 
 
-def decide_parts(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:
-    """The class profile of `exports` (see the module docstring).
+def decide_parts(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None,
+                 by_node_count: bool = False) -> dict[str, Any]:
+    """The class profile of `exports` (see the module docstring): a part per node count only
+    `by_node_count` (`fleet decide --parts`), else one part per version, of its runs' one shape.
 
     Raises:
         InputError: as decide_group for any group, or check_one_job (exit 78).
     """
-    check_one_job(exports)
-    groups = split(exports)
+    if by_node_count:
+        check_one_job(exports)
+    groups = split(exports, by_node_count)
     decided = {version: {n: decide_group(group, rules, now=now) for n, group in sorted(counts.items())}
                for version, counts in groups.items()}
     versions = sorted(decided, key=version_key, reverse=True)
