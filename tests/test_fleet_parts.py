@@ -261,3 +261,16 @@ def test_each_node_publishes_its_nccls_section_and_every_section_for_the_plugins
         values = parse_env_file(Path(published.env["NCCLTUNE_ENV_TABLE"]).read_text(), "env")
         assert {v.nccl for v in values} == {"2.27.7", "2.28.9"}
         assert Path(published.env["NCCL_ENV_PLUGIN"]).read_bytes().startswith(b"\x7fELF")
+
+
+def test_a_value_the_env_plugin_cannot_carry_stays_in_the_env_files(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from nccltune.fleet.table import profile_env_text
+    from nccltune.tuner.envfile import parse_env_file
+
+    prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
+    prof["nccl_sections"][1]["env"] = {**prof["nccl_sections"][1]["env"], "NCCL_IB_HCA": "mlx5_0 mlx5_1"}
+    values = parse_env_file(profile_env_text(prof, "p.json") or "", "env")
+    assert ("2.27.7", "NCCL_ALGO") in {(v.nccl, v.name) for v in values}
+    assert "NCCL_IB_HCA" not in {v.name for v in values}
+    assert any("NCCL 2.27.7, NCCL_IB_HCA: left out of the env plugin's file" in r.getMessage() for r in caplog.records)

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..nccl.sitetuner import default_conf_files, existing_tuner
 from ..publish import Tuner
 from ..tuner.build import build_env_plugin, build_plugin
-from ..tuner.envfile import EnvValue, render_env_file
+from ..tuner.envfile import EnvValue, render_env_file, value_problem
 from ..tuner.table import TableEntry, TunerTable, render_table
 from .parts import sections, shape_envs
 
@@ -60,11 +60,9 @@ def profile_env_text(doc: Mapping[str, Any], where: str) -> str | None:
     """The env plugin's file for a profile of several NCCL versions: per version, the safe part as
     scope `all`, the single-node part as `single`, and as `multi` the values every multi-node part
     chose alike (the file has one scope for every job of two nodes or more); None for a profile of
-    one version, whose values the env files carry.
-
-    Raises:
-        InputError: a value the plugin would refuse (exit 78).
-    """
+    one version, whose values the env files carry, and for one the file cannot hold (logged: the
+    env files still carry this node's version's values). A value the plugin would refuse (a space
+    in it, a name it never answers) is left out of the file, logged."""
     keyed = [s for s in sections(doc) if s["nccl"]]
     if len(keyed) < 2:
         return None
@@ -75,13 +73,18 @@ def profile_env_text(doc: Mapping[str, Any], where: str) -> str | None:
         common = {k: v for k, v in multi[0].items() if all(p.get(k) == v for p in multi[1:])} if multi else {}
         for scope, named in (("all", safe), ("single", parts.get(1, {})), ("multi", common)):
             # Only NCCL's own variables reach NCCL through the plugin (torch reads its own from the env files).
-            values += [EnvValue(str(section["nccl"]), scope, k, v) for k, v in sorted(named.items())
-                       if k.startswith("NCCL_")]
+            for name, value in sorted(named.items()):
+                v = EnvValue(str(section["nccl"]), scope, name, value)
+                problem = value_problem(v) if name.startswith("NCCL_") else "not NCCL's"
+                if problem is None:
+                    values.append(v)
+                elif name.startswith("NCCL_"):
+                    log.warning("%s: NCCL %s, %s: left out of the env plugin's file: %s", where, v.nccl, name, problem)
     try:
         return render_env_file(tuple(values))
     except ValueError as exc:
-        raise InputError(where, f"nccl_sections: {exc}", hint="regenerate the profile with `nccltune fleet decide`") \
-            from exc
+        log.warning("%s: the env plugin's file is not published: %s", where, exc)
+        return None
 
 
 def profile_tuner(cfg: Config, doc: Mapping[str, Any], where: str, fingerprint: str,
