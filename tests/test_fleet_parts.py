@@ -274,3 +274,20 @@ def test_a_value_the_env_plugin_cannot_carry_stays_in_the_env_files(tmp_path: Pa
     assert ("2.27.7", "NCCL_ALGO") in {(v.nccl, v.name) for v in values}
     assert "NCCL_IB_HCA" not in {v.name for v in values}
     assert any("NCCL 2.27.7, NCCL_IB_HCA: left out of the env plugin's file" in r.getMessage() for r in caplog.records)
+
+
+def test_verify_judges_a_node_by_its_nccls_section(tmp_path: Path) -> None:
+    """A node on the older NCCL is compared with that version's class numbers, never the newer's."""
+    from nccltune.fleet.outlier import class_reference
+
+    paths = _write(tmp_path, {
+        **{h: shaped_runs_export(h, {1: (BASE, WIN, RING)}, nccl="2.27.7") for h in ("a", "b")},
+        **{h: shaped_runs_export(h, {1: ([2 * b for b in BASE], [2 * w for w in WIN], TREE)}, nccl="2.28.9")
+           for h in ("c", "d")}})
+    prof = decide(load_exports(paths), RULES)
+    validate(prof, load_schema("profile"))
+    refs = {nccl: class_reference(section_for(prof, nccl), "p.json") for nccl in ("2.27.7", "2.28.9")}
+    assert refs["2.27.7"] is not None and refs["2.28.9"] is not None
+    assert refs["2.27.7"].class_id == prof["nccl_sections"][1]["node_class"]["id"]
+    medians = {nccl: {round(st.median_gbps) for st in ref.sizes.values()} for nccl, ref in refs.items() if ref}
+    assert medians == {"2.27.7": {113}, "2.28.9": {226}}

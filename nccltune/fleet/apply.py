@@ -328,7 +328,7 @@ def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfil
     """The class profile the published set came from, as kept in its generation (or, for a set
     published before generations kept it, in the state directory), or None when the set is a
     node's own decision or the copy is not the one published (another digest, gone, unreadable:
-    logged)."""
+    logged); its document as the published set's NCCL's section (parts.section_for)."""
     published = provenance.get("class_profile")
     if not isinstance(published, Mapping) or not isinstance(published.get("sha256"), str):
         return None
@@ -343,4 +343,6 @@ def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfil
         log.warning("%s is not the class profile in force (%s, sha256 %s...)", path, published.get("file"),
                     str(published["sha256"])[:12])
         return None
-    return loaded
+    nccl = provenance.get("nccl_version")
+    view = section_for(loaded.doc, nccl if isinstance(nccl, str) else None)
+    return LoadedProfile(loaded.path, dict(view), loaded.raw)

@@ -101,19 +101,23 @@ def _part_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
             "topology_file": doc["topology_file"],
             "chosen": doc["chosen"], "node_count": evidence["node_count"], "trials": evidence["trials"],
             "verdict": evidence["verdict"], "table_status": evidence["table"]["status"],
-            "candidates": [{k: c[k] for k in ("label", "eligible", "status", "gain_pct", "reason")}
+            "candidates": [{k: c[k] for k in ("label", "eligible", "status", "gain_pct", "reason", "topology_file")}
                            for c in evidence["candidates"]]}
 
 
 def _section(version: str | None, docs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     parts = [_part_doc(docs[n]) for n in sorted(docs)]
-    chosen = (DEFAULTS_LABEL if all(p["chosen"] == DEFAULTS_LABEL for p in parts)
+    # One label for what the section publishes: a part's own where it has one part (verify finds
+    # its candidate by it), NCCL's defaults where every part kept them (a published state of "defaults").
+    chosen = (parts[0]["chosen"] if len(parts) == 1 else DEFAULTS_LABEL
+              if all(p["chosen"] == DEFAULTS_LABEL for p in parts)
               else "; ".join(f"{p['nnodes']} node(s): {p['chosen']}" for p in parts))
     return {"nccl": version, "node_class": docs[min(docs)]["node_class"],
             "env": _common([p["env"] for p in parts]),
             # NCCL_TOPO_FILE is every job's (the publisher's own variable): only where every part chose it.
             "topology_file": all(p["topology_file"] for p in parts), "chosen": chosen, "parts": parts,
-            "tuner_table": [e for n in sorted(docs) for e in docs[n]["tuner_table"]]}
+            "tuner_table": [e for n in sorted(docs) for e in docs[n]["tuner_table"]],
+            "class_per_size": docs[min(docs)]["evidence"]["class_per_size"]}
 
 
 def decide_parts(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None,
@@ -157,13 +161,21 @@ def sections(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def section_for(doc: Mapping[str, Any], nccl: str | None) -> Mapping[str, Any]:
     """The profile as seen by a node that runs NCCL `nccl`: its top level replaced by that
     version's section, when the profile has one; else the profile itself (which apply then
-    refuses as stale when its version is not the node's)."""
+    refuses as stale when its version is not the node's). Of another section than the top
+    level's, the evidence verify reads is that section's: its smallest node count's candidates and
+    class distribution, without per-node numbers (fleet.outlier reads the summary)."""
     for section in doc.get("nccl_sections", []):
-        if section["nccl"] == nccl:
-            view = {**doc, **{k: section[k] for k in ("node_class", "env", "topology_file", "chosen", "parts",
-                                                       "tuner_table")}}
-            view["versions"] = {**doc["versions"], "nccl": section["nccl"]}
-            return view
+        if section["nccl"] != nccl:
+            continue
+        view = {**doc, **{k: section[k] for k in ("node_class", "env", "topology_file", "chosen", "parts",
+                                                   "tuner_table")}}
+        view["versions"] = {**doc["versions"], "nccl": section["nccl"]}
+        if section["nccl"] != doc["versions"]["nccl"]:
+            smallest = section["parts"][0]
+            view["evidence"] = {**doc["evidence"], "nodes": [], "node_count": smallest["node_count"],
+                                "candidates": smallest["candidates"], "class_per_size": section["class_per_size"],
+                                "verdict": smallest["verdict"]}
+        return view
     return doc
 
 
