@@ -108,3 +108,33 @@ def h200x2_export(host: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
                       "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
                       "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
                       "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
+
+
+def shaped_runs_export(host: str, shapes: dict[int, tuple[list[float], list[float], dict[str, str]]], *,
+                       nccl: str | None = None, demo: bool = False) -> dict[str, Any]:
+    """h200x2_export with one sweep per node count (1: the node's own two ranks; N: a sweep over
+    N nodes, its coordinator's run), each of (baseline bus bandwidths, finalist bus bandwidths,
+    the finalist's env), measured with NCCL `nccl`: the class facts, id and runs say so."""
+    from nccltune.topology.nodeclass import class_id_of
+
+    runs = []
+    for i, (nnodes, (base, cand, env)) in enumerate(sorted(shapes.items())):
+        trials = [_trial(j + 1, "baseline", {}, b) for j, b in enumerate(base)]
+        trials += [_trial(10 + j, "final", env, c) for j, c in enumerate(cand)]
+        run = copy.deepcopy(h200x2_export(host, trials)["runs"][0])
+        run.update(id=i + 1, nccl_version=nccl, demo=demo, backend="gloo" if demo else "nccl")
+        if nnodes > 1:
+            run["job"] = {"label": f"{nnodes}x2", "nnodes": nnodes, "ranks_per_node": 2, "loopback": False,
+                          "launcher": "torchrun"}
+        runs.append(run)
+    doc = h200x2_export(host, [])
+    facts = {**doc["node_class"]["facts"], "nccl_version": nccl}
+    doc.update(runs=runs, demo=demo, node_class={"id": class_id_of(facts), "facts": facts})
+    doc["versions"]["nccl"] = nccl
+    return doc
+
+
+def _trial(seq: int, phase: str, env: dict[str, str], busbw: float) -> dict[str, Any]:
+    return {"seq": seq, "phase": phase, "label": "x", "env": env, "status": "ok", "reason": None, "wall_s": 1.0,
+            "measurements": [{"size_bytes": s, "time_us": 1.0, "algbw_gbps": busbw, "busbw_gbps": busbw,
+                              "algo": None, "proto": None, "correct": True} for s in (1 << 20, 1 << 24)]}

@@ -15,6 +15,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from ..config import profile_collectives
     from ..files.atomicfile import atomic_write
     from ..fleet.decide import decide, dumps_profile, load_exports, rules_from
+    from ..fleet.parts import summary_lines
 
     cfg = load_cfg(args)
     target = output_file(args.out, "class profile")
@@ -24,10 +25,13 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     swept_for = {run["profile"] for e in exports for run in e.doc["runs"]}  # the objectives, as pool() reads them
     rules = rules_from(args.profile, swept_for, min_gain_pct=cfg.sweep.min_gain_pct,
                        max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
-    doc = decide(exports, rules)
+    # --parts (cli/parser.py): a part per measured node count, each decided from its own sweeps.
+    doc = decide(exports, rules, by_node_count=bool(getattr(args, "parts", False)))
     atomic_write(target, dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")
+    for line in summary_lines(doc):
+        out(line)
     out(f"{len(exports)} node(s), job shape {doc['job_shape']['label']}; profile written to {args.out}")
     return EXIT_OK
 

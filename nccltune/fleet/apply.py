@@ -36,6 +36,7 @@ from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
 from .decide import PROFILE_KIND, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node, worker_nccl
+from .parts import section_for, shape_envs
 from .table import profile_tuner
 from .values import MAX_CHOSEN_CHARS as MAX_CHOSEN_CHARS  # kept importable from here
 from .values import check_values
@@ -117,6 +118,7 @@ def check_profile(doc: Mapping[str, Any], where: str, node: FleetNode, nccl_vers
         ProfileRefused: demo/GPU mismatch, stale versions, another class, or an unpublishable
             variable; the message names what differs. Exit 78.
     """
+    doc = section_for(doc, nccl_version)  # the section of this node's NCCL, when the profile has one
     if bool(doc["demo"]) != node.demo:
         kind = "a CPU demo profile" if doc["demo"] else "a GPU profile"
         raise ProfileRefused(where, f"{kind} cannot be applied to {'a demo' if node.demo else 'a GPU'} node",
@@ -258,23 +260,25 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
         InputError: a config pin that cannot be published (exit 78); nothing was written.
         PublishError, BusyError: as publish.publish.
     """
-    doc = loaded.doc
+    doc = section_for(loaded.doc, nccl_version)
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
     validate_env(env, source=f"{cfg.path or 'config'}: sweep.pin")
+    single, parts_note = shape_parts(doc, env)
     from ..publish.tuning import tuning_fingerprint
 
     tuning_fp = tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo)
     # Checked (and the plugin built) before anything is written; the table carries the fingerprint
     # the node publishes, which the plugin checks.
     tuner, table_note = profile_tuner(cfg, doc, str(loaded.path), tuning_fp, os.environ)
-    note = loaded.note + (f"; {table_note}" if table_note else "")
+    note = loaded.note + "".join(f"; {n}" for n in (table_note, parts_note) if n)
     prov = Provenance(
         nccltune_version=__version__,
         created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
         topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
         backend=str(doc["backend"]), demo=bool(doc["demo"]), profile=str(doc["evidence"]["rules"]["profile"]),
-        gains=profile_gains(doc), note=note,
+        # The evidence is the top-level section's: its gains name no other version's choice.
+        gains=profile_gains(doc) if doc["versions"]["nccl"] == loaded.doc["versions"]["nccl"] else {}, note=note,
         # What the daemon computes for this node's NCCL and sweep settings: it takes the profile as
         # current, and re-tunes only when one of them changes (as after its own sweep).
         tuning_fingerprint=tuning_fp, class_profile=loaded.provenance(),
@@ -285,11 +289,24 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # or failed publish leaves the previous profile in force.
     # A topology file the site's NCCL conf file names stays the site's (nccl.site).
     own_xml = doc["topology_file"] and "NCCL_TOPO_FILE" not in conf_settings(os.environ)
-    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system) if own_xml else None,
+    setting = Setting(env, prov, single, topology_xml=render_xml(node.topo.system) if own_xml else None,
                       tuner=tuner, class_profile=loaded.raw, where=str(loaded.path))
     published = publish_setting(cfg, setting)
     log.info("applied %s: generation %d", note, published.generation)
     return ApplyResult(loaded.path, loaded.class_id, dict(published.env), published, note)
+
+
+def shape_parts(doc: Mapping[str, Any], every_job: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The single-node part a profile's section publishes beside `every_job` (its safe part and
+    the pins), and what to say of the parts of more nodes a published set does not hold yet
+    (their jobs get the safe part, as publish.shapes.part_for_shape gives a set without them)."""
+    _safe, parts = shape_envs(doc)
+    single = {k: v for k, v in parts.get(1, {}).items() if k not in every_job}
+    multi = sorted(n for n, part in parts.items() if n > 1 and part)
+    if not multi:
+        return single, None
+    return single, (f"the parts for {', '.join(map(str, multi))} nodes are not in the published set: "
+                    "those jobs get the safe part")
 
 
 def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,
@@ -311,7 +328,7 @@ def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfil
     """The class profile the published set came from, as kept in its generation (or, for a set
     published before generations kept it, in the state directory), or None when the set is a
     node's own decision or the copy is not the one published (another digest, gone, unreadable:
-    logged)."""
+    logged); its document as the published set's NCCL's section (parts.section_for)."""
     published = provenance.get("class_profile")
     if not isinstance(published, Mapping) or not isinstance(published.get("sha256"), str):
         return None
@@ -326,4 +343,6 @@ def profile_in_force(cfg: Config, provenance: Mapping[str, Any]) -> LoadedProfil
         log.warning("%s is not the class profile in force (%s, sha256 %s...)", path, published.get("file"),
                     str(published["sha256"])[:12])
         return None
-    return loaded
+    nccl = provenance.get("nccl_version")
+    view = section_for(loaded.doc, nccl if isinstance(nccl, str) else None)
+    return LoadedProfile(loaded.path, dict(view), loaded.raw)

@@ -59,7 +59,7 @@ from ..sweep.pertable import (
 )
 from ..sweep.select import Key, SizeStats, key_label, size_stats
 from ..sweep.strategy import CARRIED, label_of
-from ..topology.nodeclass import class_id_of, describe_difference
+from ..topology.nodeclass import class_id_of, describe_difference, differing_facts
 from .export import EXPORT_KIND
 from .schema import SchemaViolation, load_schema, validate
 from .values import check_values, env_problem
@@ -133,11 +133,13 @@ def read_json_document(path: Path, schema_name: str, kind: str, *,
 
 
 def load_exports(paths: Sequence[Path]) -> list[Export]:
-    """Read every export and check they describe distinct nodes of one class.
+    """Read every export and check they describe distinct nodes of one class, or of classes that
+    differ in their NCCL version alone (same_kind: decided in a section per version).
 
     Raises:
         InputError: a malformed export, the same node twice, demo and GPU measurements mixed, or
-            exports of different classes (the reason names the facts that differ). Exit 78.
+            exports of different classes beyond NCCL's version (the reason names the facts that
+            differ). Exit 78.
     """
     if not paths:
         raise UsageError("nccltune fleet decide: give at least one export")
@@ -146,9 +148,10 @@ def load_exports(paths: Sequence[Path]) -> list[Export]:
         doc, raw = read_json_document(p, "export", EXPORT_KIND)
         exports.append(Export(p, doc, hashlib.sha256(raw).hexdigest()))
     first = exports[0]
-    seen: dict[tuple[str, str], Path] = {}
+    seen: dict[tuple[str, str, str | None], Path] = {}
     for e in exports:
-        key = (e.doc["hostname"], e.doc["topology_fingerprint"])
+        # A node exported under two NCCL versions is two samples of two sections, never pooled.
+        key = (e.doc["hostname"], e.doc["topology_fingerprint"], e.doc["node_class"]["facts"].get("nccl_version"))
         if key in seen:
             raise InputError(str(e.path), f"the same node as {seen[key]} (hostname {key[0]}, topology {key[1]})",
                              hint="each node's samples may count once")
@@ -156,12 +159,19 @@ def load_exports(paths: Sequence[Path]) -> list[Export]:
         if e.doc["demo"] != first.doc["demo"]:
             raise InputError(str(e.path), f"demo is {e.doc['demo']}, but {first.path} has {first.doc['demo']}",
                              hint="CPU demo measurements and GPU measurements do not pool")
-        if e.class_id != first.class_id:
+        if e.class_id != first.class_id and not same_kind(first.doc["node_class"]["facts"],
+                                                           e.doc["node_class"]["facts"]):
             why = describe_difference(first.doc["node_class"]["facts"], e.doc["node_class"]["facts"],
                                       a_name=first.path.name, b_name=e.path.name)
             raise InputError(str(e.path), f"node class {e.class_id} differs from {first.path}'s {first.class_id}: "
                              f"{why}", hint="decide each class from the exports of its own nodes")
     return exports
+
+
+def same_kind(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Classes that differ in their NCCL version alone: one kind of node, whose exports decide
+    together, each version's evidence in its own section (fleet/parts.py)."""
+    return differing_facts(dict(a), dict(b)) == ["nccl_version"]
 
 
 def _measurements(trial: Mapping[str, Any]) -> list[Measurement]:
@@ -326,7 +336,8 @@ def job_shape(exports: Sequence[Export], ranks_per_node: int) -> dict[str, Any]:
     if len(shapes) > 1:
         (a, (_, where_a)), (b, (_, where_b)) = list(shapes.items())[:2]
         raise InputError(where_b, f"runs of different job shapes ({a} in {where_a}, {b} here) do not measure the "
-                         "same job", hint="decide each shape from its own exports (nccltune export --run ID)")
+                         "same job", hint="decide each shape from its own exports (nccltune export --run ID), or "
+                         "a part per node count with --parts")
     job = next(iter(shapes.values()))[0] if shapes else None
     if job is None:
         return {"ranks_per_node": ranks_per_node, "measured_nnodes": 1, "min_nnodes": 1, "max_nnodes": None,
@@ -561,8 +572,24 @@ def _wins_doc(choice: TableChoice) -> list[dict[str, Any]]:
             for part in choice.parts for _s, w in sorted(part.wins.items())]
 
 
-def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:
-    """The class profile document for these exports (already checked by load_exports).
+def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None,
+           by_node_count: bool = False) -> dict[str, Any]:
+    """The class profile document for these exports (already checked by load_exports): one section
+    per NCCL version and, `by_node_count`, one part per measured node count, each decided by
+    decide_group from its own runs alone (fleet/parts.py); without it, runs of different job
+    shapes are refused.
+
+    Raises:
+        InputError: no ok baseline trial in a group's exports, runs of different job shapes (by
+            node count: of different ranks per node, or NIC loopback beside other runs). Exit 78.
+    """
+    from .parts import decide_parts
+
+    return decide_parts(exports, rules, now=now, by_node_count=by_node_count)
+
+
+def decide_group(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:
+    """The class profile document for exports of one NCCL version and one job shape.
 
     Raises:
         InputError: no ok baseline trial in any export (exit 78).

@@ -43,8 +43,9 @@ def env_problem(env: Mapping[str, str], source: str) -> InputError | None:
 
 
 def check_values(doc: Mapping[str, Any], where: str) -> None:
-    """What a (schema-valid) profile would publish: its `env` as env_problem checks it, at most
-    MAX_VARIABLES variables, a `chosen` label of at most MAX_CHOSEN_CHARS characters.
+    """What a (schema-valid) profile would publish: its `env`, and every section's and part's, as
+    env_problem checks it, at most MAX_VARIABLES variables each, a `chosen` label of at most
+    MAX_CHOSEN_CHARS characters.
 
     Raises:
         InputError: naming ``where`` and the field or variable (exit 78).
@@ -59,3 +60,14 @@ def check_values(doc: Mapping[str, Any], where: str) -> None:
     problem = env_problem(env, f"{where}: env")
     if problem is not None:
         raise problem
+    # Every NCCL version's section and every job shape's part is published somewhere (the node's
+    # NCCL's section into its set, every section into the env plugin's file): held to the same rules.
+    for i, section in enumerate(doc.get("nccl_sections", [])):
+        envs = [(f"$.nccl_sections[{i}].env", section["env"])]
+        envs += [(f"$.nccl_sections[{i}].parts[{j}].env", part["env"]) for j, part in enumerate(section["parts"])]
+        for field, part_env in envs:
+            if len(part_env) > MAX_VARIABLES:
+                raise InputError(where, f"{field}: {len(part_env)} variables; at most {MAX_VARIABLES} are published")
+            problem = env_problem(part_env, f"{where}: {field}")
+            if problem is not None:
+                raise problem
