@@ -291,3 +291,17 @@ def test_verify_judges_a_node_by_its_nccls_section(tmp_path: Path) -> None:
     assert refs["2.27.7"].class_id == prof["nccl_sections"][1]["node_class"]["id"]
     medians = {nccl: {round(st.median_gbps) for st in ref.sizes.values()} for nccl, ref in refs.items() if ref}
     assert medians == {"2.27.7": {113}, "2.28.9": {226}}
+
+
+def test_fleet_decide_parts_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nccltune.cli import main
+
+    exports = [str(p) for p in _shaped(tmp_path)]
+    refused = tmp_path / "refused.json"
+    assert main(["fleet", "decide", *exports, "--out", str(refused)]) == 78
+    assert "--parts" in capsys.readouterr().err and not refused.exists()
+    out = tmp_path / "class.json"
+    assert main(["fleet", "decide", *exports, "--out", str(out), "--parts"]) == 0
+    prof = json.loads(out.read_text())
+    assert sorted(p["nnodes"] for p in prof["parts"]) == [1, 2, 4]
+    assert "4 node(s) (4x2, 1 node(s) measured)" in capsys.readouterr().out

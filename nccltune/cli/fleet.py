@@ -26,7 +26,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     rules = rules_from(args.profile, swept_for, min_gain_pct=cfg.sweep.min_gain_pct,
                        max_regression_pct=cfg.sweep.max_regression_pct, custom=custom)
     # --parts (cli/parser.py): a part per measured node count, each decided from its own sweeps.
-    doc = decide(exports, rules, by_node_count=bool(getattr(args, "parts", False)))
+    doc = decide(exports, rules, by_node_count=args.parts)
     atomic_write(target, dumps_profile(doc))
     out(f"Class {doc['node_class']['id']}: {doc['evidence']['verdict']}")
     out(f"Tuner table: {doc['evidence']['table']['status']}")

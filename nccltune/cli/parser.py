@@ -417,6 +417,9 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     dec.add_argument("exports", nargs="+", metavar="EXPORT", help="files written by `nccltune export` on each node")
     dec.add_argument("--out", required=True, metavar="PROFILE", help="the class profile to write")
     dec.add_argument("--profile", metavar="NAME", help="objective (default: the one the nodes swept for)")
+    dec.add_argument("--parts", action="store_true",
+                     help="exports of sweeps over different node counts: one part per measured node count, "
+                          "each decided from its own sweeps (docs/job-shapes.md)")
     st = _command(fsub, "status", help="per class: each node's NCCL/driver/torch and what is in force")
     st.add_argument("exports", nargs="+", metavar="EXPORT",
                     help="files written by `nccltune export` on each node, or directories of them")
