@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -35,8 +36,9 @@ from pathlib import Path
 from ..config.schema import BenchConfig
 from ..errors import InputError, UnavailableError
 from ..files import trust
-from ..files.inputfile import loads_strict
+from ..files.inputfile import loads_strict, read_output
 from ..images import Image, parse_image
+from ..logsetup import escaped
 from .credentials import rank_user
 from .launch import WORKER
 
@@ -48,6 +50,11 @@ WORKER_MOUNT = "/opt/nccltune/trials"
 COLLECTIVES_MOUNT = "/opt/nccltune/collectives.py"
 IMAGE_PYTHON = "python3"
 PROBE_TIMEOUT_S = 300.0
+# The probe answers with one line of JSON of a few hundred bytes; what is kept of its stderr is
+# its last line, for the error.
+MAX_PROBE_OUT_BYTES = 1 << 20
+PROBE_ERR_TAIL_BYTES = 64 << 10
+PROBE_SAID_CHARS = 300
 REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
 
@@ -167,8 +174,9 @@ class Container:
         if self.runtime == "enroot" or not names:
             return
         try:
-            subprocess.run([self.command, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL, env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
+            subprocess.run([self.command, "rm", "-f", *names], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=REMOVE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                           env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("%s rm -f %s: %s", self.runtime, " ".join(names), exc)
 
@@ -180,25 +188,44 @@ class Container:
     def probe(self, env: Mapping[str, str]) -> dict[str, str]:
         """The image's python, torch, NCCL (and NCCL's library file, a path in the image) and OS, as
         the worker's own `--probe` reports them run once in the image (no GPU needed: torch's NCCL
-        version is compiled in).
+        version is compiled in). What the image prints is read within MAX_PROBE_OUT_BYTES (stdout)
+        and PROBE_ERR_TAIL_BYTES (stderr's end), in PROBE_TIMEOUT_S (files.inputfile.read_output):
+        root runs it, and the image may print without end.
 
         Raises:
-            UnavailableError: the image does not start or its python does not answer (exit 69)."""
+            UnavailableError: the image does not start, its python fails or does not answer in
+                time (exit 69).
+            InputError: it answers with more than MAX_PROBE_OUT_BYTES or with something other
+                than a JSON object on its last line (exit 78)."""
         # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
-        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"))
+        name = f"nccltune-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"), name)
+        what = f"{self.image.ref} ({self.runtime})"
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=self.runtime_env(env))
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} did not run it ({exc})") from exc
-        lines = done.stdout.strip().splitlines()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self.runtime_env(env), start_new_session=True)
+        except OSError as exc:
+            raise UnavailableError(f"bench.image {what}: {self.runtime} did not run it ({exc})") from exc
+        done = read_output(proc, limit=MAX_PROBE_OUT_BYTES, err_limit=PROBE_ERR_TAIL_BYTES, timeout_s=PROBE_TIMEOUT_S)
+        if done.killed is not None:
+            self.remove([name])  # a killed client may leave its container running
+        if done.stdout.cut:
+            raise InputError("bench.image", f"{what}: the worker's probe in the image printed more than "
+                             f"{MAX_PROBE_OUT_BYTES} bytes; it answers with one line of JSON",
+                             hint="the image's python prints on stdout as it starts (a sitecustomize?)")
+        if done.returncode != 0:
+            said = escaped((done.stderr.lines() or ["(nothing on stderr)"])[-1], PROBE_SAID_CHARS)
+            how = done.killed if done.killed is not None else f"exited {done.returncode}"
+            raise UnavailableError(f"bench.image {what}: the worker's probe {how}: {said}")
+        lines = done.stdout.text().strip().splitlines()
         try:
-            got = loads_strict(lines[-1]) if done.returncode == 0 and lines else None
+            got = loads_strict(lines[-1]) if lines else None
         except ValueError:
             got = None
         if not isinstance(got, dict):
-            said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} exited {done.returncode}: {said}")
+            shown = escaped(lines[-1], PROBE_SAID_CHARS) if lines else "nothing"
+            raise InputError("bench.image", f"{what}: the worker's probe in the image answered {shown}, "
+                             "not a JSON object")
         return {str(k): str(v) for k, v in got.items() if v is not None and k != "event"}
 
 
