@@ -166,6 +166,7 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
     assert image["image_python"] == rootfs_python
     published = json.loads((state / "nccl.json").read_text())
     assert published["provenance"]["image"] == image
+    assert json.loads(got.stdout)["image"] == image  # sweep --json says it too
 
 
 def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str, dict[str, str]],
