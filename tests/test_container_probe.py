@@ -5,7 +5,9 @@ loader's cache (`ldconfig -p`, nccl.site), each under a fake program that prints
 from __future__ import annotations
 
 import resource
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,31 @@ def test_the_loader_cache_is_read_within_its_bound(tmp_path: Path, monkeypatch: 
     _fake(tmp_path, "ldconfig", f"head -c {HUNDRED_MB} /dev/zero")
     assert site._loader_cache() == {}
     assert _peak_mib() - before < 50
+
+
+@pytest.fixture
+def interrupted() -> Iterator[None]:
+    """A KeyboardInterrupt 0.2 s into the test (a sweep stopped by a signal as it reads)."""
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_stopped_reader_leaves_no_program_and_no_probe_container(tmp_path: Path, interrupted: None) -> None:
+    proc = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    with pytest.raises(KeyboardInterrupt):
+        read_output(proc, limit=100, err_limit=100, timeout_s=30)
+    assert proc.returncode == -signal.SIGKILL
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    with pytest.raises(KeyboardInterrupt):
+        _probe(tmp_path, "exec sleep 30")
+    run, rm = (tmp_path / "calls").read_text().splitlines()
+    assert rm == f"rm -f {run.split('--name ', 1)[1].split()[0]}"

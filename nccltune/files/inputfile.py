@@ -182,13 +182,24 @@ def read_output(proc: Piped, *, limit: int, err_limit: int, timeout_s: float) ->
     which; `Ran.stdout.cut` for the first). The caller starts the program (the modules that own
     processes do: the import contract) and reads it here."""
     assert proc.stdout is not None and proc.stderr is not None, "read_output needs both pipes"
+    try:
+        return _read_output(proc, proc.stdout, proc.stderr, limit=limit, err_limit=err_limit, timeout_s=timeout_s)
+    except BaseException:  # a signal, an interrupt: the program does not outlive its reader
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def _read_output(proc: Piped, stdout: IO[bytes], stderr: IO[bytes], *, limit: int, err_limit: int,
+                 timeout_s: float) -> Ran:
     out, err = bytearray(), bytearray()
     out_size = err_size = 0
     killed: str | None = None
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        sel.register(stdout, selectors.EVENT_READ, out)
+        sel.register(stderr, selectors.EVENT_READ, err)
         while sel.get_map() and killed is None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -214,8 +225,8 @@ def read_output(proc: Piped, *, limit: int, err_limit: int, timeout_s: float) ->
     if killed is not None:
         with contextlib.suppress(ProcessLookupError):  # it ended, and its group with it
             os.killpg(proc.pid, signal.SIGKILL)
-    proc.stdout.close()
-    proc.stderr.close()
+    stdout.close()
+    stderr.close()
     code = proc.wait()
     return Ran(None if killed else code, Bounded(bytes(out[:limit]), out_size),
                Bounded(bytes(err), err_size, tail=True), killed)

@@ -206,7 +206,12 @@ class Container:
                                     env=self.runtime_env(env), start_new_session=True)
         except OSError as exc:
             raise UnavailableError(f"bench.image {what}: {self.runtime} did not run it ({exc})") from exc
-        done = read_output(proc, limit=MAX_PROBE_OUT_BYTES, err_limit=PROBE_ERR_TAIL_BYTES, timeout_s=PROBE_TIMEOUT_S)
+        try:
+            done = read_output(proc, limit=MAX_PROBE_OUT_BYTES, err_limit=PROBE_ERR_TAIL_BYTES,
+                               timeout_s=PROBE_TIMEOUT_S)
+        except BaseException:  # the sweep stopped meanwhile (SIGTERM): the client is killed, so
+            self.remove([name])  # is its container
+            raise
         if done.killed is not None:
             self.remove([name])  # a killed client may leave its container running
         if done.stdout.cut:
