@@ -9,7 +9,11 @@ image by digest (a tag can move under the results, so it is refused) with:
 - the trial's directory read-write at its own path (the rank writes its output and NCCL's log
   there), and no other host path but /sys read-only (NCCL reads the PCI and NIC topology there;
   with the host's network the runtime cannot mount a sysfs of its own);
-- the host's network (ranks on several nodes reach each other as host processes do);
+- the host's network (ranks on several nodes reach each other as host processes do) and the
+  host's process ids (`--pid host`): a node's ranks share one PID namespace, as a job's ranks in
+  one pod do (NCCL tells its peers apart by process id and namespace), and torchrun's agents,
+  which name themselves by address and process id in the rendezvous, never take one another's
+  name (in PID namespaces of their own every agent would be the same pid);
 - the node's GPUs: CDI `nvidia.com/gpu=all` (podman, docker) or enroot's NVIDIA hook
   (NVIDIA_VISIBLE_DEVICES); CUDA_VISIBLE_DEVICES of the trial's environment picks among them;
 - bench.user's uid:gid (the runtime is started by root, the rank process inside is that user);
@@ -124,17 +128,31 @@ class Container:
 
     def worker_argv(self, args: Sequence[str]) -> list[str]:
         """The worker's command line inside the image."""
-        return [IMAGE_PYTHON, "-I", f"{WORKER_MOUNT}/worker.py", *args]
+        return self.in_image(self.launch_argv(args))
+
+    def launch_argv(self, args: Sequence[str]) -> list[str]:
+        """The worker's command line as a launch takes it (trials.launch: the worker by its path
+        on this host, after which come its arguments), run by the image's python: a launch may put
+        its own program before it (torchrun's agent, rankexec.py), and `argv` puts the whole line
+        in the image (in_image)."""
+        return [IMAGE_PYTHON, "-I", str(self.worker_dir / "worker.py"), *args]
+
+    def in_image(self, inner: Sequence[str]) -> list[str]:
+        """`inner` with every path into the worker's directory (worker.py, rankexec.py) where the
+        image has it mounted (WORKER_MOUNT)."""
+        top = f"{self.worker_dir}/"
+        return [f"{WORKER_MOUNT}/{a[len(top):]}" if a.startswith(top) else a for a in inner]
 
     def argv(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path,
              name: str | None = None) -> list[str]:
         """The runtime's command line that runs `inner` in the image with `env` (passed by name: the
         runtime reads the values from its own environment, which is `env`), as the container `name`
-        (podman, docker: what `remove` ends)."""
+        (podman, docker: what `remove` ends); the worker's files as the image has them (in_image)."""
+        inner = self.in_image(inner)
         if self.runtime == "enroot":
             return self._enroot(inner, env, trial_dir, cwd)
         out = [self.command, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
-               "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
+               "--ipc", "host", "--pid", "host", "--security-opt", "no-new-privileges",
                *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
                "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
         if self.image.rootfs is not None:
