@@ -51,6 +51,20 @@ def test_one_image_per_sweep(tmp_path: Path) -> None:
     assert got.returncode == EXIT_CONFIG and "lists 2 images; a sweep measures in one" in got.stderr, got.stderr
 
 
+def test_a_joining_node_with_an_image_is_refused_at_its_line(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweep --join` starts its agent on the host: with bench.image the job would mix two NCCLs."""
+    from nccltune.cli import main
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"bench": {"image": [f"a@{DIGEST}"]}}))
+    rc = main(["sweep", "--join", "127.0.0.1:29400", "--demo", "--config", str(tmp_path / "config.yaml"),
+               "--state-dir", str(tmp_path / "state")])
+    assert rc == EXIT_CONFIG
+    assert re.search(r"config\.yaml:2: bench\.image: a joining node \(--join\) runs its ranks with bench\.python "
+                     r"on this host, not in the image", capsys.readouterr().err)
+    assert not (tmp_path / "state").exists()
+
+
 def test_parse_image_keeps_the_digest() -> None:
     image = parse_image(f"registry.example/team/train:24.05@{DIGEST}")
     assert image.digest == DIGEST and image.ref.endswith(DIGEST) and image.rootfs is None
@@ -98,12 +112,33 @@ def test_podman_command_line_mounts_only_the_worker_and_the_trial(tmp_path: Path
                       f"{tmp_path}:{tmp_path}:rw", "/sys:/sys:ro"]
     assert argv[argv.index("--user") + 1] == "990:991"
     assert argv[argv.index("--network") + 1] == "host"
+    assert argv[argv.index("--pid") + 1] == "host" and "--init" not in argv
     assert argv[argv.index("--device") + 1] == "nvidia.com/gpu=all"
     # Values stay out of the process list: the runtime hands each variable on by name.
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--env"] == ["NCCL_ALGO", "PATH"]
     assert argv[argv.index(f"img@{DIGEST}") + 1:] == ["python3", "-I", f"{WORKER_MOUNT}/worker.py", "--backend", "nccl"]
     cpu = Container("docker", parse_image(f"img@{DIGEST}"), worker, gpus=False).argv(["true"], {}, tmp_path, tmp_path)
     assert cpu[0] == "docker" and "--device" not in cpu and "--user" not in cpu
+
+
+def test_a_torchrun_agent_runs_in_the_image_with_the_workers_files_where_they_are_mounted(tmp_path: Path) -> None:
+    """A launch puts its own program before the worker (torchrun's agent, rankexec.py): the whole
+    line runs in the image, every path into the worker's directory where the image mounts it."""
+    from nccltune.trials.launch import TrialSpec
+    from nccltune.trials.launch.torchrun import TorchrunLaunch
+
+    worker = REPO / "nccltune" / "trials"
+    c = Container("podman", parse_image(f"img@{DIGEST}"), worker, uid=990, gid=991, gpus=False)
+    cmd = c.launch_argv(["--backend", "gloo"])
+    (spec,) = TorchrunLaunch(1, 2, ("127.0.0.1", 29400)).start(TrialSpec(1, tmp_path, cmd, {"PATH": "/usr/bin"}, {},
+                                                                         60.0))
+    argv = c.argv(spec.argv, spec.env, tmp_path, tmp_path / "rank", "nccltune-1-1-agent")
+    inner = argv[argv.index(f"img@{DIGEST}") + 1:]
+    assert inner[:4] == ["python3", "-I", "-m", "torch.distributed.run"]
+    assert inner[-4:] == [f"{WORKER_MOUNT}/rankexec.py", f"{WORKER_MOUNT}/worker.py", "--backend", "gloo"]
+    assert not [a for a in argv if a.startswith(f"{worker}/")]  # only in the mounts' SRC:DST
+    assert argv[argv.index("--network") + 1] == "host" and argv[argv.index("--name") + 1] == "nccltune-1-1-agent"
+    assert c.worker_argv(["--probe"]) == ["python3", "-I", f"{WORKER_MOUNT}/worker.py", "--probe"]
 
 
 def test_enroot_starts_the_container_made_of_the_digest(tmp_path: Path) -> None:
@@ -166,6 +201,7 @@ def test_a_demo_sweep_runs_its_ranks_in_the_image(tmp_path: Path, test_image: tu
     assert image["image_python"] == rootfs_python
     published = json.loads((state / "nccl.json").read_text())
     assert published["provenance"]["image"] == image
+    assert json.loads(got.stdout)["image"] == image  # sweep --json says it too
 
 
 def test_a_killed_rank_leaves_no_container(tmp_path: Path, test_image: tuple[str, dict[str, str]],

@@ -131,6 +131,12 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
         raise UsageError(f"--join takes its shape from the coordinator: drop {', '.join(given)}")
     endpoint = parse_endpoint(args.join, "--join")
     cfg = load_cfg(args, demo=bool(args.demo))
+    if cfg.bench.image:
+        # A joining node's agent and ranks start on this host (trials.launch.torchrun.join): with
+        # the coordinator's in the image, one job would measure two NCCLs.
+        raise InputError(cfg.path or "config", "bench.image: a joining node (--join) runs its ranks with "
+                         "bench.python on this host, not in the image", line=cfg.lines.get("bench.image"),
+                         hint="sweep over several nodes without bench.image, or measure in the image on one node")
     python = find_worker_python(args.python or cfg.bench.python)
     # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
     # there as root, so none of it may be another user's, nor reached through her link.

@@ -1,18 +1,23 @@
 """Reading an input file (config, snapshot, NCCL XML, JSON documents) without hanging, exhausting
 memory or believing a file another user controls; and every JSON nccltune reads, parsed strictly:
 `loads_strict` / `parse_json` for text already in memory, `read_json` for a file. And reading what a
-less trusted process wrote (a rank's output, NCCL's log, /proc, sysfs) within a bound (`read_bounded`)."""
+less trusted process wrote (a rank's output, NCCL's log, /proc, sysfs) within a bound (`read_bounded`),
+or what a program prints as it runs (a container image's probe, `ldconfig -p`: `read_output`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import selectors
+import signal
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 from ..errors import InputError
 from . import trust
@@ -148,6 +153,100 @@ def read_bounded(path: Path, limit: int, *, tail: bool = False, follow: bool = F
     # From its start, a read that ended before `limit` saw the whole file, whatever st_size said.
     size = len(data) if not tail and len(data) <= limit else max(st.st_size, start + len(data))
     return Bounded(data[:limit], size, tail)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `read_output` kept of a program's run: `stdout` from its start, `stderr` from its end,
+    `returncode` (None: it was killed, `killed` says why)."""
+
+    returncode: int | None
+    stdout: Bounded
+    stderr: Bounded
+    killed: str | None = None
+
+
+class Piped(Protocol):
+    """A started program whose stdout and stderr are pipes to this process (subprocess.Popen with
+    stdout=PIPE, stderr=PIPE), leading a process group of its own (start_new_session=True)."""
+
+    pid: int
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+def _pump(fd: int, kept: bytearray, *, limit: int, tail: bool) -> tuple[int, bool]:
+    """One read of `fd` into `kept` (at most `limit` bytes: the first ones, or with `tail` the last
+    ones): (bytes read, whether the pipe is at its end)."""
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+        return 0, True
+    kept += chunk
+    if tail and len(kept) > limit:
+        del kept[:len(kept) - limit]
+    return len(chunk), False
+
+
+def read_output(proc: Piped, *, limit: int, err_limit: int, timeout_s: float) -> Ran:
+    """The first `limit` bytes of a running program's stdout and the last `err_limit` of its
+    stderr, never more in memory or on disk whatever it prints (a program root runs on what
+    another party shaped, a container image, may print without end); the program's process
+    group is killed as soon as stdout goes past `limit` or `timeout_s` passes (`Ran.killed` says
+    which; `Ran.stdout.cut` for the first). The caller starts the program (the modules that own
+    processes do: the import contract) and reads it here."""
+    assert proc.stdout is not None and proc.stderr is not None, "read_output needs both pipes"
+    try:
+        return _read_output(proc, proc.stdout, proc.stderr, limit=limit, err_limit=err_limit, timeout_s=timeout_s)
+    except BaseException:  # a signal, an interrupt: the program does not outlive its reader
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def _read_output(proc: Piped, stdout: IO[bytes], stderr: IO[bytes], *, limit: int, err_limit: int,
+                 timeout_s: float) -> Ran:
+    out, err = bytearray(), bytearray()
+    out_size = err_size = 0
+    killed: str | None = None
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(stdout, selectors.EVENT_READ, out)
+        sel.register(stderr, selectors.EVENT_READ, err)
+        while sel.get_map() and killed is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                killed = f"still running after {timeout_s:g} s"
+                break
+            for key, _ in sel.select(left):
+                is_out = key.data is out
+                got, ended = _pump(key.fd, key.data, limit=limit if is_out else err_limit, tail=not is_out)
+                if is_out:
+                    out_size += got
+                else:
+                    err_size += got
+                if ended:
+                    sel.unregister(key.fileobj)
+                elif is_out and out_size > limit:
+                    killed = f"printed more than {limit} bytes"
+                    break
+    while killed is None and proc.poll() is None:  # both pipes closed: it may still run
+        if time.monotonic() > deadline:
+            killed = f"still running after {timeout_s:g} s"
+        else:
+            time.sleep(0.01)
+    if killed is not None:
+        with contextlib.suppress(ProcessLookupError):  # it ended, and its group with it
+            os.killpg(proc.pid, signal.SIGKILL)
+    stdout.close()
+    stderr.close()
+    code = proc.wait()
+    return Ran(None if killed else code, Bounded(bytes(out[:limit]), out_size),
+               Bounded(bytes(err), err_size, tail=True), killed)
 
 
 # Deeper than any document nccltune reads or writes (a profile nests 6 levels), far below where

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..files.inputfile import open_regular, read_bounded
+from ..files.inputfile import open_regular, read_bounded, read_output
 
 # The first lines of nccltune's managed block in a conf file (publish writes them); recognised by
 # prefix, as the publisher does.
@@ -45,6 +45,9 @@ NET_SYMBOL_RE = re.compile(rb"^ncclNetPlugin_v([0-9]+)$")
 DEFAULT_LIBRARY_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib")
 # A conf file is a few lines; anything much larger is not one.
 MAX_CONF_BYTES = 1 << 20
+# `ldconfig -p` prints a line per library the loader's cache holds (under 100 bytes each; a node
+# with every CUDA and MPI stack installed lists a few thousand): past this it is not a cache.
+MAX_LOADER_CACHE_BYTES = 8 << 20
 # Bounds on what is read of a library's ELF tables.
 MAX_DYNSYM_BYTES = 64 << 20
 _ELF_MAGIC = b"\x7fELF"
@@ -182,9 +185,14 @@ def _loader_cache() -> dict[str, Path]:
     if ldconfig is None:
         return {}
     try:
-        text = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen([ldconfig, "-p"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError:
         return {}
+    done = read_output(proc, limit=MAX_LOADER_CACHE_BYTES, err_limit=4096, timeout_s=10)
+    if done.returncode != 0:  # killed at its bound or its timeout, or failed: no cache to go by
+        return {}
+    text = done.stdout.text()
     found: dict[str, Path] = {}
     for line in text.splitlines():
         name, arrow, path = line.strip().partition(" => ")

@@ -117,6 +117,7 @@ class SweepReport:
     not_published: str | None = None  # why a finished sweep published nothing (job shape, class profile)
     every_job_env: dict[str, str] = field(default_factory=dict)  # nccl.sh / nccl.env / nccl.conf
     single_node_env: dict[str, str] = field(default_factory=dict)  # nccl-single-node.sh / .env
+    image: dict[str, str] | None = None  # the job's image the ranks ran in (trials.container.provenance)
 
 
 class SweepPipeline:
@@ -510,7 +511,8 @@ class _Sweep:
             published_table=dict(self.published_table), not_published=self.not_published,
             # What the launchers read when published (the generation's own files named), else the choice.
             every_job_env=dict(published.env if published else choice.recorded_every_job),
-            single_node_env=dict(published.single_node_env if published else choice.single_node_env))
+            single_node_env=dict(published.single_node_env if published else choice.single_node_env),
+            image=container_provenance(*image) if (image := self.pipe.container()) is not None else None)
 
 
 def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mapping[str, float], note: str | None,

@@ -277,6 +277,7 @@ def sweep_doc(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> dict[s
         "pruned": pruned_list(report.plan),
         "tuner_table": _table_doc(report),
         "decision": decision_doc(report),
+        "image": dict(report.image) if report.image else None,
     }
 
 
@@ -426,12 +427,20 @@ def _rows_table(rows: Sequence[ReportRow], trials: Sequence[TrialRecord], chosen
     return lines
 
 
+def image_line(image: Mapping[str, str]) -> str:
+    """The job's image the ranks ran in (bench.image), as its probe found it."""
+    return (f"Measured in image {image['image']} ({image['runtime']}): NCCL {image.get('image_nccl_version', 'n/a')}, "
+            f"torch {image.get('image_torch_version', '?')}")
+
+
 def sweep_text(report: SweepReport, trials: Sequence[TrialRecord] = ()) -> str:
     lines = []
     if report.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
     lines.append(f"Sweep {report.run_id}: backend {report.backend}, fingerprint {report.fingerprint}, "
                  f"NCCL {report.nccl_version or 'n/a'}, torch {report.torch_version or '?'}")
+    if report.image:
+        lines.append(image_line(report.image))
     failed = f" ({len(report.failed_trials)} failed)" if report.failed_trials else ""
     what = ("all-reduce, float32 sum" if list(report.collectives) == ["all_reduce"]
             else f"{', '.join(report.collectives)}; float32, sum for the reductions")

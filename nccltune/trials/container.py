@@ -9,7 +9,11 @@ image by digest (a tag can move under the results, so it is refused) with:
 - the trial's directory read-write at its own path (the rank writes its output and NCCL's log
   there), and no other host path but /sys read-only (NCCL reads the PCI and NIC topology there;
   with the host's network the runtime cannot mount a sysfs of its own);
-- the host's network (ranks on several nodes reach each other as host processes do);
+- the host's network (ranks on several nodes reach each other as host processes do) and the
+  host's process ids (`--pid host`): a node's ranks share one PID namespace, as a job's ranks in
+  one pod do (NCCL tells its peers apart by process id and namespace), and torchrun's agents,
+  which name themselves by address and process id in the rendezvous, never take one another's
+  name (in PID namespaces of their own every agent would be the same pid);
 - the node's GPUs: CDI `nvidia.com/gpu=all` (podman, docker) or enroot's NVIDIA hook
   (NVIDIA_VISIBLE_DEVICES); CUDA_VISIBLE_DEVICES of the trial's environment picks among them;
 - bench.user's uid:gid (the runtime is started by root, the rank process inside is that user);
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -35,8 +40,9 @@ from pathlib import Path
 from ..config.schema import BenchConfig
 from ..errors import InputError, UnavailableError
 from ..files import trust
-from ..files.inputfile import loads_strict
+from ..files.inputfile import loads_strict, read_output
 from ..images import Image, parse_image
+from ..logsetup import escaped
 from .credentials import rank_user
 from .launch import WORKER
 
@@ -48,6 +54,11 @@ WORKER_MOUNT = "/opt/nccltune/trials"
 COLLECTIVES_MOUNT = "/opt/nccltune/collectives.py"
 IMAGE_PYTHON = "python3"
 PROBE_TIMEOUT_S = 300.0
+# The probe answers with one line of JSON of a few hundred bytes; what is kept of its stderr is
+# its last line, for the error.
+MAX_PROBE_OUT_BYTES = 1 << 20
+PROBE_ERR_TAIL_BYTES = 64 << 10
+PROBE_SAID_CHARS = 300
 REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
 
@@ -117,17 +128,31 @@ class Container:
 
     def worker_argv(self, args: Sequence[str]) -> list[str]:
         """The worker's command line inside the image."""
-        return [IMAGE_PYTHON, "-I", f"{WORKER_MOUNT}/worker.py", *args]
+        return self.in_image(self.launch_argv(args))
+
+    def launch_argv(self, args: Sequence[str]) -> list[str]:
+        """The worker's command line as a launch takes it (trials.launch: the worker by its path
+        on this host, after which come its arguments), run by the image's python: a launch may put
+        its own program before it (torchrun's agent, rankexec.py), and `argv` puts the whole line
+        in the image (in_image)."""
+        return [IMAGE_PYTHON, "-I", str(self.worker_dir / "worker.py"), *args]
+
+    def in_image(self, inner: Sequence[str]) -> list[str]:
+        """`inner` with every path into the worker's directory (worker.py, rankexec.py) where the
+        image has it mounted (WORKER_MOUNT)."""
+        top = f"{self.worker_dir}/"
+        return [f"{WORKER_MOUNT}/{a[len(top):]}" if a.startswith(top) else a for a in inner]
 
     def argv(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path,
              name: str | None = None) -> list[str]:
         """The runtime's command line that runs `inner` in the image with `env` (passed by name: the
         runtime reads the values from its own environment, which is `env`), as the container `name`
-        (podman, docker: what `remove` ends)."""
+        (podman, docker: what `remove` ends); the worker's files as the image has them (in_image)."""
+        inner = self.in_image(inner)
         if self.runtime == "enroot":
             return self._enroot(inner, env, trial_dir, cwd)
         out = [self.command, "run", "--rm", *(["--name", name] if name else []), "--network", "host",
-               "--ipc", "host", "--init", "--security-opt", "no-new-privileges",
+               "--ipc", "host", "--pid", "host", "--security-opt", "no-new-privileges",
                *self._worker_mounts("-v", ":ro"), *self._trial_mount("-v", trial_dir, ":rw"),
                "-v", "/sys:/sys:ro", "--workdir", str(cwd)]
         if self.image.rootfs is not None:
@@ -167,8 +192,9 @@ class Container:
         if self.runtime == "enroot" or not names:
             return
         try:
-            subprocess.run([self.command, "rm", "-f", *names], capture_output=True, timeout=REMOVE_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL, env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
+            subprocess.run([self.command, "rm", "-f", *names], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=REMOVE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                           env=self.runtime_env({"PATH": os.environ.get("PATH", os.defpath)}))
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("%s rm -f %s: %s", self.runtime, " ".join(names), exc)
 
@@ -180,25 +206,49 @@ class Container:
     def probe(self, env: Mapping[str, str]) -> dict[str, str]:
         """The image's python, torch, NCCL (and NCCL's library file, a path in the image) and OS, as
         the worker's own `--probe` reports them run once in the image (no GPU needed: torch's NCCL
-        version is compiled in).
+        version is compiled in). What the image prints is read within MAX_PROBE_OUT_BYTES (stdout)
+        and PROBE_ERR_TAIL_BYTES (stderr's end), in PROBE_TIMEOUT_S (files.inputfile.read_output):
+        root runs it, and the image may print without end.
 
         Raises:
-            UnavailableError: the image does not start or its python does not answer (exit 69)."""
+            UnavailableError: the image does not start, its python fails or does not answer in
+                time (exit 69).
+            InputError: it answers with more than MAX_PROBE_OUT_BYTES or with something other
+                than a JSON object on its last line (exit 78)."""
         # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
-        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"))
+        name = f"nccltune-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"), name)
+        what = f"{self.image.ref} ({self.runtime})"
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=self.runtime_env(env))
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} did not run it ({exc})") from exc
-        lines = done.stdout.strip().splitlines()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self.runtime_env(env), start_new_session=True)
+        except OSError as exc:
+            raise UnavailableError(f"bench.image {what}: {self.runtime} did not run it ({exc})") from exc
         try:
-            got = loads_strict(lines[-1]) if done.returncode == 0 and lines else None
+            done = read_output(proc, limit=MAX_PROBE_OUT_BYTES, err_limit=PROBE_ERR_TAIL_BYTES,
+                               timeout_s=PROBE_TIMEOUT_S)
+        except BaseException:  # the sweep stopped meanwhile (SIGTERM): the client is killed, so
+            self.remove([name])  # is its container
+            raise
+        if done.killed is not None:
+            self.remove([name])  # a killed client may leave its container running
+        if done.stdout.cut:
+            raise InputError("bench.image", f"{what}: the worker's probe in the image printed more than "
+                             f"{MAX_PROBE_OUT_BYTES} bytes; it answers with one line of JSON",
+                             hint="the image's python prints on stdout as it starts (a sitecustomize?)")
+        if done.returncode != 0:
+            said = escaped((done.stderr.lines() or ["(nothing on stderr)"])[-1], PROBE_SAID_CHARS)
+            how = done.killed if done.killed is not None else f"exited {done.returncode}"
+            raise UnavailableError(f"bench.image {what}: the worker's probe {how}: {said}")
+        lines = done.stdout.text().strip().splitlines()
+        try:
+            got = loads_strict(lines[-1]) if lines else None
         except ValueError:
             got = None
         if not isinstance(got, dict):
-            said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-            raise UnavailableError(f"bench.image {self.image.ref}: {self.runtime} exited {done.returncode}: {said}")
+            shown = escaped(lines[-1], PROBE_SAID_CHARS) if lines else "nothing"
+            raise InputError("bench.image", f"{what}: the worker's probe in the image answered {shown}, "
+                             "not a JSON object")
         return {str(k): str(v) for k, v in got.items() if v is not None and k != "event"}
 
 

@@ -320,7 +320,7 @@ class Runner:
         args = ["--backend", self.backend,
                 "--sizes", ",".join(str(s) for s in sizes), "--warmup", str(warmup), "--iters", str(iters),
                 "--timeout-s", str(max(30.0, self.timeout_s))]
-        cmd = (self.container.worker_argv(args) if self.container
+        cmd = (self.container.launch_argv(args) if self.container
                else [*trust.python_argv(self.python, str(WORKER)), *args])
         if not check:
             cmd.append("--no-check")
