@@ -4,6 +4,7 @@ loader's cache (`ldconfig -p`, nccl.site), each under a fake program that prints
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import subprocess
@@ -92,7 +93,8 @@ def test_read_output_keeps_stdout_from_its_start_and_stderr_from_its_end() -> No
 
 
 def test_the_loader_cache_is_read_within_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
+    # The system's ldconfig stood in for by a program of the test's (root never takes one from PATH).
+    monkeypatch.setattr(site, "system_program", lambda name, what: tmp_path / name)
     _fake(tmp_path, "ldconfig",
           "echo '2 libs found in cache'; echo '\tlibnccl.so.2 (libc6,x86-64) => /opt/nccl/libnccl.so.2'")
     assert site._loader_cache() == {"libnccl.so.2": Path("/opt/nccl/libnccl.so.2")}
@@ -100,6 +102,14 @@ def test_the_loader_cache_is_read_within_its_bound(tmp_path: Path, monkeypatch: 
     _fake(tmp_path, "ldconfig", f"head -c {HUNDRED_MB} /dev/zero")
     assert site._loader_cache() == {}
     assert _peak_mib() - before < 50
+
+
+def test_the_loader_cache_never_comes_from_an_ldconfig_on_the_callers_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    _fake(tmp_path, "ldconfig", "echo '\tlibplanted.so (libc6,x86-64) => /tmp/libplanted.so'")
+    assert "libplanted.so" not in site._loader_cache()
+    assert not (tmp_path / "calls").exists()  # never even run
 
 
 @pytest.fixture

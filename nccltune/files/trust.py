@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -356,6 +357,24 @@ def check_file(path: Path | str, what: str = "file") -> os.stat_result:
 PYTHON_ISOLATED = "-I"
 # PATH for those children: system directories only, never the caller's (which may hold ".").
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def system_program(name: str, what: str, path: str | None = None) -> Path:
+    """The program `name` as root runs it: looked up only on `path` (system directories,
+    SAFE_PATH unless given; never the caller's PATH), its file and every directory and link on the way passing the trust rule.
+    Returns the real path to run.
+
+    Raises:
+        FileNotFoundError: no such program on `path`.
+        InputError: another user could change it (exit 78).
+    """
+    path = SAFE_PATH if path is None else path
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, f"{what}: no {name} in {path}")
+    return trusted_file(found, what)
+
+
 # What a child that only loads torch and NCCL keeps of nccltune's environment.
 KEPT_PREFIXES = ("CUDA_", "NCCL_", "NVIDIA_")
 KEPT_NAMES = ("LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ")

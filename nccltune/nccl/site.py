@@ -19,16 +19,20 @@ Standard library only.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-import shutil
 import struct
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import InputError
 from ..files.inputfile import open_regular, read_bounded, read_output
+from ..files.trust import system_program
+
+log = logging.getLogger(__name__)
 
 # The first lines of nccltune's managed block in a conf file (publish writes them); recognised by
 # prefix, as the publisher does.
@@ -180,12 +184,14 @@ def defined_symbols(path: Path, pattern: re.Pattern[bytes]) -> tuple[str, ...]:
 
 def _loader_cache() -> dict[str, Path]:
     """Library name -> path from the dynamic loader's cache (`ldconfig -p`), first entry wins."""
-    ldconfig = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
-                                                 if os.path.exists(p)), None)
-    if ldconfig is None:
+    # Root runs only the system's ldconfig, never one the caller's PATH names.
+    try:
+        ldconfig = system_program("ldconfig", "the dynamic loader's cache (ldconfig)")
+    except (InputError, OSError) as exc:
+        log.info("not reading the loader's cache: %s", exc)
         return {}
     try:
-        proc = subprocess.Popen([ldconfig, "-p"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([str(ldconfig), "-p"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError:
         return {}

@@ -90,10 +90,10 @@ def runtime_executable(name: str) -> str:
     Raises:
         UnavailableError: not installed there (exit 69).
         InputError: another user could change it (exit 78)."""
-    found = shutil.which(name, path=trust.SAFE_PATH)
-    if found is None:
-        raise UnavailableError(f"bench.runtime {name}: not in {trust.SAFE_PATH}")
-    return str(trust.trusted_file(found, f"container runtime ({name}, bench.runtime)"))
+    try:
+        return str(trust.system_program(name, f"container runtime ({name}, bench.runtime)"))
+    except FileNotFoundError:
+        raise UnavailableError(f"bench.runtime {name}: not in {trust.SAFE_PATH}") from None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from ..files.trust import trusted_file
+from ..files.trust import system_program
 from .credentials import RankUser, rank_preexec
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,10 @@ class Sharing:
 
 def control_binary() -> Path | None:
     """The MPS control binary in a system directory, if root may run it."""
-    found = shutil.which(CONTROL, path=os.pathsep.join(SEARCH))
-    if found is None:
-        return None
     try:
-        return trusted_file(Path(found), "the CUDA MPS control binary")
+        return system_program(CONTROL, "the CUDA MPS control binary", os.pathsep.join(SEARCH))
+    except FileNotFoundError:
+        return None
     except (InputError, OSError) as exc:
         log.warning("%s", exc)
         return None
