@@ -21,27 +21,18 @@ import pytest
 import yaml
 
 from nccltune.errors import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, InputError, UnavailableError, UsageError
-from nccltune.trials.launch import LaunchShape, make_launch
-from nccltune.trials.launch.channel import (
+from nccltune.trials.launch.admission import (
     HANDSHAKE_S,
-    MAX_LINE_BYTES,
     MAX_LOGGED,
     MAX_PENDING,
     MAX_PENDING_PER_PEER,
-    REFUSED_VARIABLES,
-    ControlServer,
-    Peer,
-    Unanswered,
-    check_trial,
-    check_welcome,
-    fit_report,
-    handshake,
     job_addresses,
-    join_session,
-    load_key,
     peer_of,
-    write_key,
 )
+from nccltune.trials.launch.base import LaunchShape, make_launch
+from nccltune.trials.launch.channel import ControlServer, Unanswered, handshake, join_session
+from nccltune.trials.launch.messages import REFUSED_VARIABLES, check_trial, check_welcome, fit_report
+from nccltune.trials.launch.sealing import MAX_LINE_BYTES, Peer, load_key, write_key
 from tests.twonodes import node_env, port_pair
 
 REPO = Path(__file__).resolve().parent.parent
@@ -557,10 +548,10 @@ def test_an_authenticated_coordinator_still_gets_hostile_fields_refused(tmp_path
         assert not (tmp_path / "joiner" / "join" / "trial-001").exists()
         (peer,) = server.peers
         body = '{"trial": 2, "rdzv_id": "x-2", "timeout_s": NaN}'
-        from nccltune.trials.launch.channel import _mac
+        from nccltune.trials.launch.sealing import mac
 
         assert peer.session is not None
-        sealed = {"seq": peer.sent, "body": body, "mac": _mac(peer.session, peer.outgoing, str(peer.sent), body)}
+        sealed = {"seq": peer.sent, "body": body, "mac": mac(peer.session, peer.outgoing, str(peer.sent), body)}
         peer.sock.sendall(json.dumps(sealed).encode() + b"\n")
         code, err = _finish(joiner)
     finally:

@@ -24,7 +24,7 @@ from nccltune.hw.procfs import descendants
 from nccltune.sweep.plan import JobShape
 from nccltune.trials import nccllog
 from nccltune.trials.credentials import RANK_DIR
-from nccltune.trials.launch import RANKEXEC, WORKER, LaunchShape, TrialSpec, make_launch, parse_endpoint
+from nccltune.trials.launch.base import RANKEXEC, WORKER, LaunchShape, TrialSpec, make_launch, parse_endpoint
 from nccltune.trials.launch.local import LocalLaunch
 from nccltune.trials.launch.srun import SrunLaunch
 from nccltune.trials.launch.torchrun import TorchrunLaunch, torchrun_argv

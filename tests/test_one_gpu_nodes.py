@@ -20,7 +20,7 @@ from nccltune.fleet.schema import load_schema, validate
 from nccltune.pipeline import SweepPipeline
 from nccltune.store import Store
 from nccltune.sweep.space import CATALOGUE
-from nccltune.trials.launch import LaunchRequest
+from nccltune.trials.launch.base import LaunchRequest
 from tests.twonodes import end, kill_under, multinode_key, node_env, port_pair, wait_gone
 
 H200X1 = REPO / "tests" / "fixtures" / "h200x1-vm.json"

@@ -411,7 +411,7 @@ def test_an_srun_task_started_as_root_becomes_the_rank_user(user: RankUser, pyth
 
 
 def test_srun_passes_the_rank_user_to_every_task(tmp_path: Path) -> None:
-    from nccltune.trials.launch import RANKEXEC, WORKER, TrialSpec
+    from nccltune.trials.launch.base import RANKEXEC, WORKER, TrialSpec
     from nccltune.trials.launch.srun import SrunLaunch
 
     launch = SrunLaunch(2, 1, master_addr="localhost", master_port=29500, nodelist=["localhost", "node-b"])

@@ -32,7 +32,7 @@ from twonodes import node_env, processes_in, wait_gone
 from nccltune.errors import UnavailableError, UsageError
 from nccltune.sweep.space import CATALOGUE
 from nccltune.topology.source import bundled_topologies_dir
-from nccltune.trials.launch import WORKER, LaunchShape, TrialSpec, make_launch
+from nccltune.trials.launch.base import WORKER, LaunchShape, TrialSpec, make_launch
 from nccltune.trials.launch.srun import SrunLaunch
 from nccltune.trials.launch.srun import task_lines as task_output
 from nccltune.trials.runner import Runner

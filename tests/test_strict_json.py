@@ -23,7 +23,7 @@ from nccltune.publish import generations, readback
 from nccltune.report import nccltests_json
 from nccltune.store.rows import load_json
 from nccltune.topology import snapshot
-from nccltune.trials.launch.channel import strict_json
+from nccltune.trials.launch.sealing import strict_json
 from nccltune.trials.probe import parse_probe
 
 LIMIT = 4096

@@ -28,7 +28,7 @@ from nccltune.nccl import site
 from nccltune.nccl.debuglog import MAX_KEPT_MESSAGES, MAX_MESSAGE_CHARS, parse_nccl_log
 from nccltune.trials import nccllog
 from nccltune.trials.credentials import RANK_DIR
-from nccltune.trials.launch import ERR_TAIL_BYTES, MAX_OUT_BYTES, read_text
+from nccltune.trials.launch.base import ERR_TAIL_BYTES, MAX_OUT_BYTES, read_text
 
 HUGE = 40 << 30
 

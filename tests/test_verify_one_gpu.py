@@ -47,7 +47,7 @@ from nccltune.publish import publish_setting
 from nccltune.publish.setting import Provenance, Setting, Tuner
 from nccltune.report.runs import verify_doc, verify_text
 from nccltune.store import Store
-from nccltune.trials.launch import TrialSpec
+from nccltune.trials.launch.base import TrialSpec
 from nccltune.trials.launch.hosts import HOSTID_VAR, HostsOnOneGpuLaunch
 from nccltune.tuner.table import TableEntry, TunerTable, render_table
 

@@ -29,7 +29,7 @@ def node_env(**extra: str) -> dict[str, str]:
 def multinode_key(root: Path) -> tuple[Path, Path]:
     """A multi-node key under `root` and a config naming it (multinode.key_file): what every node
     of a job needs before its control channel admits it."""
-    from nccltune.trials.launch.channel import write_key
+    from nccltune.trials.launch.sealing import write_key
 
     key_file = write_key(root / "keys" / "multinode.key")
     config = root / "multinode.yaml"

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..records import TrialResult
     from ..store import TrialRecord
-    from ..trials.launch import LaunchRequest
+    from ..trials.launch.base import LaunchRequest
 
 from . import common
 from .common import Terminated, load_cfg, out
@@ -70,7 +70,7 @@ def sweep_launch_request(args: argparse.Namespace, env: Mapping[str, str]) -> La
     Raises:
         UsageError: a value or combination that cannot work (exit 2).
     """
-    from ..trials.launch import LaunchRequest, parse_endpoint
+    from ..trials.launch.base import LaunchRequest, parse_endpoint
 
     if args.nodes < 1:
         raise UsageError(f"--nodes {args.nodes}: at least 1")
@@ -105,7 +105,7 @@ def _joiner_ranks(cfg: Config, demo: bool) -> int:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """`nccltune keygen [PATH]`: a new multi-node key (default multinode.key_file), never over one."""
-    from ..trials.launch.channel import write_key
+    from ..trials.launch.sealing import write_key
 
     path = args.path or load_cfg(args).multinode.key_file
     try:
@@ -120,7 +120,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 def cmd_sweep_join(args: argparse.Namespace) -> int:
     """`nccltune sweep --join HOST:PORT`: this node runs the coordinator's trials until it stops."""
     from ..delivery.jobenv import from_published
-    from ..trials.launch import parse_endpoint
+    from ..trials.launch.base import parse_endpoint
     from ..trials.launch.torchrun import join
     from ..trials.runner import find_worker_python
 
@@ -168,7 +168,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if request is not None and request.authenticated:
         from dataclasses import replace
 
-        from ..trials.launch.channel import load_key
+        from ..trials.launch.sealing import load_key
 
         request = replace(request, key_file=cfg.multinode.key_file)
         if not args.plan:

@@ -284,7 +284,7 @@ class ProfileConfig:
 class MultinodeConfig:
     """Sweeps over several nodes (`sweep --nodes N`, `sweep --join` on the others)."""
 
-    # The secret every node of the job holds (trials.launch.channel): `nccltune keygen` writes it,
+    # The secret every node of the job holds (trials.launch.sealing): `nccltune keygen` writes it,
     # the site copies it to the nodes; mode 0600, owned by root.
     key_file: str = "/etc/nccltune/multinode.key"
 

@@ -49,7 +49,7 @@ from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import node_class
 from ..trials.container import Container, from_config
 from ..trials.container import provenance as container_provenance
-from ..trials.launch import LaunchRequest
+from ..trials.launch.base import LaunchRequest
 from ..trials.probe import probe_nccl
 from ..trials.runner import RANK_RECORD, Runner, TrialAborted, find_worker_python, reap_leftover_ranks
 from ..trials.session import (

@@ -46,7 +46,7 @@ from .container import Container
 from .credentials import RANK_DIR, cache_dir, check_reachable, fresh_rank_dir, rank_preexec, rank_user
 from .forkedranks import SERVER, UNREPORTED, ForkedRank, RankServer, ServerFailed
 from .held import Child, Held
-from .launch import ERR_TAIL_BYTES, MAX_OUT_BYTES, Launch, TrialSpec, worker_args
+from .launch.base import ERR_TAIL_BYTES, MAX_OUT_BYTES, Launch, TrialSpec, worker_args
 from .launch.local import LocalLaunch
 from .nccllog import rank0_log, read_log
 from .trialenv import RankSide, TrialEnv

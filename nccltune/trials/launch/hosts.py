@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import Launch, LaunchShape
+from .base import Launch, LaunchShape
 from .local import LocalLaunch
 
 HOSTID_VAR = "NCCL_HOSTID"

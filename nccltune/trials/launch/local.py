@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from . import Launch, LaunchShape, ProcSpec, TrialSpec, free_port, loopback_shape
+from .base import Launch, LaunchRequest, LaunchShape, ProcSpec, TrialSpec, free_port, loopback_shape
 
 LOOPBACK_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 LOOPBACK_UNSET = ("NCCL_NET_DISABLE_INTRA",)
@@ -32,3 +32,10 @@ class LocalLaunch(Launch):
         return [ProcSpec(f"rank{r}", list(trial.worker), self.rank_env(trial.env, r, port), f"rank {r}")
                 for r in range(self.shape.nranks)]
 
+
+def from_request(request: LaunchRequest, shape: LaunchShape, *, node_class: str | None = None,
+                 gpus: bool = False) -> LocalLaunch:
+    """The registry's factory: this node's ranks, or `shape`'s NIC loopback."""
+    if shape.loopback:
+        return LocalLaunch(shape.nranks, loopback=True, node_class=node_class)
+    return LocalLaunch(shape.ranks_per_node, node_class=node_class)

@@ -5,22 +5,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import shutil
 import signal
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...errors import UnavailableError, UsageError
 from ...files.trust import python_argv
 from ...publish import validate_env
 from .. import nccllog
 from ..held import Child
-from . import (
+from .base import (
     KILL_GRACE_S,
-    RANKEXEC,
-    WORKER,
     Launch,
     LaunchShape,
     ProcSpec,
@@ -28,66 +26,16 @@ from . import (
     TrialSpec,
     clean_env,
     free_port,
+    rank_argv,
     read_text,
     worker_args,
 )
+from .slurm import cpus_per_node, slurm_node_count, slurm_nodes, this_node
+
+if TYPE_CHECKING:
+    from .base import LaunchRequest
 
 log = logging.getLogger(__name__)
-
-
-def slurm_nodes(env: Mapping[str, str], scontrol: str = "scontrol") -> list[str]:
-    """The allocation's host names, in order, from `scontrol show hostnames $SLURM_JOB_NODELIST`.
-
-    Raises:
-        UnavailableError: not in an allocation, or scontrol failed (exit 69).
-    """
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        raise UnavailableError("SLURM_JOB_NODELIST is not set: srun trials need a Slurm allocation",
-                               hint="run inside sbatch/salloc, or use --launcher torchrun")
-    exe = shutil.which(scontrol, path=env.get("PATH")) or scontrol
-    try:
-        done = subprocess.run([exe, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60,
-                              env=dict(env), stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UnavailableError(f"scontrol show hostnames failed: {exc}") from exc
-    hosts = done.stdout.split()
-    if done.returncode != 0 or not hosts:
-        raise UnavailableError(f"scontrol show hostnames {nodelist} failed: {done.stderr.strip()[:200]}")
-    return hosts
-
-
-def allocation_hosts(env: Mapping[str, str]) -> list[str]:
-    """The nodes of the Slurm allocation this runs in, by name; [] outside one, or where scontrol
-    cannot name them (said at debug level: they only order admission, trials.launch.channel)."""
-    if not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
-        return []
-    try:
-        return slurm_nodes(env)
-    except UnavailableError as exc:
-        log.debug("the allocation's nodes are not known here: %s", exc)
-        return []
-
-
-def slurm_node_count(env: Mapping[str, str]) -> int:
-    """Nodes of the enclosing allocation; 0 outside one."""
-    if not env.get("SLURM_JOB_ID"):
-        return 0
-    text = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
-    return int(text) if text.isdigit() else 1
-
-
-def cpus_per_node(env: Mapping[str, str]) -> list[int]:
-    """The CPUs the allocation holds on each of its nodes, in node order, from
-    SLURM_JOB_CPUS_PER_NODE ("2(x3),1": two on each of three nodes, then one); [] where Slurm
-    does not say or says it otherwise."""
-    out: list[int] = []
-    for part in env.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m is None:
-            return []
-        out += [int(m[1])] * int(m[2] or 1)
-    return out
 
 
 def check_room(hosts: Sequence[str], ranks_per_node: int, env: Mapping[str, str]) -> None:
@@ -123,10 +71,12 @@ def check_resolves(host: str) -> None:
             f"there by that name", hint="Slurm's node names must resolve on every node (DNS or /etc/hosts)") from exc
 
 
-def this_node(env: Mapping[str, str]) -> str:
-    """This node's Slurm name: SLURMD_NODENAME inside a job (several slurmd may share a host name),
-    else the host name."""
-    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+def from_request(request: LaunchRequest, shape: LaunchShape, *, node_class: str | None = None,
+                 gpus: bool = False) -> SrunLaunch:
+    """The registry's factory: srun_launch in the allocation the request's environment describes,
+    the rendezvous port its endpoint's where given."""
+    return srun_launch(shape, request.endpoint[1] if request.endpoint else None, request.env, gpus=gpus,
+                       node_class=node_class)
 
 
 def srun_launch(shape: LaunchShape, master_port: int | None, env: Mapping[str, str], *, gpus: bool,
@@ -245,10 +195,10 @@ class SrunLaunch(Launch):
         # on the command line, it wins over the export setting steps would otherwise inherit from
         # sbatch (--export=NONE, say): srun's command line options override its environment variables.
         argv.append(f"--export=ALL,{','.join(['MASTER_ADDR', 'MASTER_PORT', *names])}")
-        # --user: each task, started as the allocation's owner, becomes bench.user (rankexec).
-        user = ["--user", trial.user] if trial.user else []
-        return [*argv, f"--time={minutes}", *python_argv(trial.worker[0], str(RANKEXEC)), "--slurm", *user, str(WORKER),
-                *worker_args(trial.worker)]
+        # rankexec --slurm: each task's rank variables from Slurm's (registry's srun entry); --user:
+        # each task, started as the allocation's owner, becomes bench.user.
+        return [*argv, f"--time={minutes}", *python_argv(trial.worker[0]),
+                *rank_argv(worker_args(trial.worker), slurm=True, user=trial.user)]
 
     def start(self, trial: TrialSpec) -> list[ProcSpec]:
         # By value: srun's --export names the candidate's variables, the run's topology file among them.

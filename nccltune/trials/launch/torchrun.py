@@ -11,9 +11,9 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...errors import EXIT_CONFIG, InputError, NccltuneError, UnavailableError
+from ...errors import EXIT_CONFIG, InputError, NccltuneError, UnavailableError, UsageError
 from ...files.inputfile import loads_strict, read_bounded, read_input_file
 from ...files.trust import ensure_dir, python_argv
 from ...logsetup import escaped
@@ -22,10 +22,9 @@ from ...topology.ncclxml import MAX_XML_BYTES
 from .. import credentials, nccllog, rankexec
 from ..held import Child, Held, below
 from ..trialenv import RankSide, TrialEnv
-from . import (
+from .admission import job_addresses
+from .base import (
     KILL_GRACE_S,
-    RANKEXEC,
-    WORKER,
     Launch,
     LaunchShape,
     ProcSpec,
@@ -33,30 +32,30 @@ from . import (
     clean_env,
     host_port,
     is_loopback,
+    rank_argv,
     read_text,
     worker_args,
 )
-from .channel import (
-    CONTROL_PORT_OFFSET,
+from .channel import CONTROL_PORT_OFFSET, ControlServer, handshake
+from .messages import (
     DEBUG_VARIABLES,
-    KEY_FILE,
     MAX_NCCL_LOG_CHARS,
     MAX_RANK0_OUT_CHARS,
-    MAX_TAIL_CHARS,
     SHIPPED_FILES,
-    ControlServer,
-    Peer,
     check_trial,
     check_welcome,
     fit_report,
-    handshake,
-    job_addresses,
-    load_key,
     trial_seq,
 )
+from .sealing import KEY_FILE, MAX_TAIL_CHARS, Peer, load_key
+from .slurm import allocation_hosts
+
+if TYPE_CHECKING:
+    from .base import LaunchRequest
 
 log = logging.getLogger(__name__)
 
+DEFAULT_RDZV_PORT = 29400  # torchrun's own default for c10d
 MONITOR_INTERVAL_S = 0.5  # torchrun's worker polling (its default is 0.1 s on 2.x, 5 s before)
 
 
@@ -75,7 +74,7 @@ def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, endpoint: tu
             "--rdzv-conf", conf, "--max-restarts", "0", "--monitor-interval", f"{monitor_interval_s:g}"]
     if local_addr:
         argv += ["--local-addr", local_addr]
-    return [*argv, str(RANKEXEC), str(WORKER), *args]
+    return [*argv, *rank_argv(args)]
 
 
 def stop_tree(proc: Child, grace_s: float = KILL_GRACE_S) -> None:
@@ -106,6 +105,24 @@ def _kill_all(tree: Sequence[Held]) -> None:
         held.kill()
 
 
+def from_request(request: LaunchRequest, shape: LaunchShape, *, node_class: str | None = None,
+                 gpus: bool = False) -> TorchrunLaunch:
+    """The registry's factory: agents at the request's endpoint (this node's own for one node),
+    the allocation's nodes admitted first where it runs in one.
+
+    Raises:
+        UsageError: several nodes without an endpoint (exit 2).
+    """
+    if request.endpoint is None and shape.nnodes > 1:
+        # The control channel listens on exactly the address given, never one of its own choosing.
+        raise UsageError(f"--nodes {shape.nnodes} with torchrun needs --rdzv-endpoint HOST:PORT: the address of "
+                         "this node that the other nodes reach (the rendezvous and the control channel listen "
+                         "there, on PORT and PORT+1)")
+    return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, request.endpoint or ("127.0.0.1", DEFAULT_RDZV_PORT),
+                          node_class=node_class, key_file=request.key_file or KEY_FILE,
+                          job_hosts=allocation_hosts(request.env) if shape.nnodes > 1 else ())
+
+
 class TorchrunLaunch(Launch):
     """One torchrun agent per node and trial, c10d rendezvous; this node coordinates."""
 
@@ -115,7 +132,7 @@ class TorchrunLaunch(Launch):
                  node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0,
                  key_file: str = KEY_FILE, job_hosts: Sequence[str] = ()) -> None:
         """`job_hosts`: the job's nodes where they are known (a Slurm allocation's), whose
-        connections the control channel admits first (channel.job_addresses)."""
+        connections the control channel admits first (admission.job_addresses)."""
         super().__init__(LaunchShape(nnodes, nproc_per_node), node_class)
         self.endpoint = endpoint
         self.key_file = key_file
