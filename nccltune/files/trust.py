@@ -361,8 +361,8 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def system_program(name: str, what: str, path: str | None = None) -> Path:
     """The program `name` as root runs it: looked up only on `path` (system directories,
-    SAFE_PATH unless given; never the caller's PATH), its file and every directory and link on the way passing the trust rule.
-    Returns the real path to run.
+    SAFE_PATH unless given; never the caller's PATH), its file and every directory and link on
+    the way passing the trust rule. Returns the real path to run.
 
     Raises:
         FileNotFoundError: no such program on `path`.
