@@ -12,9 +12,7 @@ the sweep's JSON names the image; no container of the sweep is left in podman's 
     python bench/container_two_nodes.py --user nccltune-test-mallory
 
 Exit status 1 when either command failed, a trial's agent ran outside the image, or a container
-was left. A joining node refuses bench.image (exit 78: `sweep --join` starts its agent on its
-host, trials/launch/torchrun.py `join`); the script then shows that refusal and ends the
-coordinator.
+was left.
 """
 
 from __future__ import annotations
@@ -91,7 +89,7 @@ def main() -> int:
                           str(root / "coordinator"), "--json"], env, root / "coordinator")
     try:
         deadline = started + args.deadline_s
-        # A joiner that stops early (it refuses the trials, or bench.image) leaves the coordinator
+        # A joiner that stops early (it refuses the trials or its config) leaves the coordinator
         # waiting for it: its exit ends the run.
         while coordinator.poll() is None and joiner.poll() in (None, 0) and time.monotonic() < deadline:
             time.sleep(1.0)

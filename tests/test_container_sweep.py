@@ -51,18 +51,29 @@ def test_one_image_per_sweep(tmp_path: Path) -> None:
     assert got.returncode == EXIT_CONFIG and "lists 2 images; a sweep measures in one" in got.stderr, got.stderr
 
 
-def test_a_joining_node_with_an_image_is_refused_at_its_line(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """`sweep --join` starts its agent on the host: with bench.image the job would mix two NCCLs."""
+def test_a_joining_node_with_an_image_runs_its_agent_in_that_image(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sweep --join` with bench.image hands join() the container and the image's python, as the
+    coordinator's own agent runs (the whole two-node run: bench/container_two_nodes.py)."""
     from nccltune.cli import main
+    from nccltune.trials import container as container_mod
+    from nccltune.trials.launch import torchrun
 
+    monkeypatch.setattr(container_mod, "runtime_executable", lambda name: f"/usr/bin/{name}")
+    got: dict[str, object] = {}
+
+    def join(endpoint: tuple[str, int], **kwargs: object) -> int:
+        got.update(kwargs, endpoint=endpoint)
+        return 0
+
+    monkeypatch.setattr(torchrun, "join", join)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"bench": {"image": [f"a@{DIGEST}"]}}))
     rc = main(["sweep", "--join", "127.0.0.1:29400", "--demo", "--config", str(tmp_path / "config.yaml"),
                "--state-dir", str(tmp_path / "state")])
-    assert rc == EXIT_CONFIG
-    assert re.search(r"config\.yaml:2: bench\.image: a joining node \(--join\) runs its ranks with bench\.python "
-                     r"on this host, not in the image", capsys.readouterr().err)
-    assert not (tmp_path / "state").exists()
+    assert rc == 0
+    ctr = got["container"]
+    assert isinstance(ctr, Container) and ctr.image.digest == DIGEST and ctr.gpus is False
+    assert got["python"] == container_mod.IMAGE_PYTHON and got["endpoint"] == ("127.0.0.1", 29400)
 
 
 def test_parse_image_keeps_the_digest() -> None:

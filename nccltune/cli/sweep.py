@@ -131,13 +131,13 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
         raise UsageError(f"--join takes its shape from the coordinator: drop {', '.join(given)}")
     endpoint = parse_endpoint(args.join, "--join")
     cfg = load_cfg(args, demo=bool(args.demo))
+    # bench.image: this node's agent and ranks run in the job's image, as the coordinator's do.
+    container = None
     if cfg.bench.image:
-        # A joining node's agent and ranks start on this host (trials.launch.torchrun.join): with
-        # the coordinator's in the image, one job would measure two NCCLs.
-        raise InputError(cfg.path or "config", "bench.image: a joining node (--join) runs its ranks with "
-                         "bench.python on this host, not in the image", line=cfg.lines.get("bench.image"),
-                         hint="sweep over several nodes without bench.image, or measure in the image on one node")
-    python = find_worker_python(args.python or cfg.bench.python)
+        from ..trials.container import IMAGE_PYTHON, from_config
+
+        container = from_config(cfg.bench, demo=bool(args.demo))
+    python = IMAGE_PYTHON if container is not None else find_worker_python(args.python or cfg.bench.python)
     # The state directory rule of `sweep` (trust.ensure_dir): a joiner writes its trials' files
     # there as root, so none of it may be another user's, nor reached through her link.
     work_dir = ensure_dir(ensure_dir(Path(cfg.state_dir), "state directory") / "join", "join directory")
@@ -145,7 +145,8 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
     # put there is no more the job's here than on the coordinator (delivery.jobenv.from_published).
     own = from_published(os.environ, cfg.publish_dir).own(os.environ)
     trials = join(endpoint, python=python, base_env=own, work_dir=work_dir, user=cfg.bench.user,
-                  max_ranks=_joiner_ranks(cfg, bool(args.demo)), key_file=cfg.multinode.key_file)
+                  max_ranks=_joiner_ranks(cfg, bool(args.demo)), key_file=cfg.multinode.key_file,
+                  container=container)
     out(f"Ran {trials} trial(s) for the coordinator at {args.join}")
     return EXIT_OK
 

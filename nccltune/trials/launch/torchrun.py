@@ -53,6 +53,9 @@ from .slurm import allocation_hosts
 if TYPE_CHECKING:
     from .base import LaunchRequest
 
+if TYPE_CHECKING:
+    from ..container import Container
+
 log = logging.getLogger(__name__)
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's own default for c10d
@@ -243,11 +246,13 @@ def _file_payload(trial: TrialSpec) -> dict[str, str]:
 
 
 def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str], work_dir: Path,
-         max_ranks: int, connect_wait_s: float = 600.0, user: str | None = None, key_file: str = KEY_FILE) -> int:
+         max_ranks: int, connect_wait_s: float = 600.0, user: str | None = None, key_file: str = KEY_FILE,
+         container: Container | None = None) -> int:
     """Run trials for the coordinator at `endpoint` until it says stop, with as many ranks on this
     node as the coordinator runs on its own (at most `max_ranks`), as `user` (bench.user:
-    trials.credentials), after both ends proved they hold the key in `key_file`. Returns the
-    trial count.
+    trials.credentials), after both ends proved they hold the key in `key_file`; with `container`
+    (bench.image) each trial's agent and its ranks run in that image, `python` being the image's.
+    Returns the trial count.
 
     Raises:
         UnavailableError: the coordinator cannot be reached, did not authenticate, refused this
@@ -257,7 +262,8 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
     """
     key = load_key(key_file)
     rank = credentials.rank_user(user)
-    credentials.check_reachable(python, [Path(rankexec.__file__)], rank)
+    if container is None:
+        credentials.check_reachable(python, [Path(rankexec.__file__)], rank)
     host, port = endpoint
     local_addr = "127.0.0.1" if is_loopback(host) else None
     name = f"the coordinator at {host_port(host, port)}"
@@ -282,7 +288,7 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
                     # Messages that arrive during the trial, other than its kill, wait in `pending`.
                     report = _join_trial(msg, peer, pending, python=python, base_env=base_env, work_dir=work_dir,
                                          rank=rank, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
-                                         local_addr=local_addr)
+                                         local_addr=local_addr, container=container)
                     peer.send(fit_report(report))
         if peer.failure:
             raise UnavailableError(f"{name}: {peer.failure}; stopping")
@@ -294,7 +300,8 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
 
 def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]], *, python: str,
                 base_env: Mapping[str, str], work_dir: Path, rank: credentials.RankUser | None, nnodes: int,
-                nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None) -> dict[str, Any]:
+                nproc_per_node: int, endpoint: tuple[str, int], local_addr: str | None,
+                container: Container | None = None) -> dict[str, Any]:
     seq = int(msg["trial"])
     try:
         order = check_trial(msg)
@@ -322,12 +329,20 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     argv = torchrun_argv(python, nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint,
                          rdzv_id=rdzv_id, is_host=False, timeout_s=timeout_s, args=args,
                          local_addr=local_addr)
+    # In the image (bench.image): the runtime starts as root and makes the agent bench.user itself
+    # (enroot runs as its caller), named so that a stopped trial's container is removed.
+    name = f"nccltune-{os.getpid()}-{seq}-agent" if container is not None else None
+    spawn_env, switch = env, rank
+    if container is not None:
+        argv = container.argv(argv, env, trial_dir, rank_dir, name)
+        spawn_env = container.runtime_env(env)
+        switch = None if container.switches_user else rank
     started = time.monotonic()
     with open(trial_dir / "agent.out", "wb") as out, open(trial_dir / "agent.err", "wb") as err:
         # The agent dies with this process (as the runner's ranks do with theirs), its workers with it;
         # it runs as the rank user, as the runner's do.
-        proc = Child(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                     cwd=rank_dir, preexec_fn=credentials.rank_preexec(os.getpid(), rank))
+        proc = Child(argv, env=spawn_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+                     cwd=rank_dir, preexec_fn=credentials.rank_preexec(os.getpid(), switch))
     log.info("trial %d: agent %d started", seq, proc.pid)
     try:
         deadline = started + timeout_s + KILL_GRACE_S
@@ -339,10 +354,10 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
                    else "its timeout passed" if time.monotonic() > deadline else None)
             if why:
                 log.warning("trial %d: stopping this node's agent: %s", seq, why)
-                stop_tree(proc)
+                _stop(proc, container, name)
                 break
     except BaseException:
-        stop_tree(proc)
+        _stop(proc, container, name)
         raise
     code = proc.wait()
     err_lines = read_text(trial_dir / "agent.err", tail=True).strip().splitlines()
@@ -352,6 +367,13 @@ def _join_trial(msg: Mapping[str, Any], peer: Peer, pending: list[dict[str, Any]
     if nccl_debug and rank0_out.strip():
         report.update(_rank0_log_payload(trial_dir, rank0_out))
     return report
+
+
+def _stop(proc: Child, container: Container | None, name: str | None) -> None:
+    """End a trial's agent; in the image, its container too (a killed client may leave it running)."""
+    stop_tree(proc)
+    if container is not None and name is not None:
+        container.remove([name])
 
 
 def _rank0_log_payload(trial_dir: Path, rank0_out: str) -> dict[str, str]:
