@@ -169,9 +169,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if request is not None and request.authenticated:
         from dataclasses import replace
 
+        from ..images import parse_image
         from ..trials.launch.sealing import load_key
 
-        request = replace(request, key_file=cfg.multinode.key_file)
+        request = replace(request, key_file=cfg.multinode.key_file,
+                          image=parse_image(cfg.bench.image[0]).digest if cfg.bench.image else None)
         if not args.plan:
             load_key(cfg.multinode.key_file)  # exit 78 now, not after the planning
     progress = _Progress(quiet=False)  # --json included: progress goes to stderr, the document to stdout

@@ -96,6 +96,7 @@ class _Handshake:
     buf: bytes = b""
     host: str = ""
     version: str = ""
+    image: str | None = None  # the digest of the image the joiner measures in; None: its host
     joiner_nonce: str = ""
     nonce: str = ""  # ours, once the hello came
 
@@ -105,11 +106,13 @@ class Admission:
     every node admitted."""
 
     def __init__(self, host: str, port: int, *, key: bytes, joiners: int, nproc_per_node: int,
-                 join_wait_s: float = 600.0, job_peers: Iterable[str] = ()) -> None:
+                 join_wait_s: float = 600.0, job_peers: Iterable[str] = (), image: str | None = None) -> None:
         """`job_peers`: the job's own peers, as peer_of writes them (job_addresses), admitted first;
-        every node admitted joins them."""
+        every node admitted joins them. `image`: the digest of the image this job measures in (None:
+        on the hosts); a joiner measuring anywhere else is refused."""
         self.key = key
         self.want = joiners
+        self.image = image
         self.nproc_per_node = nproc_per_node
         self.join_wait_s = join_wait_s
         self.job_peers = set(job_peers)
@@ -253,13 +256,14 @@ class Admission:
             self._proof(hs, doc)
 
     def _hello(self, hs: _Handshake, doc: Mapping[str, Any]) -> None:
-        host, version, nonce = doc.get("hello"), doc.get("version"), doc.get("nonce")
+        host, version, nonce, image = doc.get("hello"), doc.get("version"), doc.get("nonce"), doc.get("image")
         if not (isinstance(host, str) and 0 < len(host) <= 255 and isinstance(version, str) and len(version) <= 64
-                and is_nonce(nonce)):
+                and is_nonce(nonce) and (image is None or (isinstance(image, str) and len(image) <= 128))):
             self._turn_away(hs.addr, "not a joining node's hello")
             self._drop(hs)
             return
         hs.host, hs.version, hs.joiner_nonce, hs.nonce = host, version, str(nonce), new_nonce()
+        hs.image = image
         proof = mac(self.key, "coordinator", hs.joiner_nonce, hs.nonce)
         if not send_small(hs.sock, {"challenge": hs.nonce, "proof": proof}):
             self._drop(hs)
@@ -290,6 +294,12 @@ class Admission:
             peer.send({"refuse": f"the coordinator runs nccltune {__version__}, this node {hs.version[:64]}"})
             peer.close()
             return
+        if hs.image != self.image:
+            # One job, one NCCL: a node measuring in another image (or on its host) would mix two.
+            peer.send({"refuse": f"the coordinator measures {_where(self.image)}, this node {_where(hs.image)}; "
+                                 "give every node the same bench.image"})
+            peer.close()
+            return
         peer.send({"welcome": self.want + 1, "nproc_per_node": self.nproc_per_node})
         log.info("%s joined", peer.name)
         self.peers.append(peer)
@@ -307,3 +317,7 @@ def send_small(sock: socket.socket, doc: Mapping[str, Any]) -> bool:
         return sock.send(line) == len(line)
     except OSError:
         return False
+
+
+def _where(image: str | None) -> str:
+    return f"in the image {image}" if image else "on its host (no bench.image)"

@@ -254,10 +254,11 @@ def resolve_launcher(launcher: str, nnodes: int, env: Mapping[str, str]) -> str:
 
 def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | None, *,
                 node_class: str | None = None, env: Mapping[str, str] | None = None, gpus: bool = False,
-                key_file: str | None = None) -> Launch:
+                key_file: str | None = None, image: str | None = None) -> Launch:
     """The Launch for a sweep of `shape` (`launcher` one of LAUNCHERS, `endpoint` the rendezvous;
     `gpus`: the ranks run on GPUs, one each, which srun then binds; `key_file`: the multi-node key
-    of a torchrun launch over several nodes, default sealing.KEY_FILE), made by the chosen
+    of a torchrun launch over several nodes, default sealing.KEY_FILE; `image`: the digest of the
+    image every node measures in, None on the host), made by the chosen
     launcher's factory (registry.Launcher.load).
 
     Raises:
@@ -275,7 +276,7 @@ def make_launch(shape: LaunchShape, launcher: str, endpoint: tuple[str, int] | N
     entry = registry.entry(choice)
     assert entry is not None  # resolve_launcher returns registered names only
     request = LaunchRequest(nodes=shape.nnodes, loopback=shape.loopback, launcher=choice, endpoint=endpoint,
-                            key_file=key_file, env=env)
+                            key_file=key_file, env=env, image=image)
     launch = entry.load()(request, shape, node_class=node_class, gpus=gpus)
     if not isinstance(launch, Launch):
         raise TypeError(f"{entry.module}.{entry.factory} made {type(launch).__name__}, not a Launch")
@@ -292,6 +293,7 @@ class LaunchRequest:
     launcher: str = "auto"
     endpoint: tuple[str, int] | None = None
     key_file: str | None = None  # multinode.key_file, for a torchrun launch over several nodes
+    image: str | None = None  # bench.image's digest: every node of a torchrun launch measures in it
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), compare=False, repr=False)
 
     @property
@@ -304,7 +306,7 @@ class LaunchRequest:
 
     def build(self, ranks_per_node: int, node_class: str | None = None, *, gpus: bool = False) -> Launch:
         return make_launch(self.shape(ranks_per_node), self.launcher, self.endpoint, node_class=node_class,
-                           env=self.env, gpus=gpus, key_file=self.key_file)
+                           env=self.env, gpus=gpus, key_file=self.key_file, image=self.image)
 
     @property
     def authenticated(self) -> bool:

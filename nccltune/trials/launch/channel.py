@@ -14,7 +14,8 @@ MAC is HMAC-SHA256. Each side then holds the session key S = MAC(K, "session", N
 further message in either direction is sealed with it and a sequence number (sealing.py).
 
 After the handshake (bodies):
-  coordinator -> {"welcome": N, "nproc_per_node": P}, or {"refuse": why} (another nccltune version);
+  coordinator -> {"welcome": N, "nproc_per_node": P}, or {"refuse": why} (another nccltune version,
+  or another image: the hello's "image", bench.image's digest or null, must be the coordinator's);
   per trial coordinator -> {"trial": seq, "rdzv_id", "env", "files", "worker_args", "timeout_s",
   "nccl_debug"}, joiner -> {"result": seq, "exit": code, "wall_s", "rank0_out", "err_tail"}, plus,
   where rank 0 ran on the joiner and nccl_debug was asked, "nccl_log" (rank 0's NCCL log, zlib and
@@ -71,9 +72,9 @@ class ControlServer(Admission):
     """The coordinator's end: joiners connect and authenticate (Admission), get each trial, report its end."""
 
     def __init__(self, host: str, port: int, *, key: bytes, joiners: int, nproc_per_node: int,
-                 join_wait_s: float = 600.0, job_peers: Iterable[str] = ()) -> None:
+                 join_wait_s: float = 600.0, job_peers: Iterable[str] = (), image: str | None = None) -> None:
         super().__init__(host, port, key=key, joiners=joiners, nproc_per_node=nproc_per_node,
-                         join_wait_s=join_wait_s, job_peers=job_peers)
+                         join_wait_s=join_wait_s, job_peers=job_peers, image=image)
         self.results: dict[str, dict[str, Any]] = {}  # peer name -> its result of the current trial
         self.seq = 0
 
@@ -143,7 +144,8 @@ class Unanswered(UnavailableError):
     once the joining node's wait is over)."""
 
 
-def handshake(host: str, port: int, wait_s: float, name: str, key: bytes, key_file: str) -> tuple[Peer, int, int]:
+def handshake(host: str, port: int, wait_s: float, name: str, key: bytes, key_file: str, *,
+              image: str | None = None) -> tuple[Peer, int, int]:
     """Connect to the coordinator's control channel at host:port and go through join_session,
     connecting again RETRY_S after a connection it closed unanswered, for up to `wait_s`.
 
@@ -154,7 +156,7 @@ def handshake(host: str, port: int, wait_s: float, name: str, key: bytes, key_fi
     while True:
         sock = connect(host, port, max(0.0, deadline - time.monotonic()))
         try:
-            return join_session(sock, name, key, key_file)
+            return join_session(sock, name, key, key_file, image=image)
         except Unanswered:
             if time.monotonic() + RETRY_S > deadline:
                 raise
@@ -162,9 +164,11 @@ def handshake(host: str, port: int, wait_s: float, name: str, key: bytes, key_fi
             time.sleep(RETRY_S)
 
 
-def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> tuple[Peer, int, int]:
+def join_session(sock: socket.socket, name: str, key: bytes, key_file: str, *,
+                 image: str | None = None) -> tuple[Peer, int, int]:
     """The joiner's handshake on a connected socket: the peer, and the welcome's node count and
-    ranks per node (not yet checked against this node: check_welcome).
+    ranks per node (not yet checked against this node: check_welcome). `image`: the digest of the
+    image this node measures in (None: on the host), which the coordinator's must be.
 
     Raises:
         UnavailableError: the peer did not prove it holds the key, refused this node, or fell
@@ -175,7 +179,7 @@ def join_session(sock: socket.socket, name: str, key: bytes, key_file: str) -> t
     sock.settimeout(SEND_TIMEOUT_S)
     plain = Peer(sock, name)
     nonce = new_nonce()
-    plain.send({"hello": socket.gethostname(), "version": version(), "nonce": nonce})
+    plain.send({"hello": socket.gethostname(), "version": version(), "nonce": nonce, "image": image})
     reply = plain.read(REPLY_WAIT_S)
     doc = reply[0] if reply else {}
     if not reply and plain.closed and plain.failure is None:

@@ -123,7 +123,7 @@ def from_request(request: LaunchRequest, shape: LaunchShape, *, node_class: str 
                          "there, on PORT and PORT+1)")
     return TorchrunLaunch(shape.nnodes, shape.ranks_per_node, request.endpoint or ("127.0.0.1", DEFAULT_RDZV_PORT),
                           node_class=node_class, key_file=request.key_file or KEY_FILE,
-                          job_hosts=allocation_hosts(request.env) if shape.nnodes > 1 else ())
+                          job_hosts=allocation_hosts(request.env) if shape.nnodes > 1 else (), image=request.image)
 
 
 class TorchrunLaunch(Launch):
@@ -133,15 +133,17 @@ class TorchrunLaunch(Launch):
 
     def __init__(self, nnodes: int, nproc_per_node: int, endpoint: tuple[str, int], *,
                  node_class: str | None = None, local_addr: str | None = None, join_wait_s: float = 600.0,
-                 key_file: str = KEY_FILE, job_hosts: Sequence[str] = ()) -> None:
+                 key_file: str = KEY_FILE, job_hosts: Sequence[str] = (), image: str | None = None) -> None:
         """`job_hosts`: the job's nodes where they are known (a Slurm allocation's), whose
-        connections the control channel admits first (admission.job_addresses)."""
+        connections the control channel admits first (admission.job_addresses); `image`: the
+        digest of bench.image (None: on the host), which every joining node must measure in too."""
         super().__init__(LaunchShape(nnodes, nproc_per_node), node_class)
         self.endpoint = endpoint
         self.key_file = key_file
         self.job_hosts = list(job_hosts)
         self.local_addr = local_addr if local_addr else ("127.0.0.1" if is_loopback(endpoint[0]) else None)
         self.join_wait_s = join_wait_s
+        self.image = image
         self._token = secrets.token_hex(4)
         self._control: ControlServer | None = None
         self._trial_dir: Path | None = None
@@ -155,7 +157,8 @@ class TorchrunLaunch(Launch):
             host, port = self.endpoint
             self._control = ControlServer(host, port + CONTROL_PORT_OFFSET, key=load_key(self.key_file),
                                           joiners=self.shape.nnodes - 1, nproc_per_node=self.shape.ranks_per_node,
-                                          join_wait_s=self.join_wait_s, job_peers=job_addresses(self.job_hosts))
+                                          join_wait_s=self.join_wait_s, job_peers=job_addresses(self.job_hosts),
+                                          image=self.image)
         return self._control
 
     def prepare(self) -> None:
@@ -268,7 +271,7 @@ def join(endpoint: tuple[str, int], *, python: str, base_env: Mapping[str, str],
     local_addr = "127.0.0.1" if is_loopback(host) else None
     name = f"the coordinator at {host_port(host, port)}"
     peer, nnodes, nproc_per_node = handshake(host, port + CONTROL_PORT_OFFSET, connect_wait_s, name, key,
-                                             str(key_file))
+                                             str(key_file), image=container.image.digest if container else None)
     pending = peer.pending
     trials = 0
     try:
