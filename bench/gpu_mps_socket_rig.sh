@@ -17,9 +17,11 @@
 # machine, never a node's network; nothing measured here is published on a real node.
 #
 # Within 25 trials: 2 runs of the defaults, 6 single values (sockets per thread on top of the best
-# number of threads), the topology file alone, at most 1 combination, then the final check's
-# rounds of FINALISTS finalists + the topology file alone + the defaults, as many rounds (3 to 5)
-# as fit into what is left: 5 with one finalist, 3 with two (FINALISTS=2, the default).
+# number of threads), the topology file alone, at most 1 combination, then the final check within
+# the 15 trials left (sweep.max_final_trials): 2 rounds of FINALISTS finalists + the topology file
+# alone + the defaults, then rounds only for the finalists still open (one that won, cannot win or
+# is clearly behind another is measured no more), looks planned for what the bound lets the leader
+# alone reach: 2, 4 and 5 rounds with two finalists (FINALISTS=2, the default), 2, 4 and 6 with one.
 #
 #   OUT=/tmp/x HOSTS=2 REPEATS=3 [FINALISTS=2] bash bench/gpu_mps_socket_rig.sh
 # $OUT receives summary-HOSTSx1.txt, sweep-HOSTSx1.json (the sweep's own document: every trial's
@@ -58,8 +60,8 @@ from nccltune.sweep.space import CATALOGUE
 
 weights = {"1MiB": 1, "4MiB": 1, "16MiB": 1, "64MiB": 1, "256MiB": 1, "1GiB": 1}
 cfg = {"sweep": {"profile": "rig", "profiles": {"rig": {"all_reduce": weights}},
-                 "baseline_repeats": 2, "finalist_repeats": 3,
-                 "max_finalist_repeats": max(3, min(5, (25 - 10) // (int(os.environ.get("FINALISTS", "2")) + 2))),
+                 "baseline_repeats": 2, "finalist_repeats": 2, "max_finalist_repeats": 8,
+                 "max_final_trials": 25 - 10,
                  "max_finalists": int(os.environ.get("FINALISTS", "2")),
                  "exclude": sorted(n for n, t in CATALOGUE.items() if t.kind == "perf" and n not in SOCKET_KNOBS)},
        "bench": {"min_bytes": "1MiB", "max_bytes": "1GiB", "factor": 4, "warmup_iters": 2, "iters": 5,

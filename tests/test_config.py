@@ -29,6 +29,7 @@ from nccltune.config import (
     with_overrides,
 )
 from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.pipeline.planning import settings as search_settings
 
 EXAMPLE = EXAMPLES / "config.yaml"
 
@@ -154,6 +155,7 @@ sweep:
   baseline_repeats: 5
   finalist_repeats: 1
   max_finalists: 2
+  max_final_trials: 15
   pin:
     NCCL_IB_HCA: "mlx5_0:1"
     NCCL_MIN_NCHANNELS: 16
@@ -202,6 +204,8 @@ def test_full_file(tmp_path: Path) -> None:
     assert s.profile == "inference"
     assert s.profiles == {"inference": {65536: 4.0, 2**20: 2.5, 4194304: 0.0}}
     assert (s.strategy, s.baseline_repeats, s.finalist_repeats, s.max_finalists) == ("exhaustive", 5, 1, 2)
+    # The search's final check keeps to it (sweep.strategy.final_check's max_trials).
+    assert s.max_final_trials == 15 and search_settings(cfg).max_final_trials == 15
     assert s.pin == {"NCCL_IB_HCA": "mlx5_0:1", "NCCL_MIN_NCHANNELS": "16"}
     assert s.unpin == ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
     assert s.variables == {"NCCL_ALGO": ["Ring", "Tree"], "NCCL_NTHREADS": ["256", "512"]}

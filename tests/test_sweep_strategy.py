@@ -439,3 +439,16 @@ def test_rank_screened_orders_by_gain_within_the_settings_that_did_not_regress()
     ranked = rank_screened([a, b, c, d, topo, ({"X": "5"}, "e", None)], worst, 2.0, leave_out=COMMON)
     assert [label for _env, label, _gain in ranked] == ["b", "c", "a"]
     assert [label for _env, label, _gain in rank_screened([a, b], worst, 3.0)] == ["a", "b"]
+
+
+def test_the_final_check_keeps_to_sweep_max_final_trials() -> None:
+    # Gains within the noise: the finalists stay open, and the check would go on to 8 rounds.
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.02, ("NCCL_ALGO", "Ring"): 1.015}, noise_pct=3.0)
+    result = search({"NCCL_ALGO": ["Ring", "Tree"]}, bench, baseline_repeats=2, finalist_repeats=2,
+                    max_finalist_repeats=8, max_finalists=2, max_final_trials=12).run()
+    # 2 rounds of 3 finalists and the defaults (8 trials), then the looks the 4 left let the leader
+    # alone reach: 2 more rounds.
+    assert result.final.looks == [2, 4]
+    assert result.final.trials <= 12
+    first = bench.phases().index("final")
+    assert len(bench.phases()[first:]) == result.final.trials

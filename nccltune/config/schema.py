@@ -210,6 +210,9 @@ class SweepConfig:
     # The sequential final check's ceiling: rounds are added up to this many only while a finalist
     # is undecided (below finalist_repeats: no rounds are added).
     max_finalist_repeats: int = _setting(8, ge=1)
+    # The final check's trials at most (every finalist's and the defaults' runs of its rounds): the
+    # rounds of a look after the first are added only when they fit. 0: no bound.
+    max_final_trials: int = _setting(0, ge=0)
     max_finalists: int = _setting(3, ge=1)
     pin: dict[str, str] = field(default_factory=dict)
     unpin: list[str] = field(default_factory=list)

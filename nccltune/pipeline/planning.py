@@ -178,7 +178,7 @@ def settings(cfg: Config, plan: Plan | None = None) -> Settings:
     (tablestage) measures both against the defaults, interleaved, in place of the finalist round."""
     s = cfg.sweep
     out = Settings(baseline_repeats=s.baseline_repeats, finalist_repeats=s.finalist_repeats,
-                   max_finalist_repeats=s.max_finalist_repeats,
+                   max_finalist_repeats=s.max_finalist_repeats, max_final_trials=s.max_final_trials,
                    max_finalists=s.max_finalists, min_gain_pct=s.min_gain_pct,
                    max_regression_pct=s.max_regression_pct, exhaustive=s.strategy == "exhaustive")
     if plan is not None and plan.per_size is not None and plan.per_size.active and not out.exhaustive:

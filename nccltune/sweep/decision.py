@@ -34,16 +34,31 @@ Sequential rounds. A final check measures its candidates and the defaults in rou
 rounds of each look (`looks`: the configured repeats, then about 1.6 times as many, up to the
 ceiling) every open candidate is judged at that look's share of alpha (`spent`: alpha t^2
 cumulatively, t the share of the ceiling's rounds done, so the shares add up to alpha and the
-error rate holds over every look). A candidate that wins, or cannot win (its gain's upper bound
-at FUTILITY_CONFIDENCE below the minimum, or a key slower than the margin for sure), is measured
-no more; only those still open are.
+error rate holds over every look). Each part of a candidate's verdict is a sequential test of its
+own: the gain, and "within the margin" at each weighted key. A part shown at one look, at that
+look's share, stays shown (`Shown`): publishing a candidate still needs every part shown at some
+look, and the chance that a false part is ever shown is at most the sum of the shares, alpha, as
+before; a key only waits for the look its own pairs suffice at. A candidate that wins, or cannot
+win (its gain's upper bound at FUTILITY_CONFIDENCE below the minimum, or a key slower than the
+margin for sure), is measured no more; so is one clearly behind another (`behind`: the rounds both
+measured, paired with each other, put its weighted gain below the other's at FUTILITY_CONFIDENCE).
+Only those still open are measured again. The family of a look is every finalist that has not
+won, measured or not (`holm`'s `family`): a candidate stopped without winning keeps its place,
+untested, so no share of alpha passes from it to the ones still measured. A win is a rejection,
+which Holm's step-down passes on (the closed testing it is short for, look by look); a stop is
+not: were the family only the candidates still open, a candidate would get a larger share exactly
+when the others' runs went badly, and in an A/A check where each of two stops with chance q at
+the first look, a later look would publish a false winner with a chance of up to (1 + q) times its
+share.
 
 Nothing here gets stricter as evidence grows: the bounds narrow with every pair and every node,
-and the number of looks is fixed by the configuration, not by the data.
+a part once shown stays shown, and the number of looks is fixed by the configuration, not by the
+data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -246,6 +261,15 @@ def pct(log_ratio: float) -> float:
     return 100.0 * math.expm1(log_ratio)
 
 
+@dataclass(frozen=True)
+class Shown(Generic[K]):
+    """What earlier looks of a sequential check showed for a candidate, each at its look's level:
+    its gain above the minimum (for its family, Holm's), and the keys shown within the margin."""
+
+    gain: bool = False
+    keys: frozenset[K] = frozenset()
+
+
 @dataclass
 class Verdict(Generic[K]):
     """One candidate against NCCL's defaults under the rule."""
@@ -264,6 +288,7 @@ class Verdict(Generic[K]):
     by_node: bool = False
     regressions: list[tuple[K, float]] = field(default_factory=list)  # (key, ratio): keys not shown no slower
     too_few_runs: bool = False
+    shown: Shown[K] = field(default_factory=Shown)  # what this verdict and the looks before it showed
 
     @property
     def supported_gain_pct(self) -> float | None:
@@ -289,9 +314,13 @@ def key_values(ev: Evidence[K], key: K) -> list[list[float]]:
     return [[b[key] for b in unit if key in b] for unit in ev.units]
 
 
-def judge(ev: Evidence[K], weights: Mapping[K, float], rule: Rule, *, alpha: float | None = None) -> Verdict[K]:
-    """One candidate's verdict at `alpha` (the rule's own unless its share of a family or a look)."""
+def judge(ev: Evidence[K], weights: Mapping[K, float], rule: Rule, *, alpha: float | None = None,
+          shown: Shown[K] | None = None) -> Verdict[K]:
+    """One candidate's verdict at `alpha` (the rule's own unless its share of a family or a look);
+    `shown`: what earlier looks of a sequential check showed, which stays shown (the module's
+    docstring)."""
     a = rule.alpha if alpha is None else alpha
+    prior: Shown[K] = shown if shown is not None else Shown()
     keys = sorted(k for k, w in weights.items() if w > 0)
     threshold = rule.min_gain_pct
     if not keys:
@@ -305,69 +334,103 @@ def judge(ev: Evidence[K], weights: Mapping[K, float], rule: Rule, *, alpha: flo
                                     "defaults: cannot show a gain beyond noise (sweep.finalist_repeats of 2 or more "
                                     "can)",
                        pct(_mean(single)) if single else 0.0, threshold, alpha=a, pairs=measured, nodes=ev.nodes,
-                       too_few_runs=True)
+                       too_few_runs=True, shown=prior)
     lower, upper = gain.lower(a), gain.upper(1.0 - FUTILITY_CONFIDENCE)
     p = gain.p_above(rule.gain_floor)
-    base = dict(gain_pct=pct(gain.mean), threshold_pct=threshold, lower_pct=pct(lower), upper_pct=pct(upper),
-                alpha=a, p_value=p, pairs=gain.pairs, nodes=gain.nodes, by_node=gain.by_node)
+    gain_shown = prior.gain or lower > rule.gain_floor
     not_shown: list[tuple[K, float]] = []
     slower: list[tuple[K, float]] = []
+    within = set(prior.keys)
     for k in keys:
+        if k in prior.keys:
+            continue
         est = estimate(key_values(ev, k))
         if est is None:
             not_shown.append((k, math.exp(_mean([x for g in key_values(ev, k) for x in g] or [0.0]))))
             continue
-        if est.lower(a) <= rule.margin:
-            not_shown.append((k, math.exp(est.mean)))
-            if est.upper(a) < rule.margin:
-                slower.append((k, math.exp(est.mean)))
+        if est.lower(a) > rule.margin:
+            within.add(k)
+            continue
+        not_shown.append((k, math.exp(est.mean)))
+        if est.upper(a) < rule.margin:
+            slower.append((k, math.exp(est.mean)))
+    base = dict(gain_pct=pct(gain.mean), threshold_pct=threshold, lower_pct=pct(lower), upper_pct=pct(upper),
+                alpha=a, p_value=p, pairs=gain.pairs, nodes=gain.nodes, by_node=gain.by_node,
+                shown=Shown(gain_shown, frozenset(within)))
     conf = f"{100 * (1 - a):.1f}%" if a < 0.01 else f"{100 * (1 - a):.0f}%"
     evid = (f"{gain.pairs} pair(s) on {gain.nodes} node(s)" + (", the node as the unit (the nodes disagree)"
                                                                if gain.by_node else ""))
-    said = f"gain {pct(gain.mean):+.2f}%, at least {pct(lower):+.2f}% at {conf} confidence ({evid})"
+    said = (f"gain {pct(gain.mean):+.2f}%, at least {pct(lower):+.2f}% at {conf} confidence ({evid})"
+            + (", shown above the minimum at an earlier look" if prior.gain else ""))
+    earlier = f" ({len(prior.keys)} of them shown at an earlier look)" if prior.keys else ""
     if slower:
         worst = min(slower, key=lambda r: r[1])
         return Verdict(LOSE, False, f"{said}, but {len(slower)} size(s) slower than the defaults by more than "
                                     f"{rule.max_regression_pct:g}% (worst {key_label(worst[0])}: x{worst[1]:.3f})",
                        regressions=slower, **base)  # type: ignore[arg-type]
-    if upper <= rule.gain_floor:
+    if not gain_shown and upper <= rule.gain_floor:
         return Verdict(LOSE, False, f"{said}: not above the minimum of {threshold:.2f}% (at most {pct(upper):+.2f}% "
                                     f"at {100 * FUTILITY_CONFIDENCE:.0f}% confidence)",
                        regressions=not_shown, **base)  # type: ignore[arg-type]
-    if lower <= rule.gain_floor:
+    if not gain_shown:
         return Verdict(OPEN, False, f"{said}: not shown above the minimum of {threshold:.2f}%",
                        regressions=not_shown, **base)  # type: ignore[arg-type]
     if not_shown:
         worst = min(not_shown, key=lambda r: r[1])
         return Verdict(OPEN, False, f"{said}, but {len(not_shown)} size(s) not shown within "
                                     f"{rule.max_regression_pct:g}% of the defaults (worst {key_label(worst[0])}: "
-                                    f"x{worst[1]:.3f})", regressions=not_shown, **base)  # type: ignore[arg-type]
+                                    f"x{worst[1]:.3f}){earlier}", regressions=not_shown,
+                       **base)  # type: ignore[arg-type]
     return Verdict(WIN, True, f"{said}, every weighted size within {rule.max_regression_pct:g}% of the defaults or "
-                              "faster", **base)  # type: ignore[arg-type]
+                              f"faster{earlier}", **base)  # type: ignore[arg-type]
+
+
+def behind(lead: Mapping[int, Mapping[K, float]], other: Mapping[int, Mapping[K, float]],
+           weights: Mapping[K, float]) -> bool:
+    """Whether `other` is clearly behind `lead`, two candidates measured in the same rounds (round
+    -> busbw per key): each round both measured is a pair ln(other / lead), the defaults of the
+    round cancelling out, and the upper bound of its profile-weighted mean at FUTILITY_CONFIDENCE
+    is below 0. Stops measuring `other`, never publishes anything: a futility rule."""
+    est = estimate(weighted_blocks(Evidence((paired_rounds(other, lead),)), weights))
+    return est is not None and est.upper(1.0 - FUTILITY_CONFIDENCE) < 0.0
 
 
 # -- families and looks ----------------------------------------------------------------------------
 
 def holm(evs: Mapping[str, Evidence[K]], weights: Mapping[K, float], rule: Rule,
-         alpha: float | None = None) -> dict[str, Verdict[K]]:
-    """Every candidate of one family judged with Holm's step-down at `alpha` (the module's docstring)."""
+         alpha: float | None = None, *, family: int | None = None,
+         shown: Mapping[str, Shown[K]] | None = None) -> dict[str, Verdict[K]]:
+    """Every candidate of one family judged with Holm's step-down at `alpha` (the module's docstring).
+    `family`: the family's size where it holds candidates not judged here (stopped without winning
+    at an earlier look: they keep their place, untested, last in the order); `shown`: per
+    candidate, what earlier looks showed (a gain shown then counts as passing Holm's step)."""
     a = rule.alpha if alpha is None else alpha
-    k = len(evs)
-    first = {name: judge(ev, weights, rule, alpha=a / max(k, 1)) for name, ev in evs.items()}
-    order = sorted(evs, key=lambda n: (first[n].p_value if first[n].p_value is not None else 2.0, n))
+    prior = shown or {}
+    k = max(len(evs), family or 0)
+    first = {name: judge(ev, weights, rule, alpha=a / max(k, 1), shown=prior.get(name)) for name, ev in evs.items()}
+
+    def rank(n: str) -> tuple[float, str]:
+        p = first[n].p_value
+        if n in prior and prior[n].gain:
+            return (-1.0, n)
+        return (p if p is not None else 2.0, n)
+
+    order = sorted(evs, key=rank)
     out: dict[str, Verdict[K]] = {}
     still = True
     for j, name in enumerate(order):
-        v = judge(evs[name], weights, rule, alpha=a / (k - j))
-        if still and v.p_value is not None and v.p_value <= a / (k - j):
+        before = prior.get(name, Shown())
+        v = judge(evs[name], weights, rule, alpha=a / (k - j), shown=before)
+        if still and (before.gain or (v.p_value is not None and v.p_value <= a / (k - j))):
             out[name] = v
             continue
         still = False
-        if v.eligible:
-            # Its own bound clears, but Holm stopped at an earlier candidate: not shown for the family.
-            v = Verdict(OPEN, False, f"{v.reason}; not shown for a family of {k} candidate(s) (Holm)",
-                        v.gain_pct, v.threshold_pct, v.lower_pct, v.upper_pct, v.alpha, v.p_value, v.pairs,
-                        v.nodes, v.by_node, v.regressions, v.too_few_runs)
+        # Holm stopped at this or an earlier candidate: its gain is not shown for the family.
+        kept = Shown(before.gain, v.shown.keys)
+        if v.shown.gain != kept.gain:
+            # Its own bound clears, but not for the family.
+            v = dataclasses.replace(v, status=OPEN if v.status == WIN else v.status, eligible=False, shown=kept,
+                                    reason=f"{v.reason}; not shown for a family of {k} candidate(s) (Holm)")
         out[name] = v
     return out
 

@@ -13,6 +13,7 @@ beat the defaults".
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -39,6 +40,8 @@ class Settings:
     # The ceiling of the sequential final check: rounds are added, up to this many, only while a
     # finalist is still undecided (sweep.decision.looks).
     max_finalist_repeats: int = 0  # 0: no rounds added
+    # The final check's trials at most: a look's rounds are added only when they fit (0: no bound).
+    max_final_trials: int = 0
     max_finalists: int = 3
     min_gain_pct: float = 1.0
     max_regression_pct: float = 2.0
@@ -68,17 +71,31 @@ class FinalCheck:
 
 
 def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, int], dict[Key, float] | None],
-                weights: Mapping[Key, float], rule: decision.Rule, *, first: int, last: int) -> FinalCheck:
+                weights: Mapping[Key, float], rule: decision.Rule, *, first: int, last: int,
+                max_trials: int = 0) -> FinalCheck:
     """The finalists and the defaults in interleaved rounds (each finalist still open, then the
     defaults), judged after each look of sweep.decision.looks(first, last) with that look's share of
-    alpha, Holm over the finalists still open; a finalist that won or cannot win is measured no
-    more. `measure(finalist, round)`, None for the defaults' run of the round, returns busbw per key
-    or None for a failed trial. Each finalist ends with its verdict at its last look."""
+    alpha, Holm over every finalist that has not won (sweep.decision.holm's family); what a look
+    showed of a finalist (its gain, each size within the margin) stays shown at the looks after it.
+    A finalist that won, cannot win, or is clearly behind another still in the running
+    (sweep.decision.behind) is measured no more. `max_trials` (0: no bound): the rounds of a look
+    after the first are measured only when all of them fit within that many trials of the check.
+    `measure(finalist, round)`, None for the defaults' run of the round, returns busbw per key or
+    None for a failed trial. Each finalist ends with its verdict at its last look."""
+    if max_trials and first > 0:
+        # The looks are planned for what the bound lets the leader alone reach (the first look's
+        # rounds for every finalist, then one finalist and the defaults per round): alpha is never
+        # spent on a look that cannot come. Fixed before anything is measured.
+        last = min(last, first + max(0, max_trials - first * (len(finalists) + 1)) // 2)
     # Fewer than two rounds asked for: no extension either (one run cannot show a gain, and the
     # configuration said so).
     out = FinalCheck(looks=decision.looks(first, last if first >= 2 else first) if first > 0 else [])
     still = list(finalists)
+    shown: dict[str, decision.Shown[Key]] = {}
+    won = 0  # only a win frees a place in Holm's family (sweep.decision's docstring)
     for look, share in zip(out.looks, decision.spent(out.looks, rule.alpha) if out.looks else [], strict=True):
+        if out.rounds and max_trials and out.trials + (look - out.rounds) * (len(still) + 1) > max_trials:
+            break
         while out.rounds < look:
             for f in still:
                 got = measure(f, out.rounds)
@@ -91,16 +108,41 @@ def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, i
             if got:
                 out.base_rounds[out.rounds] = got
             out.rounds += 1
-        evs = {str(i): decision.Evidence((decision.paired_rounds(f.rounds, out.base_rounds),))
-               for i, f in enumerate(finalists) if any(f is g for g in still)}
-        verdicts = decision.holm(evs, weights, rule, alpha=share)
-        for i, f in enumerate(finalists):
-            if str(i) in verdicts:
-                f.verdict = verdicts[str(i)]
-                f.stats = size_stats(f.runs)
+        judged = {str(i): f for i, f in enumerate(finalists) if any(f is g for g in still)}
+        evs = {i: decision.Evidence((decision.paired_rounds(f.rounds, out.base_rounds),)) for i, f in judged.items()}
+        verdicts = decision.holm(evs, weights, rule, alpha=share, family=len(finalists) - won,
+                                 shown={i: shown[i] for i in judged if i in shown})
+        for i, f in judged.items():
+            f.verdict = verdicts[i]
+            f.stats = size_stats(f.runs)
+            shown[i] = verdicts[i].shown
+        won += sum(1 for v in verdicts.values() if v.status == decision.WIN)
         still = [f for f in still if f.verdict is not None and f.verdict.status == decision.OPEN]
+        if look != out.looks[-1]:
+            still = _not_behind(finalists, still, weights)
         if not still:
             break
+    return out
+
+
+def _not_behind(finalists: list[Finalist], still: list[Finalist], weights: Mapping[Key, float]) -> list[Finalist]:
+    """The open finalists that are not clearly behind the leader (the finalist with the largest gain
+    estimate among those that won or are open); the others get a verdict that says so."""
+    running = [f for f in finalists if f.verdict is not None and f.verdict.status in (decision.WIN, decision.OPEN)
+               and not f.verdict.too_few_runs]
+    if len(running) < 2:
+        return still
+    lead = max(running, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
+    out = []
+    for f in still:
+        if f is not lead and f.verdict is not None and decision.behind(lead.rounds, f.rounds, weights):
+            f.verdict = dataclasses.replace(
+                f.verdict, status=decision.LOSE, eligible=False,
+                reason=f"{f.verdict.reason}; behind {lead.label} (its weighted gain below that one's at "
+                       f"{100 * decision.FUTILITY_CONFIDENCE:.0f}% confidence, the rounds both measured paired): "
+                       "measured no more")
+            continue
+        out.append(f)
     return out
 
 
@@ -264,7 +306,8 @@ class Search:
             return got[0]
 
         check = final_check(finalists, measure, self.weights, self.rule, first=self.s.finalist_repeats,
-                            last=max(self.s.finalist_repeats, self.s.max_finalist_repeats))
+                            last=max(self.s.finalist_repeats, self.s.max_finalist_repeats),
+                            max_trials=self.s.max_final_trials)
         self.final = check
         baseline = size_stats(base_runs)
         chosen = None
