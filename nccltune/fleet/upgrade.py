@@ -272,7 +272,8 @@ def upgrade_outcome(gate: GateReading | None, new_profile: Mapping[str, Any] | N
         what = "NCCL's defaults" if chosen == DEFAULTS_LABEL and not new_profile.get("tuner_table") else chosen
         return "new", f"the canary's profile for the new versions ({what})"
     if gate is None or gate.compared == 0:
-        return "safe", "the canary has not re-measured under the new versions"
+        return "safe", ("nothing compared: the canary has not re-measured under the new versions, or its "
+                        "history holds no sweep of the previous ones")
     if gate.slower:
         return "safe", (f"the canary measured {len(gate.slower)} size(s) slower than under the previous versions "
                         f"beyond noise: {'; '.join(gate.slower[:3])}")
