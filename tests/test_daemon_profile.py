@@ -246,6 +246,13 @@ def test_a_profile_of_other_versions_serves_its_safe_part_and_never_a_choice_of_
     got = _upgrade_series(state)
     assert got["nccltune_profile_state"]["safe_part"] == 1.0 and got["nccltune_profile_state"]["refused"] == 0.0
     assert got["nccltune_upgrade_safe_part_info"] == {"member": 1.0} and not got["nccltune_upgrade_canary_outcome"]
+    # A profile for another kind of node: refused, and the node decides for itself again.
+    other = copy.deepcopy(profile)
+    _other_class(other)
+    cm.update(dumps(other))
+    d.poll()
+    assert d.profile.state == "refused" and d.safe_part is None and not d.state.safe_part
+    assert d.state.profile is None and d.state.sweep_pending is not None
     # The profile of the node's versions comes back: in force, every part.
     cm.update(dumps(profile))
     d.poll()

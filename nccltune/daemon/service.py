@@ -158,6 +158,8 @@ class Daemon:
         # After an upgrade: the profile whose safe part is served, and what the canary measured.
         self.safe_part: SafePart | None = None
         self.canary_outcome: str | None = None
+        self._safe_stamp: Stamp | None = None  # of the file whose safe part is served
+        self._part_before = False  # a safe part was served when the last look began
 
     # -- readings ---------------------------------------------------------------------------------
 
@@ -368,20 +370,25 @@ class Daemon:
         """
         path = self.cfg.profile_path
         was = self.profile_in_force
+        self._part_before = self.safe_part is not None
         if path is None:
             self.profile, self.profile_in_force, self._profile_stamp = ProfileStatus("absent"), None, None
+            self.safe_part = None
             if was is not None:
                 log.warning("profile.path is no longer set: %s is not kept in force any more", was.path)
             return self._profile_settled(was)
         node, nccl = self.watcher.node, self.watcher.nccl
         stamp = stamp_of(actions.profile_file_for(path, self.cfg, node, nccl))
-        if not force and stamp == self._profile_stamp:
-            if self.safe_part is not None:
-                if safe.safe_part_in_place(self.cfg, node, self.safe_part):
+        part = self.safe_part
+        if not force and stamp == self._profile_stamp and part is not None:
+            # The safe part's own file is looked at too: in a directory it is not the file of
+            # this node's class id, which is the one the stamp above follows.
+            if stamp_of(part.upgraded.loaded.path) == self._safe_stamp:
+                if safe.safe_part_in_place(self.cfg, node, part):
                     return True
-                log.warning("the published files no longer carry the safe part of %s: serving it again",
-                            self.safe_part.name)
-                return self._serve_safe_part(path, self.safe_part)
+                log.warning("the published files no longer carry the safe part of %s: serving it again", part.name)
+                return self._serve_safe_part(path, part)
+        elif not force and stamp == self._profile_stamp:
             kept = self.profile_in_force
             if kept is None or actions.read_published_state(self.cfg.publish_dir).class_profile_sha256 == kept.sha256:
                 return kept is not None
@@ -447,6 +454,7 @@ class Daemon:
                         "(generation %d), not a choice of this node's own; %s", part.name, changes, generation, role)
         self.profile = ProfileStatus("safe_part", str(part.upgraded.loaded.path), None, changes)
         self.profile_in_force, self.safe_part = None, part
+        self._safe_stamp = stamp_of(part.upgraded.loaded.path)
         self._profile_logged = None
         return self._profile_settled(was)
 
@@ -508,7 +516,7 @@ class Daemon:
             return True
         self.canary_outcome = None
         self.state = scheduler.profile_in_force(self.state, now.path.name if now is not None else None)
-        if was is not None and now is None:
+        if (was is not None or self._part_before) and now is None:
             log.warning("no class profile in force any more: the daemon decides for this node again")
             self.check_published()
         return now is not None
