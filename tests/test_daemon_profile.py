@@ -420,3 +420,28 @@ def test_a_publish_by_hand_over_the_profile_is_undone_at_the_next_poll(harness: 
     assert "class_profile" not in provenance(state)
     d.poll()
     assert provenance(state)["class_profile"] == applied and provenance(state)["state"] in ("tuned", "defaults")
+
+
+def test_in_a_directory_of_profiles_the_newest_of_the_nodes_kind_gives_the_safe_part(
+        harness: Harness, tmp_path: Path, profile: dict[str, Any]) -> None:
+    """No `<class id>.json` for the node's versions: of the directory's profiles, those of its kind
+    under other versions are found (another kind's and a malformed file are passed over), and the
+    one decided last gives the safe part."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    older, newer = copy.deepcopy(profile), copy.deepcopy(profile)
+    _stale(older)
+    _stale(newer)
+    newer["versions"]["driver"] = newer["node_class"]["facts"]["driver_version"] = "575.1.1"
+    newer["node_class"]["id"] = class_id_of(newer["node_class"]["facts"])
+    older["provenance"]["created_at"] = "2026-01-01T00:00:00+00:00"
+    newer["provenance"]["created_at"] = "2026-02-01T00:00:00+00:00"
+    other = copy.deepcopy(profile)
+    _other_class(other)
+    for doc in (older, newer, other):
+        (profiles / f"{doc['node_class']['id']}.json").write_text(dumps(doc))
+    (profiles / "broken.json").write_text("{")
+    d = harness.daemon(**{"profile.path": str(profiles)})
+    assert d.profile.state == "safe_part" and d.safe_part is not None
+    assert d.safe_part.name == f"{newer['node_class']['id']}.json"
+    assert "driver 575.1.1 (profile) vs 580.159.04 (this node)" in provenance(tmp_path / "state")["note"]
