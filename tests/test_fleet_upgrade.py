@@ -12,6 +12,7 @@ import pytest
 from nccltune.config import Config, with_overrides
 from nccltune.fleet.schema import load_schema, validate
 from nccltune.fleet.upgrade import (
+    SAFE_PART,
     GateReading,
     canary_measured,
     canary_of,
@@ -95,3 +96,20 @@ def test_the_gate_of_the_canarys_sweep_as_the_export_carries_it(tmp_path: Path, 
     validate(gate, load_schema("export")["properties"]["upgrade_gate"], load_schema("export"))
     reading = GateReading(gate["compared"], tuple(gate["slower"]))
     assert upgrade_outcome(reading, None)[0] == ("safe" if slower else "keep")
+
+
+def test_verify_never_compares_the_safe_part_with_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class's numbers were measured under the old versions: with only the safe part published,
+    verify's expectation is the node's own, and the class profile's copy is not even read."""
+    from nccltune.checks import verify
+    from nccltune.publish import PublishedSet
+
+    def never(*args: object) -> None:
+        raise AssertionError("the class profile in force was read")
+
+    monkeypatch.setattr(verify, "profile_in_force", never)
+    prov = {"class_profile": {"file": "c0ffee.json", "sha256": "0" * 64, "part": SAFE_PART}}
+    assert verify._class_in_force(Config(), PublishedSet(Path("/nonexistent"), 1, {}, prov, {})) == (None, None)
+    whole = {"class_profile": {"file": "c0ffee.json", "sha256": "0" * 64}}
+    with pytest.raises(AssertionError, match="was read"):
+        verify._class_in_force(Config(), PublishedSet(Path("/nonexistent"), 1, {}, whole, {}))
