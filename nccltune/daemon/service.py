@@ -440,7 +440,6 @@ class Daemon:
             generation = safe.publish_safe_part(self.cfg, node, nccl, part, self.wall_clock())
         except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
             self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
-            self.safe_part = None
             return self._profile_settled(was)
         except NccltuneError as exc:  # busy or a full disk: the next poll tries again
             log.error("cannot publish the safe part of %s now: %s; keeping what is published", part.name, exc)
