@@ -53,8 +53,13 @@ DAEMON_FILENAME = "nccltune-daemon.prom"
 # heartbeat ages from then on without the daemon being stalled.
 DAEMON_STATES = ("starting", "idle", "sweep_pending", "sweeping", "verifying", "degraded", "stopping", "stopped")
 SEVERITIES = ("error", "warning", "info")
-# The class profile a daemon watches (profile.path): none there for this node, applied, or refused.
-PROFILE_STATES = ("absent", "in_force", "refused")
+# The class profile a daemon watches (profile.path): none there for this node, applied, its safe
+# part served after an upgrade (fleet/upgrade.py), or refused.
+PROFILE_STATES = ("absent", "in_force", "safe_part", "refused")
+# While the safe part is served: the node's role in the class's upgrade, and the verdicts of the
+# canary's re-measurement by the upgrade rule (fleet.upgrade.upgrade_outcome, without a new profile).
+UPGRADE_ROLES = ("canary", "member")
+CANARY_OUTCOMES = ("keep", "safe")
 _GBPS = 1e9  # GB/s as the store keeps it, to bytes per second
 # How many of the newest verifies are read to count the failures in a row: a count this high is
 # "at least this many".
@@ -84,6 +89,10 @@ class LiveState:
     # "stale" or "other_class"; fleet.apply.REFUSAL_CODES).
     profile_state: str | None = None
     profile_refused: str | None = None
+    # With profile_state "safe_part": UPGRADE_ROLES, and on the canary once it has re-measured,
+    # CANARY_OUTCOMES.
+    upgrade_role: str | None = None
+    upgrade_outcome: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in DAEMON_STATES:
@@ -91,6 +100,10 @@ class LiveState:
         if self.profile_state is not None and self.profile_state not in PROFILE_STATES:
             raise ValueError(f"LiveState.profile_state must be one of {', '.join(PROFILE_STATES)}; "
                              f"got {self.profile_state!r}")
+        for name, value, allowed in (("upgrade_role", self.upgrade_role, UPGRADE_ROLES),
+                                     ("upgrade_outcome", self.upgrade_outcome, CANARY_OUTCOMES)):
+            if value is not None and value not in allowed:
+                raise ValueError(f"LiveState.{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -439,11 +452,28 @@ class _SnapshotCollector(Collector):
                        live.heartbeat_ts)
         if live.profile_state is not None:
             yield from gauge("nccltune_profile_state", "the class profile at profile.path: 1 for absent (none for "
-                             "this node), in_force or refused, 0 for the others",
+                             "this node), in_force, safe_part (its safe part after an upgrade) or refused, "
+                             "0 for the others",
                              [({"state": st}, 1.0 if st == live.profile_state else 0.0) for st in PROFILE_STATES])
         if live.profile_refused is not None:
             yield from gauge("nccltune_profile_refused_info", "why the class profile at profile.path is refused "
                              "(always 1)", [({"reason": live.profile_refused}, 1.0)])
+        yield from _upgrade_series(live, gauge)
+
+
+def _upgrade_series(live: LiveState, gauge: Callable[[str, str, list[tuple[dict[str, str], float]]],
+                                                     Iterator[Metric]]) -> Iterator[Metric]:
+    """While the daemon serves its class profile's safe part after an upgrade: its role, and the
+    canary's verdict once it has re-measured."""
+    if live.upgrade_role is not None:
+        yield from gauge("nccltune_upgrade_safe_part_info", "the class profile's safe part is served after an "
+                         "NCCL or driver upgrade; role canary re-measures, member waits for the class's profile "
+                         "(always 1)", [({"role": live.upgrade_role}, 1.0)])
+    if live.upgrade_outcome is not None:
+        yield from gauge("nccltune_upgrade_canary_outcome", "the canary's re-measurement by the upgrade rule: 1 "
+                         "for keep (no size slower beyond noise) or safe (slower, or nothing compared), 0 for the "
+                         "other", [({"outcome": o}, 1.0 if o == live.upgrade_outcome else 0.0)
+                                   for o in CANARY_OUTCOMES])
 
 
 def _scaled(value: float, scale: float) -> float:

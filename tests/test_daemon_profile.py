@@ -26,9 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nccltune.config import Config
 from nccltune.daemon import Daemon, actions, scheduler
+from nccltune.daemon import profile as safe
 from nccltune.daemon.actions import Node
 from nccltune.daemon.scheduler import Action
 from nccltune.fleet.apply import PROFILE_IN_FORCE
+from nccltune.fleet.upgrade import SAFE_AFTER_UPGRADE, SAFE_PART
 from nccltune.store import Store
 from nccltune.topology.nodeclass import class_id_of
 
@@ -170,7 +172,6 @@ def _stale(p: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("change", "code", "message"), [
     (_other_class, "other_class", "profile is for node class"),
-    (_stale, "stale", "stale profile: driver 570.86.15 (profile) vs 580.159.04 (this node)"),
     (lambda p: None, "malformed", "not valid JSON"),
 ])
 def test_a_bad_profile_is_refused_and_the_node_keeps_what_it_had(
@@ -197,6 +198,83 @@ def test_a_bad_profile_is_refused_and_the_node_keeps_what_it_had(
     s = metric_samples(state)
     assert {x.labels["state"]: x.value for x in s["nccltune_profile_state"]}["refused"] == 1.0
     assert [x.labels["reason"] for x in s["nccltune_profile_refused_info"]] == [code]
+
+
+def _upgrade_series(state: Path) -> dict[str, dict[str, float]]:
+    """The daemon's profile and upgrade series, each by its one label besides the class."""
+    s = metric_samples(state)
+    labels = {"nccltune_profile_state": "state", "nccltune_upgrade_safe_part_info": "role",
+              "nccltune_upgrade_canary_outcome": "outcome"}
+    return {name: {x.labels[label]: x.value for x in s.get(name, [])} for name, label in labels.items()}
+
+
+def test_a_profile_of_other_versions_serves_its_safe_part_and_never_a_choice_of_its_own(
+        harness: Harness, seeded: Path, tmp_path: Path, profile: dict[str, Any],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The node's driver is not the profile's (an upgrade): its safe part is published, with the
+    profile named and its copy in force; nothing is swept or verified on a node that is not the
+    canary, whatever asks for it."""
+    d, cm = start_with_profile(harness, seeded, tmp_path, dumps(profile))
+    state = tmp_path / "state"
+    stale = copy.deepcopy(profile)
+    _stale(stale)
+    stale["evidence"]["nodes"][1]["hostname"] = "0-canary"  # another node is the class's canary
+    stale["env"] = {**stale["env"], "NCCL_IB_HCA": "mlx5_0", "NCCL_BUFFSIZE": "8388608"}
+    with caplog.at_level(logging.INFO, logger="nccltune.daemon"):
+        cm.update(dumps(stale))
+        d.poll()
+        d.poll()  # served once, logged once
+    prov = provenance(state)
+    assert prov["state"] == "safe" and prov["class_profile"]["part"] == SAFE_PART
+    assert prov["class_profile"]["sha256"] == hashlib.sha256(dumps(stale).encode()).hexdigest()
+    assert "driver 570.86.15 (profile) vs 580.159.04 (this node)" in prov["note"]
+    env = json.loads((state / "nccl.json").read_text())["env"]
+    assert env["NCCL_IB_HCA"] == "mlx5_0" and "NCCL_BUFFSIZE" not in env
+    assert set(env) <= SAFE_AFTER_UPGRADE | {"NCCL_TOPO_FILE"}
+    assert (state / PROFILE_IN_FORCE).read_text() == dumps(stale)
+    assert d.profile.state == "safe_part" and d.state.safe_part and d.safe_part is not None
+    assert not d.safe_part.canary and d.state.sweep_pending is None
+    assert d.status_text == "idle, safe part of class profile profile.json after an upgrade"
+    served = [r for r in caplog.records if "serving its safe part" in r.getMessage()]
+    assert len(served) == 1 and "the class's canary 0-canary re-measures" in served[0].getMessage()
+    assert not [r for r in caplog.records if "class profile refused" in r.getMessage()]
+    # No per-node choice: no sweep for any reason, and no verify against numbers of the old versions.
+    assert scheduler.sweep_needed(d.state, "verify found drift") == d.state
+    d.state = scheduler.replace(d.state, last_verify_s=-1e9)
+    assert d.decide().action is Action.WAIT and d.decide().reason == scheduler.SAFE_PART_WAIT
+    d.write_metrics()
+    got = _upgrade_series(state)
+    assert got["nccltune_profile_state"]["safe_part"] == 1.0 and got["nccltune_profile_state"]["refused"] == 0.0
+    assert got["nccltune_upgrade_safe_part_info"] == {"member": 1.0} and not got["nccltune_upgrade_canary_outcome"]
+    # A profile for another kind of node: refused, and the node decides for itself again.
+    other = copy.deepcopy(profile)
+    _other_class(other)
+    cm.update(dumps(other))
+    d.poll()
+    assert d.profile.state == "refused" and d.safe_part is None and not d.state.safe_part
+    assert d.state.profile is None and d.state.sweep_pending is not None
+    # The profile of the node's versions comes back: in force, every part.
+    cm.update(dumps(profile))
+    d.poll()
+    assert d.profile.state == "in_force" and not d.state.safe_part and d.safe_part is None
+    assert "part" not in provenance(state)["class_profile"]
+
+
+def test_on_the_canary_the_safe_part_comes_with_one_narrowed_sweep(harness: Harness, tmp_path: Path,
+                                                                   profile: dict[str, Any]) -> None:
+    """The profile's node of lowest hostname (this one) re-measures the profile's values under the
+    new versions: a sweep is pending until the history holds one of these versions."""
+    stale = copy.deepcopy(profile)
+    _stale(stale)
+    stale["env"] = {**stale["env"], "NCCL_BUFFSIZE": "8388608"}
+    d, _cm = start_with_profile(harness, None, tmp_path, dumps(stale))
+    assert d.profile.state == "safe_part" and d.safe_part is not None and d.safe_part.canary
+    assert d.state.sweep_pending == "canary: re-measure class profile profile.json under the new versions"
+    assert d.decide().action is Action.SWEEP
+    narrowed = safe.canary_config(d.cfg, d.safe_part)
+    assert narrowed.sweep.variables == {"NCCL_BUFFSIZE": ["8388608"]}
+    d.write_metrics()
+    assert _upgrade_series(tmp_path / "state")["nccltune_upgrade_safe_part_info"] == {"canary": 1.0}
 
 
 def test_a_refused_profile_on_a_fresh_node_leaves_the_daemon_to_decide(harness: Harness, tmp_path: Path,
@@ -342,3 +420,28 @@ def test_a_publish_by_hand_over_the_profile_is_undone_at_the_next_poll(harness: 
     assert "class_profile" not in provenance(state)
     d.poll()
     assert provenance(state)["class_profile"] == applied and provenance(state)["state"] in ("tuned", "defaults")
+
+
+def test_in_a_directory_of_profiles_the_newest_of_the_nodes_kind_gives_the_safe_part(
+        harness: Harness, tmp_path: Path, profile: dict[str, Any]) -> None:
+    """No `<class id>.json` for the node's versions: of the directory's profiles, those of its kind
+    under other versions are found (another kind's and a malformed file are passed over), and the
+    one decided last gives the safe part."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    older, newer = copy.deepcopy(profile), copy.deepcopy(profile)
+    _stale(older)
+    _stale(newer)
+    newer["versions"]["driver"] = newer["node_class"]["facts"]["driver_version"] = "575.1.1"
+    newer["node_class"]["id"] = class_id_of(newer["node_class"]["facts"])
+    older["provenance"]["created_at"] = "2026-01-01T00:00:00+00:00"
+    newer["provenance"]["created_at"] = "2026-02-01T00:00:00+00:00"
+    other = copy.deepcopy(profile)
+    _other_class(other)
+    for doc in (older, newer, other):
+        (profiles / f"{doc['node_class']['id']}.json").write_text(dumps(doc))
+    (profiles / "broken.json").write_text("{")
+    d = harness.daemon(**{"profile.path": str(profiles)})
+    assert d.profile.state == "safe_part" and d.safe_part is not None
+    assert d.safe_part.name == f"{newer['node_class']['id']}.json"
+    assert "driver 575.1.1 (profile) vs 580.159.04 (this node)" in provenance(tmp_path / "state")["note"]

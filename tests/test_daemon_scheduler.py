@@ -160,3 +160,19 @@ def test_a_class_profile_in_force_means_no_sweep_but_verifies() -> None:
     assert scheduler.decide(replace(in_force, sweep_pending="x"), POLICY, at(0)).action is Action.WAIT
     left = scheduler.profile_in_force(in_force, None)
     assert left.profile is None and scheduler.sweep_needed(left, "NCCL changed").sweep_pending == "NCCL changed"
+
+
+def test_the_safe_part_after_an_upgrade_means_no_verify_and_only_the_canarys_sweep() -> None:
+    member = scheduler.safe_part_in_force(PENDING, "c0ffee.json", None)
+    assert member.profile == "c0ffee.json" and member.safe_part and member.sweep_pending is None
+    assert scheduler.sweep_needed(member, "NCCL changed") == member  # never a re-tune of its own
+    for state, now in ((member, at(0)), (replace(member, verify_due=True), at(0)), (member, at(86400))):
+        assert scheduler.decide(state, POLICY, now) == Decision(Action.WAIT, scheduler.SAFE_PART_WAIT, 60.0)
+    canary = scheduler.safe_part_in_force(SETTLED, "c0ffee.json", "canary: re-measure")
+    assert scheduler.decide(canary, POLICY, at(0)) == Decision(Action.SWEEP, "canary: re-measure")
+    assert scheduler.decide(canary, NIGHTLY, at(0, NOON)).sweep_pending == "canary: re-measure"  # its window holds
+    done = scheduler.sweep_done(canary)
+    assert scheduler.decide(done, POLICY, at(0)) == Decision(Action.WAIT, scheduler.SAFE_PART_WAIT, 60.0)
+    # The profile of the node's versions in force: every part, verified again.
+    whole = scheduler.profile_in_force(done, "c0ffee.json")
+    assert not whole.safe_part and scheduler.decide(whole, POLICY, at(0)).action is Action.VERIFY

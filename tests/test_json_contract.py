@@ -29,7 +29,7 @@ from nccltune.report.node import topocheck_doc
 
 SCHEMAS = REPO / "schemas"
 KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare",
-         "import", "nccl-tests")
+         "import", "nccl-tests", "fleet-status")
 ROW_LISTS = ("sizes", "rows", "measurements")
 
 

@@ -565,3 +565,20 @@ def test_one_shot_sweep_and_verify_write_the_textfile(tmp_path_factory: pytest.T
     # The sweep's series are still there: the file is rebuilt from the history, not from the verify alone.
     for name in ("nccltune_last_sweep_success", "nccltune_busbw_bytes_per_second", "nccltune_published_generation"):
         assert [(x.labels, x.value) for x in after_verify[name]] == [(x.labels, x.value) for x in s[name]], name
+
+
+def test_the_safe_part_after_an_upgrade_and_the_canarys_verdict(tmp_path: Path, store: Store) -> None:
+    canary = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="safe_part",
+                       upgrade_role="canary", upgrade_outcome="keep")
+    text = write(tmp_path, store, live=canary)
+    assert values(text, "nccltune_profile_state")[(("state", "safe_part"),)] == 1.0
+    assert values(text, "nccltune_upgrade_safe_part_info") == {(("role", "canary"),): 1.0}
+    assert values(text, "nccltune_upgrade_canary_outcome") == {(("outcome", "keep"),): 1.0,
+                                                               (("outcome", "safe"),): 0.0}
+    member = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, profile_state="safe_part",
+                       upgrade_role="member")
+    text = write(tmp_path, store, live=member)
+    assert values(text, "nccltune_upgrade_safe_part_info") == {(("role", "member"),): 1.0}
+    assert "nccltune_upgrade_canary_outcome" not in samples(text)
+    with pytest.raises(ValueError, match="upgrade_role"):
+        LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, upgrade_role="leader")

@@ -125,7 +125,7 @@ def written_names(tmp_path: Path) -> set[str]:
                 Provenance(nccltune_version=__version__, created_at="2026-11-30T00:00:00+00:00",
                            topology_fingerprint="fp", nccl_version=None, backend="gloo", demo=True, profile=None))
         live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0,
-                         profile_state="refused", profile_refused="stale")
+                         profile_state="refused", profile_refused="stale", upgrade_role="member")
         path = write_metrics_from_store(tmp_path / "metrics", store, fingerprint="fp", node_class="cls", live=live,
                                         publish_dir=tmp_path / "published")
     text = path.read_text() + (path.parent / DAEMON_FILENAME).read_text()

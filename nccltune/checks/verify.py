@@ -42,6 +42,7 @@ from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
 from ..fleet.apply import profile_in_force
 from ..fleet.outlier import ClassReference, ClassVerdict, class_reference, judge_node
+from ..fleet.upgrade import SAFE_PART
 from ..names import DEFAULTS_LABEL, format_size
 from ..nccl.ran import WhatRan, combined, published_table
 from ..node import Node, busy_gpus, load_node, size_ladder
@@ -221,6 +222,11 @@ def _class_in_force(cfg: Config, published: PublishedSet | None
     """The class distribution to compare the node with, when the published set came from a
     class profile whose evidence has per-node numbers; and nccl.json's record of that profile."""
     if published is None:
+        return None, None
+    if (published.provenance.get("class_profile") or {}).get("part") == SAFE_PART:
+        # Only the safe part after an upgrade: the class's numbers were measured under the old versions.
+        log.info("the safe part of a class profile is published after an upgrade: verify compares this node "
+                 "with its own last sweep, not with the class")
         return None, None
     loaded = profile_in_force(cfg, published.provenance)
     if loaded is None:

@@ -40,12 +40,12 @@ def _status(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from ..fleet.status import export_paths, fleet_status, render
+    from ..fleet.status import document, export_paths, fleet_status, render
 
     classes = fleet_status(export_paths([Path(p) for p in args.exports]),
                            None if args.profiles is None else Path(args.profiles))
     if args.json:
-        sys.stdout.write(json.dumps({"classes": [c.as_dict() for c in classes]}, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps(document(classes), indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(classes))
     return EXIT_OK

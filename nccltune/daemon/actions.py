@@ -1,7 +1,8 @@
 """The daemon's one door to the rest of nccltune: configuration, node, NCCL probe, sweep, verify,
 publish, history, lock and metrics.
 
-Everything the daemon asks of the measurement and publishing code goes through a function here,
+Everything the daemon asks of the measurement and publishing code goes through a function here
+(but for the steps after an upgrade, which daemon/profile.py takes from fleet/upgrade.py),
 and comes back as one of the small records below, so that a change in those modules' shapes
 is met in this file alone. The functions do the work of one step each; when and why to call
 them is the scheduler's and the service's business.

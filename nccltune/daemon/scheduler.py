@@ -12,6 +12,9 @@ Rules, in order:
   decision, and a node's own sweep could not replace it. No sweep is even scheduled; the
   verification still runs (against the class's numbers). When the profile leaves (refused after
   an NCCL or topology change, or removed), the service schedules what the published files need.
+- While a profile's safe part is served after an upgrade (docs/upgrades.md), nothing is verified
+  (the class's numbers were measured under the old versions), and the only sweep is the canary's
+  re-measurement, which the service schedules on the class's canary alone.
 - Before the first poll: with daemon.sweep_on_start and a sweep pending, poll at once
   (the first poll still looks at the GPUs); otherwise wait one poll interval.
 - A pending sweep starts unless the node is degraded, the GPUs are in use, they were in use
@@ -30,6 +33,8 @@ from dataclasses import dataclass, replace
 
 _DAY_S = 86400.0
 ONE_GPU_WAIT = "one GPU: no collective between GPUs to measure; nothing to sweep or verify"
+SAFE_PART_WAIT = ("safe part of the class profile after an upgrade: nothing to verify against until the class "
+                  "has a profile for these versions")
 
 
 class Action(enum.Enum):
@@ -85,6 +90,7 @@ class State:
     verified_this_poll: bool = False
     one_gpu: bool = False  # the node's sweep would have one rank: nothing to measure
     profile: str | None = None  # the class profile in force (its file name); None: the node decides
+    safe_part: bool = False  # with `profile`: only its safe part is served, after an upgrade
 
 
 # -- the decision ---------------------------------------------------------------------------------
@@ -143,12 +149,14 @@ def decide(state: State, policy: Policy, now: Now) -> Decision:
     wait_s = policy.poll_interval_s
     if block is not None and block[1] is not None:
         wait_s = min(wait_s, block[1])
-    if state.sweep_pending is not None and state.profile is None:
+    if state.sweep_pending is not None and (state.profile is None or state.safe_part):
         if state.swept_this_poll:
             return Decision(Action.WAIT, f"sweep pending ({state.sweep_pending}), tried this poll", wait_s)
         if block is not None:
             return Decision(Action.WAIT, block[0], wait_s, sweep_pending=state.sweep_pending)
         return Decision(Action.SWEEP, state.sweep_pending)
+    if state.safe_part:
+        return Decision(Action.WAIT, SAFE_PART_WAIT, wait_s)
     if state.verified_this_poll:
         return Decision(Action.WAIT, "verified this poll", wait_s)
     since_verify_s = now.monotonic_s - state.last_verify_s
@@ -193,8 +201,14 @@ def sweep_needed(state: State, why: str) -> State:
 def profile_in_force(state: State, name: str | None) -> State:
     """A class profile is in force (name) or none is (None). Entering force drops a pending sweep."""
     if name is None:
-        return replace(state, profile=None)
-    return replace(state, profile=name, sweep_pending=None)
+        return replace(state, profile=None, safe_part=False)
+    return replace(state, profile=name, sweep_pending=None, safe_part=False)
+
+
+def safe_part_in_force(state: State, name: str, canary_sweep: str | None) -> State:
+    """The safe part of class profile `name` is served after an upgrade; `canary_sweep`: why the
+    canary re-measures (on the class's canary, until it has), else None: no sweep at all."""
+    return replace(state, profile=name, safe_part=True, sweep_pending=canary_sweep)
 
 
 def sweep_kept_pending(state: State) -> State:

@@ -18,7 +18,11 @@ when it is not what is published, at start, on reload, when its file changes and
 node changes; while it is in force the daemon does not sweep (scheduler), and its verify
 compares the node with the class (verify.py). One that is refused is logged with the reason,
 counted in the metrics, and changes nothing: the node keeps what it had (a profile applied
-before stays in force as long as it still fits the node).
+before stays in force as long as it still fits the node). A profile of this node's kind made
+under other NCCL or driver versions (an upgrade) is not refused: the node serves its safe part
+(fleet/upgrade.py), never a choice of its own, and verifies nothing until the class has a profile
+for its versions; on the class's canary alone the daemon sweeps once, narrowed to the profile's
+values, and logs the upgrade gate's verdict by the rule of docs/upgrades.md.
 
 Both clocks are injected: monotonic seconds for intervals, local wall time for the
 maintenance window and for the timestamps in metrics and provenance.
@@ -42,9 +46,11 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BusyError, InputError, NccltuneError
+from ..fleet.upgrade import GateReading, upgrade_outcome
 from . import actions, scheduler
+from . import profile as safe
 from .actions import Config, LiveState, LoadedProfile, NcclInfo, Node, ProfileRefused, SweepLock, TrialAborted
-from .profile import ProfileStatus, Stamp, stamp_of
+from .profile import ProfileStatus, SafePart, Stamp, stamp_of
 from .scheduler import Action, Decision
 from .sdnotify import Notifier, watchdog_interval_s
 from .watcher import (
@@ -149,6 +155,11 @@ class Daemon:
         self.profile_in_force: LoadedProfile | None = None
         self._profile_stamp: Stamp | None = None
         self._profile_logged: tuple[str | None, str | None] | None = None
+        # After an upgrade: the profile whose safe part is served, and what the canary measured.
+        self.safe_part: SafePart | None = None
+        self.canary_outcome: str | None = None
+        self._safe_stamp: Stamp | None = None  # of the file whose safe part is served
+        self._part_before = False  # a safe part was served when the last look began
 
     # -- readings ---------------------------------------------------------------------------------
 
@@ -179,6 +190,8 @@ class Daemon:
     def _idle_status(self) -> str:
         if self.state.one_gpu:
             return f"idle, {scheduler.ONE_GPU_WAIT}"
+        if self.state.safe_part:
+            return f"idle, safe part of class profile {self.state.profile} after an upgrade"
         if self.state.profile is not None:
             return f"idle, class profile {self.state.profile} in force"
         if self.state.sweep_pending:
@@ -357,14 +370,25 @@ class Daemon:
         """
         path = self.cfg.profile_path
         was = self.profile_in_force
+        self._part_before = self.safe_part is not None
         if path is None:
             self.profile, self.profile_in_force, self._profile_stamp = ProfileStatus("absent"), None, None
+            self.safe_part = None
             if was is not None:
                 log.warning("profile.path is no longer set: %s is not kept in force any more", was.path)
             return self._profile_settled(was)
         node, nccl = self.watcher.node, self.watcher.nccl
         stamp = stamp_of(actions.profile_file_for(path, self.cfg, node, nccl))
-        if not force and stamp == self._profile_stamp:
+        part = self.safe_part
+        if not force and stamp == self._profile_stamp and part is not None:
+            # The safe part's own file is looked at too: in a directory it is not the file of
+            # this node's class id, which is the one the stamp above follows.
+            if stamp_of(part.upgraded.loaded.path) == self._safe_stamp:
+                if safe.safe_part_in_place(self.cfg, node, part):
+                    return True
+                log.warning("the published files no longer carry the safe part of %s: serving it again", part.name)
+                return self._serve_safe_part(path, part)
+        elif not force and stamp == self._profile_stamp:
             kept = self.profile_in_force
             if kept is None or actions.read_published_state(self.cfg.publish_dir).class_profile_sha256 == kept.sha256:
                 return kept is not None
@@ -375,6 +399,9 @@ class Daemon:
         try:
             loaded = actions.load_class_profile(path, self.cfg, node, nccl)
         except ProfileRefused as exc:
+            part = self._upgraded(path) if exc.code in ("stale", "missing") else None
+            if part is not None:
+                return self._serve_safe_part(path, part)
             self._profile_refused(path, exc)
             return self._profile_settled(was)
         published = actions.read_published_state(self.cfg.publish_dir)
@@ -391,11 +418,72 @@ class Daemon:
                 return self.profile_in_force is not None
             log.info("applied %s: generation %d", loaded.note, generation)
         self.profile = ProfileStatus("in_force", str(loaded.path))
-        self.profile_in_force = loaded
+        self.profile_in_force, self.safe_part = loaded, None
         self._profile_logged = None
         return self._profile_settled(was)
 
+    # -- after an upgrade: the safe part, the canary ----------------------------------------------
+
+    def _upgraded(self, path: Path) -> SafePart | None:
+        """The profile at `path` of this node's kind under other versions, or None (then the
+        refusal at hand stands)."""
+        try:
+            return safe.find_safe_part(path, self.cfg, self.watcher.node, self.watcher.nccl)
+        except ProfileRefused:
+            return None
+
+    def _serve_safe_part(self, path: Path, part: SafePart) -> bool:
+        """Publish `part`'s safe part (unless published) and tell the scheduler; True: it is served."""
+        was, node, nccl = self.profile_in_force, self.watcher.node, self.watcher.nccl
+        changes = "; ".join(part.upgraded.changes)
+        try:
+            generation = safe.publish_safe_part(self.cfg, node, nccl, part, self.wall_clock())
+        except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
+            self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
+            return self._profile_settled(was)
+        except NccltuneError as exc:  # busy or a full disk: the next poll tries again
+            log.error("cannot publish the safe part of %s now: %s; keeping what is published", part.name, exc)
+            self._profile_stamp = None
+            return self.safe_part is not None
+        if generation is not None:
+            role = ("this node is the class's canary: it re-measures the profile's values under the new versions"
+                    if part.canary else f"the class's canary {part.upgraded.canary or '(none in the profile)'} "
+                    "re-measures; this node waits for the class's profile for its versions")
+            log.warning("class profile %s was measured under other versions (%s): serving its safe part "
+                        "(generation %d), not a choice of this node's own; %s", part.name, changes, generation, role)
+        self.profile = ProfileStatus("safe_part", str(part.upgraded.loaded.path), None, changes)
+        self.profile_in_force, self.safe_part = None, part
+        self._safe_stamp = stamp_of(part.upgraded.loaded.path)
+        self._profile_logged = None
+        return self._profile_settled(was)
+
+    def _canary_sweep(self, part: SafePart) -> str | None:
+        """Why the canary sweeps now, or None: not the canary, or it has re-measured (then the
+        gate's verdict is logged once)."""
+        if not part.canary:
+            self.canary_outcome = None
+            return None
+        try:
+            measured = safe.canary_gate(self.cfg, self.watcher.node, self.watcher.nccl)
+        except (OSError, NccltuneError) as exc:
+            log.error("cannot read the history for the canary's measurement: %s", exc)
+            return None
+        if measured is None:
+            return f"canary: re-measure class profile {part.name} under the new versions"
+        self._canary_verdict(part, *measured)
+        return None
+
+    def _canary_verdict(self, part: SafePart, run_id: int, gate: GateReading | None) -> None:
+        outcome, why = upgrade_outcome(gate, None)
+        if outcome != self.canary_outcome:
+            level = logging.INFO if outcome == "keep" else logging.WARNING
+            log.log(level, "canary run %d against class profile %s: %s (%s); `nccltune export` and `nccltune fleet "
+                    "decide` of this node make the class's profile for these versions", run_id, part.name,
+                    {"keep": "the old profile holds", "safe": "the safe part stays"}.get(outcome, outcome), why)
+        self.canary_outcome = outcome
+
     def _profile_refused(self, path: Path, exc: ProfileRefused) -> None:
+        self.safe_part = None
         state = "absent" if exc.code == "missing" else "refused"
         self.profile = ProfileStatus(state, str(path), exc.code, str(exc))
         if self._profile_logged != (exc.code, str(exc)):
@@ -421,9 +509,13 @@ class Daemon:
     def _profile_settled(self, was: LoadedProfile | None) -> bool:
         """Tell the scheduler; when the node falls back to its own decisions, schedule what the
         published files need (check_published)."""
-        now = self.profile_in_force
+        now, part = self.profile_in_force, self.safe_part
+        if now is None and part is not None:
+            self.state = scheduler.safe_part_in_force(self.state, part.name, self._canary_sweep(part))
+            return True
+        self.canary_outcome = None
         self.state = scheduler.profile_in_force(self.state, now.path.name if now is not None else None)
-        if was is not None and now is None:
+        if (was is not None or self._part_before) and now is None:
             log.warning("no class profile in force any more: the daemon decides for this node again")
             self.check_published()
         return now is not None
@@ -530,9 +622,12 @@ class Daemon:
 
     def sweep(self, why: str) -> None:
         log.info("sweeping: %s", why)
+        part = self.safe_part if self.safe_part is not None and self.safe_part.canary else None
         try:
-            outcome = actions.run_sweep(self.cfg, self.opts.demo, self.opts.python, self._progress,
-                                        self.abort_check)
+            # The canary measures the profile's values against NCCL's new defaults; its result is
+            # recorded, not published (the profile's copy is in force with the safe part).
+            cfg = safe.canary_config(self.cfg, part) if part is not None else self.cfg
+            outcome = actions.run_sweep(cfg, self.opts.demo, self.opts.python, self._progress, self.abort_check)
         except TrialAborted as exc:
             log.warning("sweep stopped: %s; the published files are unchanged", exc)
             self.state = scheduler.sweep_kept_pending(self.state)
@@ -559,6 +654,8 @@ class Daemon:
         self.metrics.nccl_version = outcome.nccl_version or self.metrics.nccl_version
         log.info("sweep done in %.0f s (run %s): %s", outcome.wall_s, outcome.run_id, outcome.summary)
         self._refresh_tuning_fingerprint()
+        if part is not None:
+            self._canary_sweep(part)
         self.status("idle")
 
     def verify(self) -> None:
@@ -612,10 +709,13 @@ class Daemon:
         if not self.watcher.started:
             return
         node, configured = self.watcher.node, self.cfg.profile_path is not None
+        part = self.safe_part if configured else None
         live = LiveState(state=self._metrics_state(), busy_processes=self.busy_processes, heartbeat_ts=self._epoch_s(),
                          degraded=self.metrics.degraded, gpus=len(node.topo.gpus),
                          driver_version=node.topo.driver_version, nccl_version=self.metrics.nccl_version,
                          topology_changes_total=self.metrics.topology_changes_total,
                          profile_state=self.profile.state if configured else None,
-                         profile_refused=self.profile.code if configured and self.profile.state == "refused" else None)
+                         profile_refused=self.profile.code if configured and self.profile.state == "refused" else None,
+                         upgrade_role=None if part is None else ("canary" if part.canary else "member"),
+                         upgrade_outcome=self.canary_outcome if part is not None and part.canary else None)
         actions.write_metrics(self.cfg, node, nccl_version=self.watcher.nccl.version, live=live)

@@ -271,6 +271,9 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
         "versions": {"nccltune": __version__, "nccl": nccl_version, "driver": node.topo.driver_version,
                      "torch": torch},
     }
+    gate = _upgrade_gate(store, kept)
+    if gate is not None:
+        head["upgrade_gate"] = gate
     _checked({**head, "runs": []}, "", "$", "the export")
 
     def trials(n: int, run: int) -> Iterator[_Text]:
@@ -289,6 +292,13 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
     _emit(sink, {**head, "runs": _Lazy(runs())}, 0)
     sink.write("\n")
     return Written(len(kept), node.hostname, sink.size)
+
+
+def _upgrade_gate(store: Store, kept: list[int]) -> dict[str, Any] | None:
+    """The upgrade gate of the newest exported run (fleet/upgrade.py), for `fleet status`."""
+    from .upgrade import export_gate
+
+    return export_gate(store, max(kept)) if kept else None
 
 
 def build_export(store: Store, node: NodeIdentity, run_id: int | None = None) -> dict[str, Any]:

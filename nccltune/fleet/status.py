@@ -8,9 +8,14 @@ the upgrade rule (docs/upgrades.md) from those documents alone:
 - no profile for the class: each node's own choice;
 - the node runs the NCCL and driver the profile was measured under: the profile, every part
   (the safe part, and the part of the job's shape);
-- it runs another one: the profile's safe part only, until the class's canary has re-measured.
-  The canary is the upgraded node of lowest hostname, one per class and new version: the same
-  node whoever runs the command.
+- it runs another one: the profile's safe part only, as its daemon serves it, until the class
+  has a profile for its versions. The canary is the node of lowest hostname among the nodes the
+  profile was decided from (fleet.upgrade.canary_of), as every daemon computes it: the same node
+  whoever runs the command; it re-measures once it runs the new versions.
+
+Per kind of node, the upgrade rule's outcome (fleet.upgrade.upgrade_outcome) from the canary's
+export (its `upgrade_gate`) and the profiles: the canary's new profile, the old one kept, or the
+safe part.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..topology.nodeclass import class_id_of
-from .apply import VERSION_FACTS
 from .decide import PROFILE_KIND, read_json_document
 from .export import EXPORT_KIND
-from .upgrade import safe_part
+from .upgrade import GateReading, canary_of, safe_part, upgrade_outcome
+from .upgrade import hardware_class as hardware_class  # kept importable from here
+
+# The document's kind is its schema's name (schemas/fleet-status.schema.json).
+STATUS_KIND = "fleet-status"
+STATUS_SCHEMA_VERSION = 1
 
 IN_FORCE_OWN = "own choice (no class profile)"
 IN_FORCE_PROFILE = "profile (every part)"
@@ -54,11 +62,21 @@ class ClassStatus:
     nodes: list[NodeStatus]
     safe: dict[str, str]  # the previous profile's safe part (fleet/upgrade.py)
     left_out: list[str]  # what of its env an upgraded node does not get
+    canary: str | None = None  # the previous profile's canary (fleet.upgrade.canary_of)
+    # While some node runs other versions than the profile: the upgrade rule's outcome and why.
+    outcome: str | None = None
+    outcome_why: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"class": self.class_id, "profile": self.profile, "profile_versions": self.profile_versions,
-                "safe_part": self.safe, "left_out_after_upgrade": self.left_out,
+                "safe_part": self.safe, "left_out_after_upgrade": self.left_out, "canary": self.canary,
+                "upgrade": None if self.outcome is None else {"outcome": self.outcome, "why": self.outcome_why},
                 "nodes": [n.as_dict() for n in self.nodes]}
+
+
+def document(classes: Sequence[ClassStatus]) -> dict[str, Any]:
+    """`fleet status --json`: its kind, schema version and the classes."""
+    return {"kind": STATUS_KIND, "schema_version": STATUS_SCHEMA_VERSION, "classes": [c.as_dict() for c in classes]}
 
 
 def export_paths(args: Sequence[Path]) -> list[Path]:
@@ -89,12 +107,6 @@ def _versions(doc: Mapping[str, Any]) -> dict[str, str | None]:
 def _differs(node: Mapping[str, str | None], profile: Mapping[str, str | None]) -> list[str]:
     return [f"{name} {profile[name] or 'unknown'} (profile) vs {node[name] or 'unknown'} (node)"
             for name in ("nccl", "driver") if node[name] != profile[name]]
-
-
-def hardware_class(facts: Mapping[str, Any]) -> str:
-    """The class id without the versions: the nodes an upgrade moves to a new class id (its NCCL
-    or driver is a fact of the class) are still the same kind of node."""
-    return class_id_of({k: v for k, v in facts.items() if k not in VERSION_FACTS})
 
 
 def _profiles(path: Path | None) -> list[tuple[Path, dict[str, Any]]]:
@@ -140,16 +152,16 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
     previous = max(sorted(counts), key=lambda c: counts[c], default=None)
     if previous is None and profiles:
         previous = profiles[0][1]["node_class"]["id"]
-    prof_path, prof_versions = None, None
+    prof_path, prof_versions, canary = None, None, None
     safe: dict[str, str] = {}
     left_out: list[str] = []
     if previous is not None:
         path, prof = by_id[previous]
         prof_path, prof_versions = str(path), {"nccl": prof["versions"]["nccl"], "driver": prof["versions"]["driver"]}
         safe, left_out = safe_part(prof["env"])
+        canary = canary_of(prof)
         if prof.get("tuner_table"):
             left_out.append("the tuner table")
-    canaries: set[str] = set()
     nodes = []
     for path, doc in sorted(members, key=lambda m: str(m[1]["hostname"])):
         versions = _versions(doc)
@@ -159,12 +171,36 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
         elif prof_versions is None:
             nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_OWN, "", False))
         else:
-            # One canary per new version: the first upgraded node in hostname order.
-            canary = cid not in canaries
-            canaries.add(cid)
+            # The canary re-measures while it serves the safe part; the others wait for it.
             nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_SAFE,
-                                    "; ".join(_differs(versions, prof_versions)), canary))
-    return ClassStatus(hw, prof_path, prof_versions, nodes, safe, left_out)
+                                    "; ".join(_differs(versions, prof_versions)), host == canary))
+    status = ClassStatus(hw, prof_path, prof_versions, nodes, safe, left_out, canary)
+    return _with_outcome(status, members, by_id)
+
+
+def _with_outcome(status: ClassStatus, members: list[tuple[Path, dict[str, Any]]],
+                  by_id: Mapping[str, tuple[Path, dict[str, Any]]]) -> ClassStatus:
+    """While some node serves the safe part: the upgrade rule's outcome, from the canary's export
+    (its `upgrade_gate`) and whether a profile exists for the canary's versions."""
+    from dataclasses import replace
+
+    if not any(n.in_force == IN_FORCE_SAFE for n in status.nodes):
+        return status
+    canary = next((d for _, d in members if str(d["hostname"]) == status.canary), None)
+    new = None
+    if canary is not None and canary["node_class"]["id"] in by_id:
+        path, doc = by_id[canary["node_class"]["id"]]
+        new = doc if str(path) != status.profile else None
+    upgraded_canary = canary is not None and canary["node_class"]["id"] not in by_id
+    outcome, why = upgrade_outcome(_gate(canary) if upgraded_canary and canary is not None else None, new)
+    return replace(status, outcome=outcome, outcome_why=why)
+
+
+def _gate(export: Mapping[str, Any]) -> GateReading | None:
+    gate = export.get("upgrade_gate")
+    if not isinstance(gate, Mapping):
+        return None
+    return GateReading(int(gate["compared"]), tuple(str(s) for s in gate["slower"]))
 
 
 def render(classes: Sequence[ClassStatus]) -> str:
@@ -177,10 +213,12 @@ def render(classes: Sequence[ClassStatus]) -> str:
             lines.append(f"class {cls.class_id} (without versions): profile {cls.profile} "
                          f"(NCCL {pv.get('nccl') or 'unknown'}, driver {pv.get('driver') or 'unknown'})")
             lines.append(f"  safe part after an upgrade: {', '.join(cls.safe) or 'nothing (NCCL defaults)'}; "
-                         f"left out: {', '.join(cls.left_out) or 'nothing'}")
+                         f"left out: {', '.join(cls.left_out) or 'nothing'}; canary: {cls.canary or 'none'}")
+        if cls.outcome is not None:
+            lines.append(f"  upgrade: {cls.outcome} ({cls.outcome_why})")
         for n in cls.nodes:
             v = n.versions
-            role = "  [canary: re-measures against the profile]" if n.canary else ""
+            role = "  [canary: re-measures the profile's values under its versions]" if n.canary else ""
             why = f" ({n.why})" if n.why else ""  # the stale versions, or the profile's file
             lines.append(f"  {n.hostname}: NCCL {v['nccl'] or 'unknown'}, driver {v['driver'] or 'unknown'}, "
                          f"torch {v['torch'] or 'unknown'}: {n.in_force}{why}{role}")
