@@ -101,7 +101,7 @@ def node_export(host: str, trials: list[dict[str, Any]]) -> Export:
                      "backend": "nccl", "demo": False, "profile": "balanced", "nccl_version": None,
                      "driver_version": "580.159.04", "torch_version": None, "nccltune_version": "0.2.0",
                      "hostname": host, "chosen_env": {}, "published_generation": 1, "trials": trials}]}
-    return Export(Path(f"/exports/{host}.json"), doc, hashlib.sha256(host.encode()).hexdigest())
+    return Export(Path(f"/exports/{host}.json"), doc, host.encode())
 
 
 def class_exports(sc: Scenario, nodes: int, seed: int, rec: Recorded | None = None) -> list[Export]:

@@ -16,7 +16,6 @@ the state directory, for `nccltune verify` to compare the node with its class.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -34,7 +33,7 @@ from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
-from .decide import PROFILE_KIND, profile_gains, read_json_document
+from .decide import PROFILE_KIND, FleetDocument, profile_gains, read_json_document
 from .node import FleetNode, load_fleet_node, worker_nccl
 from .parts import section_for, shape_envs
 from .table import profile_tuner
@@ -70,20 +69,8 @@ class ProfileRefused(InputError):
 
 
 @dataclass(frozen=True)
-class LoadedProfile:
-    """A profile file as read: the document (valid against its schema), its bytes and their digest."""
-
-    path: Path
-    doc: dict[str, Any]
-    raw: bytes
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.raw).hexdigest()
-
-    @property
-    def class_id(self) -> str:
-        return str(self.doc["node_class"]["id"])
+class LoadedProfile(FleetDocument):
+    """A class profile file as read, to check against this node and publish."""
 
     @property
     def note(self) -> str:

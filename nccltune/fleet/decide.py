@@ -85,14 +85,26 @@ MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class Export:
+class FleetDocument:
+    """An export or a class profile as read (`read_json_document`): the document, valid against its
+    schema, and its bytes, whose digest names the file in a profile's evidence and a published set."""
+
     path: Path
     doc: dict[str, Any]
-    sha256: str
+    raw: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
 
     @property
     def class_id(self) -> str:
         return str(self.doc["node_class"]["id"])
+
+
+@dataclass(frozen=True)
+class Export(FleetDocument):
+    """A node's export, as `decide` pools it."""
 
     @property
     def name(self) -> str:
@@ -146,7 +158,7 @@ def load_exports(paths: Sequence[Path]) -> list[Export]:
     exports = []
     for p in paths:
         doc, raw = read_json_document(p, "export", EXPORT_KIND)
-        exports.append(Export(p, doc, hashlib.sha256(raw).hexdigest()))
+        exports.append(Export(p, doc, raw))
     first = exports[0]
     seen: dict[tuple[str, str, str | None], Path] = {}
     for e in exports:

@@ -25,6 +25,7 @@ import copy
 import datetime as _dt
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InputError
@@ -84,8 +85,7 @@ def split(exports: Sequence[Export], by_node_count: bool) -> dict[str | None, di
         for run in e.doc["runs"]:
             counts.setdefault(_run_shape(e, run)[0] if by_node_count else 0, []).append(run)
         for nnodes, runs in counts.items():
-            out.setdefault(nccl_of(e), {}).setdefault(nnodes, []).append(Export(e.path, {**e.doc, "runs": runs},
-                                                                               e.sha256))
+            out.setdefault(nccl_of(e), {}).setdefault(nnodes, []).append(replace(e, doc={**e.doc, "runs": runs}))
     return out
 
 

@@ -75,43 +75,50 @@ typedef struct {
   int maxRanksPerNvlDomain;
 } ncclNvlDomainInfo_v5_t;
 
-/* NCCL's model constants; the plugin never reads or changes them, so the type stays opaque. */
+/* NCCL's model constants; the plugin never reads or changes them, so the types stay opaque. v7's
+ * (NCCL 2.32.6 and newer) changed layout from v5's: each bandwidth table gained a fifth
+ * compute-capability row. */
 typedef struct ncclTunerConstants_v5 ncclTunerConstants_v5_t;
-
-typedef struct {
-  const char *name;
-  ncclResult_t (*init)(void **context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       ncclNvlDomainInfo_v5_t *nvlDomainInfo, ncclTunerConstants_v5_t *constants);
-  ncclResult_t (*getCollInfo)(void *context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float **collCostTable, int numAlgo, int numProto, int regBuff, int *nChannels);
-  ncclResult_t (*finalize)(void *context);
-} ncclTuner_v5_t;
-
-/* v6 is v5 plus an optional chunk-size hook, appended after finalize; NULL leaves NCCL's chunk size. */
-typedef struct {
-  const char *name;
-  ncclResult_t (*init)(void **context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       ncclNvlDomainInfo_v5_t *nvlDomainInfo, ncclTunerConstants_v5_t *constants);
-  ncclResult_t (*getCollInfo)(void *context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float **collCostTable, int numAlgo, int numProto, int regBuff, int *nChannels);
-  ncclResult_t (*finalize)(void *context);
-  ncclResult_t (*getChunkSize)(void *context, ncclFunc_t collType, size_t nBytes, int algo, int proto, int nChannels,
-                               size_t *chunkSize);
-} ncclTuner_v6_t;
-
-/* v7 (NCCL 2.32.6 and newer) has v6's functions; only the constants passed to init changed layout
- * (each bandwidth table gained a fifth compute-capability row). Opaque here too: never read. */
 typedef struct ncclTunerConstants_v7 ncclTunerConstants_v7_t;
 
+/* The plugin's functions, one type each; the versions' tables below differ only in which they hold. */
+typedef ncclResult_t (*ncclTunerInit_v5_t)(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                           ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t *nvlDomainInfo,
+                                           ncclTunerConstants_v5_t *constants);
+typedef ncclResult_t (*ncclTunerInit_v7_t)(void **context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                           ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t *nvlDomainInfo,
+                                           ncclTunerConstants_v7_t *constants);
+typedef ncclResult_t (*ncclTunerGetCollInfo_t)(void *context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
+                                               float **collCostTable, int numAlgo, int numProto, int regBuff,
+                                               int *nChannels);
+typedef ncclResult_t (*ncclTunerFinalize_t)(void *context);
+/* Optional (NULL leaves NCCL's chunk size). */
+typedef ncclResult_t (*ncclTunerGetChunkSize_t)(void *context, ncclFunc_t collType, size_t nBytes, int algo,
+                                                int proto, int nChannels, size_t *chunkSize);
+
 typedef struct {
   const char *name;
-  ncclResult_t (*init)(void **context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       ncclNvlDomainInfo_v5_t *nvlDomainInfo, ncclTunerConstants_v7_t *constants);
-  ncclResult_t (*getCollInfo)(void *context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
-                              float **collCostTable, int numAlgo, int numProto, int regBuff, int *nChannels);
-  ncclResult_t (*finalize)(void *context);
-  ncclResult_t (*getChunkSize)(void *context, ncclFunc_t collType, size_t nBytes, int algo, int proto, int nChannels,
-                               size_t *chunkSize);
+  ncclTunerInit_v5_t init;
+  ncclTunerGetCollInfo_t getCollInfo;
+  ncclTunerFinalize_t finalize;
+} ncclTuner_v5_t;
+
+/* v6 (NCCL 2.30.3 and newer) is v5 plus the chunk-size hook, appended after finalize. */
+typedef struct {
+  const char *name;
+  ncclTunerInit_v5_t init;
+  ncclTunerGetCollInfo_t getCollInfo;
+  ncclTunerFinalize_t finalize;
+  ncclTunerGetChunkSize_t getChunkSize;
+} ncclTuner_v6_t;
+
+/* v7 has v6's functions; only the constants passed to init changed type. */
+typedef struct {
+  const char *name;
+  ncclTunerInit_v7_t init;
+  ncclTunerGetCollInfo_t getCollInfo;
+  ncclTunerFinalize_t finalize;
+  ncclTunerGetChunkSize_t getChunkSize;
 } ncclTuner_v7_t;
 
 #endif /* NCCLTUNE_TUNER_H */
