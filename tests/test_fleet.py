@@ -208,8 +208,8 @@ def test_an_export_decide_would_refuse_is_refused_and_nothing_written(tmp_path: 
 # larger than that bound would meet it.
 SMALL_BOUND = """
 import sys
-from nccltune.fleet import decide
-decide.MAX_DOCUMENT_BYTES = int(sys.argv.pop(1))
+from nccltune.fleet import document
+document.MAX_DOCUMENT_BYTES = int(sys.argv.pop(1))
 from nccltune.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from nccltune.config import Config, with_overrides
+from nccltune.fleet.gate import GateReading, export_gate
 from nccltune.fleet.schema import load_schema, validate
 from nccltune.fleet.upgrade import (
     SAFE_PART,
-    GateReading,
     canary_measured,
     canary_of,
     canary_overrides,
-    export_gate,
     upgrade_outcome,
 )
 from nccltune.names import DEFAULTS_LABEL

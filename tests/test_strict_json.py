@@ -17,7 +17,7 @@ from conftest import REPO
 from nccltune import install
 from nccltune.errors import EXIT_CONFIG, InputError
 from nccltune.files.inputfile import MAX_JSON_DEPTH, loads_strict, parse_json, read_json
-from nccltune.fleet import decide
+from nccltune.fleet import document
 from nccltune.fleet.export import EXPORT_KIND
 from nccltune.publish import generations, readback
 from nccltune.report import nccltests_json
@@ -60,8 +60,8 @@ FILE_READERS = [
     FileReader("snapshot", snapshot.load_snapshot, bound=(snapshot, "MAX_SNAPSHOT_BYTES")),
     FileReader("published nccl.json", lambda p: readback.read_published(p.parent), file="nccl.json",
                bound=(readback, "MAX_PUBLISHED_BYTES")),
-    FileReader("fleet document", lambda p: decide.read_json_document(p, "export", EXPORT_KIND),
-               bound=(decide, "MAX_DOCUMENT_BYTES")),
+    FileReader("fleet document", lambda p: document.read_json_document(p, "export", EXPORT_KIND),
+               bound=(document, "MAX_DOCUMENT_BYTES")),
     FileReader("nccl-tests document", nccltests_json.read_document, bound=(nccltests_json, "MAX_DOCUMENT_BYTES")),
     FileReader("install manifest", lambda p: install.uninstall(p.parents[2], disable=False, dry_run=True),
                file=install.MANIFEST, bound=(install, "MAX_MANIFEST_BYTES")),

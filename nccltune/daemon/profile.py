@@ -25,6 +25,7 @@ from pathlib import Path
 from ..config import with_overrides
 from ..fleet import upgrade
 from ..fleet.export import node_identity
+from ..fleet.gate import GateReading
 from ..fleet.node import fleet_node_of
 from ..fleet.upgrade import Upgraded
 from ..publish import publish_setting
@@ -125,7 +126,7 @@ def canary_config(cfg: Config, part: SafePart) -> Config:
     return with_overrides(cfg, **upgrade.canary_overrides(part.upgraded.loaded.doc))
 
 
-def canary_gate(cfg: Config, node: Node, nccl: NcclInfo) -> tuple[int, upgrade.GateReading | None] | None:
+def canary_gate(cfg: Config, node: Node, nccl: NcclInfo) -> tuple[int, GateReading | None] | None:
     """The canary's sweep under this node's versions (its run id) and what the upgrade gate found
     for it against the last sweep of the previous versions; None while it has not re-measured."""
     from ..compare import upgrade_check
@@ -135,4 +136,4 @@ def canary_gate(cfg: Config, node: Node, nccl: NcclInfo) -> tuple[int, upgrade.G
         run = store.run(run_id) if run_id is not None else None
         if run is None:
             return None
-        return run.id, upgrade.GateReading.of(upgrade_check(store, run, warn=False))
+        return run.id, GateReading.of(upgrade_check(store, run, warn=False))

@@ -46,7 +46,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BusyError, InputError, NccltuneError
-from ..fleet.upgrade import GateReading, upgrade_outcome
+from ..fleet.gate import GateReading
+from ..fleet.upgrade import upgrade_outcome
 from . import actions, scheduler
 from . import profile as safe
 from .actions import Config, LiveState, LoadedProfile, NcclInfo, Node, ProfileRefused, SweepLock, TrialAborted

@@ -33,7 +33,8 @@ from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
-from .decide import PROFILE_KIND, FleetDocument, profile_gains, read_json_document
+from .decide import PROFILE_KIND, profile_gains
+from .document import FleetDocument, read_json_document
 from .node import FleetNode, load_fleet_node, worker_nccl
 from .parts import section_for, shape_envs
 from .table import profile_tuner

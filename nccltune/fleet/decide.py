@@ -40,7 +40,6 @@ from typing import Any
 from .. import __version__
 from ..compare import trial_setting
 from ..errors import InputError, UsageError
-from ..files.inputfile import parse_json, read_input_file
 from ..names import DEFAULTS_LABEL
 from ..publish.policy import MAX_PROFILE_BYTES
 from ..records import ALL_REDUCE, Measurement
@@ -59,17 +58,16 @@ from ..sweep.pertable import (
 )
 from ..sweep.select import Key, SizeStats, key_label, size_stats
 from ..sweep.strategy import CARRIED, label_of
-from ..topology.nodeclass import class_id_of, describe_difference, differing_facts
+from ..topology.nodeclass import describe_difference, differing_facts
+from .document import Export, read_json_document
 from .export import EXPORT_KIND
-from .schema import SchemaViolation, load_schema, validate
+from .parts import decide_parts
 from .values import check_values, env_problem
 
 log = logging.getLogger(__name__)
 
 # The document's kind is its schema's name (schemas/profile.schema.json).
 PROFILE_KIND = "profile"
-# Kinds documents already on disk carry, from before kinds were their schemas' names.
-OLD_KINDS = {"export": "nccltune-export", "profile": "nccltune-class-profile"}
 PROFILE_SCHEMA_VERSION = 1
 TOPO_FILE = "NCCL_TOPO_FILE"
 # Phases whose trials are repeated measurements of one candidate; screening runs are single
@@ -80,70 +78,6 @@ CANDIDATE_PHASES = ("final",)
 TUNER_VARS = ("NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE", "NCCLTUNE_TUNER_FINGERPRINT")
 NO_RAISE = ("a channel count above the defaults' is published for single-node jobs only, and a class profile "
             "is for jobs of any number of nodes: no entry there")
-# Far above any real export or profile (a few MiB), far below what would exhaust memory.
-MAX_DOCUMENT_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class FleetDocument:
-    """An export or a class profile as read (`read_json_document`): the document, valid against its
-    schema, and its bytes, whose digest names the file in a profile's evidence and a published set."""
-
-    path: Path
-    doc: dict[str, Any]
-    raw: bytes
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.raw).hexdigest()
-
-    @property
-    def class_id(self) -> str:
-        return str(self.doc["node_class"]["id"])
-
-
-@dataclass(frozen=True)
-class Export(FleetDocument):
-    """A node's export, as `decide` pools it."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.doc['hostname']} ({self.path.name})"
-
-
-def read_json_document(path: Path, schema_name: str, kind: str, *,
-                       shown: Path | None = None) -> tuple[dict[str, Any], bytes]:
-    """Parse and validate one document against its schema. `shown`: the name messages give it
-    (the name a profile was given, when `path` is the real file it was checked to be).
-
-    Raises:
-        InputError: unreadable, not JSON (with its line; NaN, a duplicate key or nesting past
-            inputfile.MAX_JSON_DEPTH included), another kind, or an element the schema does not
-            allow (named by its JSON path). Exit 78.
-    """
-    name = str(shown or path)
-    try:
-        # Bounded, regular files only: a FIFO or /dev/zero given as a document must not hang.
-        raw = read_input_file(path, MAX_DOCUMENT_BYTES, f"{kind} document")
-    except OSError as exc:
-        raise InputError(name, f"cannot read: {exc.strerror}") from exc
-    doc = parse_json(raw, name)
-    if not isinstance(doc, dict) or doc.get("kind") not in (kind, OLD_KINDS.get(kind)):
-        got = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        raise InputError(name, f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind} document (kind is {got!r})")
-    try:
-        validate(doc, load_schema(schema_name))
-    except SchemaViolation as exc:
-        raise InputError(name, f"{exc.where}: {exc.detail}",
-                         hint=f"the format is schemas/{schema_name}.schema.json") from exc
-    cls = doc["node_class"]
-    if class_id_of(cls["facts"]) != cls["id"]:
-        # An edited fact with the old id would pass for the class it no longer describes.
-        raise InputError(name, f"$.node_class.id: {cls['id']} is not the id of $.node_class.facts "
-                         f"({class_id_of(cls['facts'])})", hint="regenerate the document rather than editing it")
-    return doc, raw
-
-
 def load_exports(paths: Sequence[Path]) -> list[Export]:
     """Read every export and check they describe distinct nodes of one class, or of classes that
     differ in their NCCL version alone (same_kind: decided in a section per version).
@@ -595,9 +529,7 @@ def decide(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None 
         InputError: no ok baseline trial in a group's exports, runs of different job shapes (by
             node count: of different ranks per node, or NIC loopback beside other runs). Exit 78.
     """
-    from .parts import decide_parts
-
-    return decide_parts(exports, rules, now=now, by_node_count=by_node_count)
+    return decide_parts(exports, rules, decide_group, now=now, by_node_count=by_node_count)
 
 
 def decide_group(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from ..files.inputfile import loads_strict, lone_surrogate
 from ..store import RunRecord, Store, TrialRecord
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
+from . import document
+from .gate import export_gate
 from .node import FleetNode
 from .schema import SchemaViolation, load_schema, validate
 
@@ -232,7 +234,7 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
     warning): they describe another class, since the class includes the NCCL version. What is
     written is held to what `fleet decide` reads (read_json_document): each part valid against
     the export schema, no NaN or Infinity, no text without a UTF-8 form, at most `limit` bytes
-    (default fleet.decide.MAX_DOCUMENT_BYTES).
+    (default fleet.document.MAX_DOCUMENT_BYTES).
 
     Raises:
         InputError: the document would be one fleet decide refuses (exit 78); what reached `out`
@@ -240,7 +242,6 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
             select_run_ids.
         CheckFailed: no ok sweep of this topology (exit 1).
     """
-    from .decide import MAX_DOCUMENT_BYTES
 
     fingerprint = topology_fingerprint(node.topo)
     ids = select_run_ids(store, fingerprint, run_id)
@@ -288,7 +289,7 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
             _checked({**doc, "trials": []}, "run", f"$.runs[{n}]", f"run {i}")
             yield {**doc, "trials": _Lazy(trials(n, i))}
 
-    sink = _Sink(out, MAX_DOCUMENT_BYTES if limit is None else limit)
+    sink = _Sink(out, document.MAX_DOCUMENT_BYTES if limit is None else limit)
     _emit(sink, {**head, "runs": _Lazy(runs())}, 0)
     sink.write("\n")
     return Written(len(kept), node.hostname, sink.size)
@@ -296,8 +297,6 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
 
 def _upgrade_gate(store: Store, kept: list[int]) -> dict[str, Any] | None:
     """The upgrade gate of the newest exported run (fleet/upgrade.py), for `fleet status`."""
-    from .upgrade import export_gate
-
     return export_gate(store, max(kept)) if kept else None
 
 

@@ -24,13 +24,18 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..names import DEFAULTS_LABEL
-from .decide import Export, Rules, decide_group
+from .document import Export
+
+if TYPE_CHECKING:
+    from .decide import Rules
+
+    GroupRule = Callable[..., dict[str, Any]]
 
 SECTIONS_SCHEMA_VERSION = 2
 
@@ -120,10 +125,12 @@ def _section(version: str | None, docs: Mapping[int, Mapping[str, Any]]) -> dict
             "class_per_size": docs[min(docs)]["evidence"]["class_per_size"]}
 
 
-def decide_parts(exports: Sequence[Export], rules: Rules, *, now: _dt.datetime | None = None,
-                 by_node_count: bool = False) -> dict[str, Any]:
+def decide_parts(exports: Sequence[Export], rules: Rules, decide_group: GroupRule, *,
+                 now: _dt.datetime | None = None, by_node_count: bool = False) -> dict[str, Any]:
     """The class profile of `exports` (see the module docstring): a part per node count only
-    `by_node_count` (`fleet decide --parts`), else one part per version, of its runs' one shape.
+    `by_node_count` (`fleet decide --parts`), else one part per version, of its runs' one shape;
+    each group decided by `decide_group` (decide.decide_group, the one rule: decide.py calls this
+    module and hands it the rule, so that this module imports nothing of decide.py).
 
     Raises:
         InputError: as decide_group for any group, or check_one_job (exit 78).

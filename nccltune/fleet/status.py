@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .decide import PROFILE_KIND, read_json_document
+from .decide import PROFILE_KIND
+from .document import read_json_document
 from .export import EXPORT_KIND
-from .upgrade import GateReading, canary_of, safe_part, upgrade_outcome
+from .gate import GateReading
+from .upgrade import canary_of, safe_part, upgrade_outcome
 from .upgrade import hardware_class as hardware_class  # kept importable from here
 
 # The document's kind is its schema's name (schemas/fleet-status.schema.json).

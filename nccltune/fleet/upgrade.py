@@ -38,10 +38,10 @@ from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import class_id_of
 from .apply import VERSION_FACTS, LoadedProfile, ProfileRefused, check_profile, read_profile
+from .gate import GateReading
 from .values import check_values
 
 if TYPE_CHECKING:
-    from ..compare import UpgradeCheck
     from ..config import Config
     from ..store import Store
     from .node import FleetNode
@@ -239,23 +239,6 @@ def canary_measured(store: Store, fingerprint: str, nccl_version: str | None, dr
 # -- the rule: the old profile, its safe part, or the canary's new one ------------------------------
 
 
-@dataclass(frozen=True)
-class GateReading:
-    """What the canary's upgrade gate (compare.upgrade_check) found, size by size."""
-
-    compared: int  # (collective, size) rows compared on either side (defaults, published)
-    slower: tuple[str, ...]  # "defaults all_reduce 1048576 B -12.0% (noise 2.0%)", ...
-
-    @classmethod
-    def of(cls, check: UpgradeCheck | None) -> GateReading | None:
-        if check is None:
-            return None
-        rows = [s for side in (check.defaults, check.published) for s in side.sizes if s.verdict != "missing"]
-        slower = tuple(f"{side} {s.collective} {s.size_bytes} B {s.change_pct or 0.0:+.1f}% (noise {s.noise_pct:.1f}%)"
-                       for side, s in check.regressions)
-        return cls(len(rows), slower)
-
-
 def upgrade_outcome(gate: GateReading | None, new_profile: Mapping[str, Any] | None) -> tuple[Outcome, str]:
     """THE rule of what an upgraded class serves (docs/upgrades.md), with the reason:
 
@@ -280,20 +263,3 @@ def upgrade_outcome(gate: GateReading | None, new_profile: Mapping[str, Any] | N
     return "keep", f"the canary measured no size slower beyond noise ({gate.compared} compared)"
 
 
-def export_gate(store: Store, run_id: int) -> dict[str, Any] | None:
-    """The export's `upgrade_gate` (schemas/export.schema.json): the upgrade gate of sweep `run_id`
-    (the newest exported) against the last sweep of the previous versions, for `fleet status` and
-    the upgrade rule; None where the run follows no other versions."""
-    from ..compare import upgrade_check
-
-    run = store.run(run_id)
-    if run is None or run.kind != "sweep" or run.status != "ok":
-        return None
-    check = upgrade_check(store, run, warn=False)
-    reading = GateReading.of(check)
-    if check is None or reading is None:
-        return None
-    names = ("nccl", "driver", "torch")
-    return {"run_id": check.run_id, "previous_run_id": check.previous_run_id,
-            "previous_versions": dict(zip(names, check.before, strict=True)),
-            "compared": reading.compared, "slower": list(reading.slower)}
