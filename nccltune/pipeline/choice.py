@@ -18,7 +18,9 @@ from ..publish import (
     TUNER_FINGERPRINT_VAR,
     TUNER_PLUGIN_VAR,
     TUNER_TABLE_VAR,
+    TopologyPin,
     resolve_topology,
+    topology_env,
 )
 from ..records import ReportRow, TrialResult
 from ..sweep.plan import Plan
@@ -86,11 +88,13 @@ def split_scopes(chosen_env: Mapping[str, str], plan: Plan) -> tuple[dict[str, s
     """(every job, single-node jobs), decided once for the candidate as it was measured: nccltune's
     topology file (as the marker), the policy values, the config pins and the tuner's variables fit
     every job; the other chosen variables were tuned on this node alone."""
-    every_job: dict[str, str] = {}
-    # A topology file the site's NCCL conf file names is the site's: never replaced.
-    if TOPO_FILE_VAR in chosen_env and TOPO_FILE_VAR not in plan.pinned:
-        every_job[TOPO_FILE_VAR] = OWN_TOPOLOGY
-    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+    # Whose topology file: publish.topology_env's one rule over the plan's pin (a config pin is
+    # published as its path, the site's conf file left to NCCL); nccltune's own (the marker) only
+    # where nothing pins one and the chosen candidate carries it.
+    pinned = plan.pinned.get(TOPO_FILE_VAR)
+    pin = TopologyPin(pinned.value, pinned.source) if pinned is not None else None
+    every_job = topology_env(pin, own=TOPO_FILE_VAR in chosen_env)
+    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config" and n != TOPO_FILE_VAR}
     every_job.update({**plan.policy, **config_pins})
     every_job.update({n: v for n, v in chosen_env.items() if n in TUNER_VARS and n not in every_job})
     single_node = {n: v for n, v in chosen_env.items() if n not in every_job and n != TOPO_FILE_VAR}
