@@ -267,7 +267,7 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
 
     Raises:
         InputError: a config pin that cannot be published (exit 78); nothing was written.
-        PublishError, BusyError: as publish.publish.
+        PublishError, BusyError: as publish.publish_setting.
     """
     doc = loaded.doc
     # Pins of this node's config win, as they do over a node's own sweep.
@@ -311,7 +311,7 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
     Raises:
         ProfileRefused: the profile is malformed or not for this node (exit 78); nothing was written.
         UnavailableError: a GPU node without a worker interpreter, so without the NCCL version (exit 69).
-        PublishError, BusyError: as publish.publish.
+        PublishError, BusyError: as publish.publish_setting.
     """
     node = load_fleet_node(cfg, demo)
     nccl_version = worker_nccl(cfg, node.demo, python, strict=True).version

@@ -19,7 +19,8 @@ What each module owns:
 - ``policy``: the value policy (name pattern, safe alphabet, variables never published as given,
   the scopes' rule, bounds) and ``preflight``, checked before a sweep's first trial;
 - ``formats``: nccl.sh, nccl.env, nccl.json and their header, and a generation's files as bytes;
-- ``generations``: the generation sets, the ``current`` link, the publish lock, retention;
+- ``generations``: the generation sets, the ``current`` link, the publish lock, retention
+  (publisher.py's writer: no other module calls it);
 - ``ncclconf``: the managed block in ``/etc/nccl.conf``;
 - ``readback``: reading the published set for env/exec, verify, the doctor and the daemon;
 - ``publisher``: ``publish_setting``, the one publish function, and the profile in force.
@@ -55,8 +56,6 @@ from .generations import (
     GENERATIONS_DIR,
     KEEP_GENERATIONS,
     PublishedFiles,
-    publish,
-    publish_generation,
 )
 from .ncclconf import CONF_BEGIN, CONF_END, CONF_SCOPE_LINE, remove_nccl_conf_block, update_nccl_conf
 from .policy import (
@@ -142,8 +141,6 @@ __all__ = [
     "node_topology_pin",
     "parse_lines",
     "preflight",
-    "publish",
-    "publish_generation",
     "publish_setting",
     "read_published",
     "read_set",
