@@ -19,10 +19,11 @@ from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from publishing import publish_set
 
 from nccltune import __version__
 from nccltune.metrics import DAEMON_FILENAME, FILENAME, LiveState, write_metrics_from_store
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 
@@ -82,8 +83,8 @@ class SimNode:
         if not ok:
             self.store.finish_run(run_id, status="failed", summary={"error": "failed"})
         else:
-            got = publish(self.root / "published", dict(env or {"NCCL_ALGO": "Ring"}), self._provenance(nccl_version),
-                          topology_xml="<system/>")
+            got = publish_set(self.root / "published", dict(env or {"NCCL_ALGO": "Ring"}),
+                              self._provenance(nccl_version), topology_xml="<system/>")
             row = {"size_bytes": SIZE, "default_busbw_gbps": busbw_gbps, "default_noise_pct": 3.0,
                    "tuned_busbw_gbps": busbw_gbps, "ratio": 1.0}
             self.store.finish_run(run_id, status="ok", chosen_env={}, published_generation=got.generation,
@@ -95,7 +96,7 @@ class SimNode:
         profile = {"file": "class.json", "path": "/etc/nccltune/class.json", "sha256": sha256,
                    "class_id": self.node_class, "chosen": "tuned", "decided_at": "1970-01-01T00:00:00+00:00",
                    "nodes": 3}
-        publish(self.root / "published", dict(env), self._provenance("2.21.5", profile), topology_xml="<system/>")
+        publish_set(self.root / "published", dict(env), self._provenance("2.21.5", profile), topology_xml="<system/>")
         self.write_history()
 
     def verify(self, *, passed: bool, drift: float = -0.01, allowed: float = 0.1, reference: str = "sweep",

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from publishing import publish_set
 
 from nccltune.errors import EXIT_CONFIG, EXIT_USAGE
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 from nccltune.topology.source import bundled_topologies_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,7 +209,7 @@ PUBLISHED_CASES: dict[str, tuple[str, Content]] = {
 @pytest.mark.parametrize("case", list(PUBLISHED_CASES))
 def test_published_files(work: Path, case: str) -> None:
     state = work / "pub"
-    publish(state, {"NCCL_ALGO": "Ring"}, _prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, _prov())
     name, content = PUBLISHED_CASES[case]
     target = state / "generations" / "1" / name
     if isinstance(content, str) and content.startswith("APPEND:"):

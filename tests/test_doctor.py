@@ -11,12 +11,13 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from publishing import publish_set
 
 from nccltune.checks.doctor import Finding, diagnose, read_conf_file, socket_ifname_matches
 from nccltune.cli import main
 from nccltune.delivery.jobenv import decide
 from nccltune.nccl.sitetuner import default_conf_files
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 from nccltune.topology.fingerprint import topology_fingerprint
 from nccltune.topology.model import Topology
 from nccltune.topology.paths import compute_paths
@@ -59,7 +60,7 @@ def publish_for(t: Topology, directory: Path, env: dict[str, str], *, fingerprin
     prov = Provenance(nccltune_version="0.1.0", created_at="2026-01-01T00:00:00+00:00",
                       topology_fingerprint=fingerprint or topology_fingerprint(t), nccl_version="2.21.5",
                       backend="nccl", demo=demo, profile="balanced")
-    publish(directory, env, prov)
+    publish_set(directory, env, prov)
 
 
 # -- a clean node ----------------------------------------------------------------------------------

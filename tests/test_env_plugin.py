@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from publishing import publish_set
 
 from nccltune.errors import InputError
-from nccltune.publish import Provenance, Tuner, publish, read_set
+from nccltune.publish import Provenance, Tuner, read_set
 from nccltune.tuner.build import ENV_LIBRARY_NAME, build_env_plugin
 from nccltune.tuner.envfile import EnvValue, env_values, parse_env_file, render_env_file
 
@@ -220,7 +221,7 @@ def test_publishing_names_the_env_plugin_only_with_its_file(plugin: EnvV1, tmp_p
     built = build_env_plugin(tmp_path / "built")
     assert built.ok and built.path is not None
     text = render_env_file(VALUES)
-    publish(tmp_path / "s", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
+    publish_set(tmp_path / "s", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
                                                      env_plugin=built.path, env_text=text))
     gen = tmp_path / "s" / "generations" / "1"
     got = read_set(tmp_path / "s")
@@ -233,10 +234,10 @@ def test_publishing_names_the_env_plugin_only_with_its_file(plugin: EnvV1, tmp_p
     assert answers(published, (2, 28, 9), NCCLTUNE_ENV_TABLE=got.env["NCCLTUNE_ENV_TABLE"],
                    NCCLTUNE_JOB_NNODES="1")["NCCL_P2P_LEVEL"] == "NVL"
     # Without the file, no NCCL_ENV_PLUGIN: the tuner alone is published.
-    publish(tmp_path / "t", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
+    publish_set(tmp_path / "t", {}, _prov(), tuner=Tuner(plugin=b"\x7fELF tuner", table_text="t\n",
                                                      env_plugin=built.path))
     alone = read_set(tmp_path / "t")
     assert alone is not None and "NCCL_ENV_PLUGIN" not in alone.env and "NCCLTUNE_ENV_TABLE" not in alone.env
     # And nobody else may set them: they name files only the publisher writes.
     with pytest.raises(InputError, match="NCCL_ENV_PLUGIN"):
-        publish(tmp_path / "u", {"NCCL_ENV_PLUGIN": "/tmp/other.so"}, _prov())
+        publish_set(tmp_path / "u", {"NCCL_ENV_PLUGIN": "/tmp/other.so"}, _prov())

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from publishing import publish_set
 
 from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.delivery.cdi import render_spec
 from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
 from nccltune.fleet.schema import validate
-from nccltune.publish import Provenance, job_env, publish, read_set
+from nccltune.publish import Provenance, job_env, read_set
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"
 PROLOG = REPO / "launchers" / "slurm-prolog.sh"
@@ -63,7 +64,7 @@ def published_state(parent: Path) -> Path:
     d = parent / "state"
     d.mkdir(mode=0o755)
     d.chmod(0o755)
-    publish(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
+    publish_set(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
     return d
 
 

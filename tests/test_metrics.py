@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from publishing import publish_set
 
 from nccltune import __version__
 from nccltune.errors import InputError
@@ -33,7 +34,7 @@ from nccltune.metrics import (
     write_metrics_from_store,
     write_snapshot,
 )
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 
@@ -365,7 +366,7 @@ def test_the_published_files_win_over_the_history(tmp_path: Path, store: Store, 
                       nccl_version="2.21.5", backend="gloo", demo=True, profile=None, state="safe")
     publish_dir = tmp_path / "published"
     for _ in range(2):
-        publish(publish_dir, {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml"}, prov)
+        publish_set(publish_dir, {"NCCL_TOPO_FILE": "/var/lib/nccltune/ncclTopology.xml"}, prov)
     text = write(tmp_path, store, publish_dir=publish_dir)
     assert values(text, "nccltune_published_generation") == {(): 2.0}
     assert values(text, "nccltune_published_demo") == {(): 1.0}
@@ -462,7 +463,7 @@ def test_a_class_profile_in_force_is_the_published_decision(tmp_path: Path, stor
                       nccl_version="2.21.5", backend="nccl", demo=False, profile="balanced",
                       class_profile={"file": "c0ffee.json", "sha256": "0123456789abcdef" * 4, "class_id": "c0ffee",
                                      "nodes": 3})
-    publish(tmp_path / "published", {"NCCL_ALGO": "Ring"}, prov)
+    publish_set(tmp_path / "published", {"NCCL_ALGO": "Ring"}, prov)
     info = samples(write(tmp_path, store, publish_dir=tmp_path / "published"))["nccltune_published_info"][0].labels
     assert info["decision"] == "class" and info["profile_generation"] == "0123456789abcdef"
 

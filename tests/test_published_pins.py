@@ -10,12 +10,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from publishing import publish_set
 
 from nccltune.config import Config, SweepConfig
 from nccltune.delivery.applied import APPLIED_VAR, Applied, merged
 from nccltune.delivery.jobenv import from_published
 from nccltune.pipeline import SweepPipeline
-from nccltune.publish import Provenance, publish, read_set
+from nccltune.publish import Provenance, read_set
 from nccltune.report.sweep import plan_text
 from nccltune.topology.source import bundled_topologies_dir
 from nccltune.trials.trialenv import fixed_part
@@ -35,7 +36,7 @@ def prov() -> Provenance:
 def state(tmp_path: Path) -> Path:
     tmp_path.chmod(0o755)
     d = tmp_path / "state"
-    publish(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
+    publish_set(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
     return d
 
 

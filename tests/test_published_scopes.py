@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from publishing import publish_set
 
 from nccltune.errors import InputError
 from nccltune.publish import (
@@ -24,7 +25,6 @@ from nccltune.publish import (
     Tuner,
     job_env,
     job_nnodes,
-    publish,
     read_set,
     update_nccl_conf,
 )
@@ -51,7 +51,7 @@ def state(tmp_path: Path) -> Path:
     d.mkdir(mode=0o755)
     d.chmod(0o755)
     tmp_path.chmod(0o755)
-    publish(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
+    publish_set(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
     return d
 
 
@@ -139,18 +139,18 @@ def test_the_nccl_conf_block_carries_the_every_job_part_only(state: Path, tmp_pa
 
 def test_a_variable_in_both_parts_or_a_file_in_the_single_node_part_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="NCCL_ALGO: also in the part for every job"):
-        publish(tmp_path, {"NCCL_ALGO": "Tree"}, prov(), single_node_env={"NCCL_ALGO": "Ring"})
+        publish_set(tmp_path, {"NCCL_ALGO": "Tree"}, prov(), single_node_env={"NCCL_ALGO": "Ring"})
     with pytest.raises(InputError, match="NCCL_TOPO_FILE: files, plugins"):
-        publish(tmp_path, {}, prov(), single_node_env={"NCCL_TOPO_FILE": "/x.xml"})
+        publish_set(tmp_path, {}, prov(), single_node_env={"NCCL_TOPO_FILE": "/x.xml"})
     with pytest.raises(InputError, match="NCCLTUNE_JOB_NNODES"):
-        publish(tmp_path, {"NCCLTUNE_JOB_NNODES": "1"}, prov())
+        publish_set(tmp_path, {"NCCLTUNE_JOB_NNODES": "1"}, prov())
     assert not (tmp_path / "current").exists()
 
 
 def test_the_tuner_is_published_as_files_of_the_generation(tmp_path: Path) -> None:
     plugin = tmp_path / "built.so"
     plugin.write_bytes(b"\x7fELF not really")
-    files = publish(tmp_path / "s", {"NCCL_TUNER_PLUGIN": "/elsewhere.so"}, prov(tuning_fingerprint="abc123"),
+    files = publish_set(tmp_path / "s", {"NCCL_TUNER_PLUGIN": "/elsewhere.so"}, prov(tuning_fingerprint="abc123"),
                     tuner=Tuner(plugin=plugin, table_text="nccltune-tuner-table 1\n"),
                     single_node_env={"NCCL_MIN_NCHANNELS": "32"})
     gen = tmp_path / "s" / "generations" / "1"
@@ -168,8 +168,8 @@ def test_the_tuner_is_published_as_files_of_the_generation(tmp_path: Path) -> No
 def test_tuner_variables_are_refused_unless_they_are_the_generations_own(tmp_path: Path) -> None:
     for name in ("NCCL_TUNER_PLUGIN", "NCCLTUNE_TUNER_TABLE"):
         with pytest.raises(InputError, match=f"{name}: nccltune does not publish"):
-            publish(tmp_path / "s", {name: "/opt/x"}, prov())
-    publish(tmp_path / "s", {}, prov(), tuner=Tuner(plugin=b"so", table_text="t\n"))
+            publish_set(tmp_path / "s", {name: "/opt/x"}, prov())
+    publish_set(tmp_path / "s", {}, prov(), tuner=Tuner(plugin=b"so", table_text="t\n"))
     gen = tmp_path / "s" / "generations" / "1"
     doc = json.loads((gen / "nccl.json").read_text())
     doc["env"]["NCCLTUNE_TUNER_TABLE"] = doc["scopes"]["every_job"]["env"]["NCCLTUNE_TUNER_TABLE"] = "/tmp/t.txt"
@@ -245,7 +245,7 @@ def test_wrapper_gives_a_multi_node_or_unknown_job_the_every_job_part_only(
 
 @requires_root
 def test_wrapper_refuses_a_single_node_file_of_another_generation(tmp_path: Path, state: Path) -> None:
-    publish(state, EVERY, prov(), single_node_env={"NCCL_MIN_NCHANNELS": "16"})
+    publish_set(state, EVERY, prov(), single_node_env={"NCCL_MIN_NCHANNELS": "16"})
     shutil.copy(state / "generations" / "1" / "nccl-single-node.sh", state / "generations" / "2")
     proc = run_wrapper(["/bin/sh"], tmp_path, state, ["--standalone", "train.py"])
     assert "NCCL_MIN_NCHANNELS" not in nccl_vars(proc.stdout)

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from publishing import publish_set
 
 from nccltune.delivery.applied import set_digest
 from nccltune.errors import EXIT_CONFIG, InputError
-from nccltune.publish import Provenance, publish, read_published, read_set
+from nccltune.publish import Provenance, read_published, read_set
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -41,8 +42,8 @@ def cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def two_generations(state: Path) -> None:
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
-    publish(state, {"NCCL_ALGO": "Tree"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Tree"}, prov())
 
 
 # -- one unit --------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_mixed_set_is_refused_by_env_exec_and_doctor(tmp_path: Path) -> None:
 
 def test_an_appended_command_never_comes_out_of_env(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     sh = state / "generations" / "1" / "nccl.sh"
     with open(sh, "a") as fh:
         fh.write("touch /tmp/nccltune-owned\n")
@@ -80,7 +81,7 @@ def test_an_appended_command_never_comes_out_of_env(tmp_path: Path) -> None:
 
 def test_every_file_ends_with_the_marker_of_the_set_and_what_it_sets(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    files = publish(state, {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov(),
+    files = publish_set(state, {"NCCL_ALGO": "Ring", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov(),
                     single_node_env={"NCCL_MIN_NCHANNELS": "32"})
     got = read_set(state)
     assert got is not None and got.set_id == files.set_id
@@ -101,7 +102,7 @@ def test_every_file_ends_with_the_marker_of_the_set_and_what_it_sets(tmp_path: P
 ])
 def test_a_marker_that_is_not_the_sets_own_is_an_edited_set(tmp_path: Path, edit: tuple[str, str]) -> None:
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     sh = state / "generations" / "1" / "nccl.sh"
     sh.write_text(sh.read_text().replace(*edit))
     with pytest.raises(InputError, match="NCCLTUNE_APPLIED is not the marker of this set"):
@@ -111,7 +112,7 @@ def test_a_marker_that_is_not_the_sets_own_is_an_edited_set(tmp_path: Path, edit
 def test_a_set_without_markers_is_read_as_it_was(tmp_path: Path) -> None:
     """A set published before the marker existed has none: read as it was, no marker to check."""
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     for name in ("nccl.sh", "nccl.env", "nccl-single-node.sh", "nccl-single-node.env"):
         path = state / "generations" / "1" / name
         path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
@@ -123,7 +124,7 @@ def test_a_set_without_markers_is_read_as_it_was(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("mode", "word"), [(0o666, "world-writable"), (0o664, "group-writable")])
 def test_env_and_exec_refuse_a_writable_published_file(tmp_path: Path, mode: int, word: str) -> None:
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     (state / "generations" / "1" / "nccl.json").chmod(mode)
     for args, code in ((("env",), EXIT_CONFIG), (("exec", "--", "true"), 0)):
         got = cli(state, *args)
@@ -133,7 +134,7 @@ def test_env_and_exec_refuse_a_writable_published_file(tmp_path: Path, mode: int
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
 def test_env_and_exec_refuse_a_file_owned_by_another_user(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     os.chown(state / "generations" / "1" / "nccl.sh", NOBODY, NOBODY)
     got = cli(state, "env")
     assert got.returncode == EXIT_CONFIG and f"uid {NOBODY}" in got.stderr
@@ -143,24 +144,24 @@ def test_env_and_exec_refuse_a_file_owned_by_another_user(tmp_path: Path) -> Non
 
 def test_topology_file_is_part_of_the_set_and_outlives_the_next_publish(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    first = publish(state, {"NCCL_ALGO": "Ring", "NCCL_TOPO_FILE": "/x.xml"}, prov(), topology_xml="<system/>\n")
+    first = publish_set(state, {"NCCL_ALGO": "Ring", "NCCL_TOPO_FILE": "/x.xml"}, prov(), topology_xml="<system/>\n")
     assert first.topology_path == state / "generations" / "1" / "ncclTopology.xml"
     env, _ = read_published(state)  # type: ignore[misc]
     assert env["NCCL_TOPO_FILE"] == str(first.topology_path)
-    publish(state, {"NCCL_ALGO": "Tree"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Tree"}, prov())
     assert first.topology_path.read_text() == "<system/>\n"  # a job started on generation 1 keeps it
 
 
 def test_old_generations_are_pruned_but_numbers_never_repeat(tmp_path: Path) -> None:
     state = tmp_path / "state"
     for _ in range(7):
-        last = publish(state, {"NCCL_ALGO": "Ring"}, prov())
+        last = publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     assert last.generation == 7
     assert sorted(int(n) for n in os.listdir(state / "generations") if n.isdigit()) == [4, 5, 6, 7]
     shutil.rmtree(state / "generations" / "7")
     os.unlink(state / "current")
     os.symlink("generations/6", state / "current")
-    assert publish(state, {"NCCL_ALGO": "Ring"}, prov()).generation == 8
+    assert publish_set(state, {"NCCL_ALGO": "Ring"}, prov()).generation == 8
 
 
 def test_a_regular_file_layout_is_taken_over(tmp_path: Path) -> None:
@@ -168,7 +169,7 @@ def test_a_regular_file_layout_is_taken_over(tmp_path: Path) -> None:
     state.mkdir()
     (state / "nccl.json").write_text(json.dumps({"schema_version": 1, "env": {"NCCL_ALGO": "Ring"},
                                                  "provenance": {"generation": 41}}))
-    assert publish(state, {"NCCL_ALGO": "Tree"}, prov()).generation == 42
+    assert publish_set(state, {"NCCL_ALGO": "Tree"}, prov()).generation == 42
     assert os.readlink(state / "nccl.json") == "current/nccl.json"
 
 
@@ -176,7 +177,9 @@ _PUBLISHER = """
 import os, sys, time
 from pathlib import Path
 from nccltune import publish as pub
+from nccltune.config import Config
 state = Path(sys.argv[1])
+node = Config(state_dir=str(state))
 real_replace, real_rename = os.replace, os.rename
 def slow(fn):
     def run(a, b, *k):
@@ -188,7 +191,7 @@ prov = pub.Provenance('0', 'now', 'f', None, 'gloo', True, None)
 n = 0
 while True:
     n += 1
-    pub.publish(state, {'NCCL_ALGO': 'Ring', 'NCCL_BUFFSIZE': str(1000 + n)}, prov)
+    pub.publish_setting(node, pub.Setting({'NCCL_ALGO': 'Ring', 'NCCL_BUFFSIZE': str(1000 + n)}, prov))
     print(n, flush=True)
 """
 
@@ -198,7 +201,7 @@ def test_a_publisher_killed_mid_publish_never_leaves_a_mixed_set(tmp_path: Path,
     """Publishes in a loop with the renames slowed down, killed at many points; after each kill the
     set reads back whole, with every file of one generation, and the next number is new."""
     state = tmp_path / "state"
-    publish(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
+    publish_set(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     seen = 1
     for delay_ms in (5, 12, 23, 31, 47, 58, 66, 79):
@@ -215,7 +218,7 @@ def test_a_publisher_killed_mid_publish_never_leaves_a_mixed_set(tmp_path: Path,
                 if line.startswith("# generation: ")}
         assert gens == {f"# generation: {got.generation}"}
         assert got.env["NCCL_BUFFSIZE"] == json.loads(got.texts["nccl.json"])["env"]["NCCL_BUFFSIZE"]
-        nxt = publish(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
+        nxt = publish_set(state, {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "1000"}, prov())
         assert nxt.generation > got.generation
         seen = nxt.generation
         listing = os.listdir(state)

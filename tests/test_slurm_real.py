@@ -200,9 +200,11 @@ SINGLE = {"NCCL_ALGO": "Ring"}
 def published_set(slurm: Slurm) -> Iterator[Path]:
     """A real published set (generations, links, the marker line) where the cluster's TaskProlog
     reads nccl.env; everything of it removed after."""
-    from nccltune.publish import Provenance, publish
+    from publishing import publish_set
 
-    publish(slurm.published, EVERY, Provenance("0", "now", "f", None, "nccl", False, None), single_node_env=SINGLE)
+    from nccltune.publish import Provenance
+
+    publish_set(slurm.published, EVERY, Provenance("0", "now", "f", None, "nccl", False, None), single_node_env=SINGLE)
     yield slurm.published
     for entry in slurm.published.iterdir():
         if entry.is_dir() and not entry.is_symlink():

@@ -183,7 +183,9 @@ def test_demo_sweep_end_to_end_shows_the_table_not_measured_with_nccl(tmp_path: 
 
 
 def test_the_table_and_plugin_are_published_in_the_set_and_the_single_node_part_apart(tmp_path: Path) -> None:
-    from nccltune.publish import Provenance, Tuner, publish, read_set
+    from publishing import publish_set
+
+    from nccltune.publish import Provenance, Tuner, read_set
     from nccltune.tuner.build import build_plugin
     from nccltune.tuner.table import TableEntry, TunerTable, render_table
 
@@ -195,7 +197,7 @@ def test_the_table_and_plugin_are_published_in_the_set_and_the_single_node_part_
     prov = Provenance(nccltune_version="0", created_at="2026-12-01T00:00:00+00:00", topology_fingerprint="t",
                       nccl_version=None, backend="nccl", demo=False, profile="balanced", tuning_fingerprint=fp)
     publish_dir = tmp_path / "published"
-    published = publish(publish_dir, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov,
+    published = publish_set(publish_dir, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, prov,
                         single_node_env={"NCCL_MIN_NCHANNELS": "32"}, tuner=Tuner(built.path, text))
     got = read_set(publish_dir)
     assert got is not None

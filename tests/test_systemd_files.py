@@ -195,9 +195,11 @@ def test_wrapper_refuses_symlink(fake_torchrun: Path, env_dir: Path) -> None:
 
 
 def _published_set(state: Path, env: dict[str, str]) -> None:
-    from nccltune.publish import Provenance, publish
+    from publishing import publish_set
 
-    publish(state, env, Provenance("0", "now", "f", None, "nccl", False, None))
+    from nccltune.publish import Provenance
+
+    publish_set(state, env, Provenance("0", "now", "f", None, "nccl", False, None))
 
 
 @requires_root

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from publishing import publish_set
 
 from nccltune.errors import EXIT_CONFIG, InputError
 from nccltune.files import trust
 from nccltune.files.lock import SweepLock
-from nccltune.publish import Provenance, publish
+from nccltune.publish import Provenance
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -100,7 +101,7 @@ def test_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     assert str(state) in message and f"uid {NOBODY}" in message and "0755" in message
     assert not (state / "sweep.lock").exists()
     with pytest.raises(InputError, match=f"uid {NOBODY}"):
-        publish(state, {"NCCL_ALGO": "Ring"}, prov())
+        publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
     assert sorted(os.listdir(state)) == []
 
 
@@ -129,10 +130,10 @@ def test_writable_directory_named_correctly(tmp_path: Path, mode: int, word: str
 def test_directories_are_created_0755_under_umask_000(tmp_path: Path) -> None:
     state = tmp_path / "a" / "state"
     code = ("from pathlib import Path; from nccltune.files.lock import SweepLock; "
-            "from nccltune.publish import publish, Provenance\n"
+            "from nccltune.config import Config; from nccltune.publish import Provenance, Setting, publish_setting\n"
             f"SweepLock(Path({str(state)!r}) / 'sweep.lock').acquire()\n"
-            f"publish(Path({str(state)!r}) / 'pub', {{'NCCL_ALGO': 'Ring'}}, Provenance('0', 'now', 'f', None, "
-            "'gloo', True, None))\n")
+            f"publish_setting(Config(state_dir={str(state / 'pub')!r}), Setting({{'NCCL_ALGO': 'Ring'}}, "
+            "Provenance('0', 'now', 'f', None, 'gloo', True, None)))\n")
     proc = run_py(code, umask=0)
     assert proc.returncode == 0, proc.stderr
     for directory in (tmp_path / "a", state, state / "pub", state / "pub" / "generations",

@@ -13,23 +13,34 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..afterrun import upgrade_check, write_metrics
 from ..checks.verify import VerifyCode, run_verify
 from ..config import DEFAULT_CONFIG_PATH, Config, load_config, with_overrides
 from ..errors import BusyError, NccltuneError, UnavailableError
 from ..files.lock import SweepLock
-from ..files.trust import ensure_dir, trusted_target
+from ..files.trust import ensure_dir
 from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
 from ..fleet.node import fleet_node_of
 from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
-from ..publish import Provenance, PublishError, Setting, atomic_write, publish_setting, read_published
+from ..publish import (
+    TOPO_FILE_VAR,
+    Setting,
+    atomic_write,
+    build_provenance,
+    names_own_topology,
+    node_topology_pin,
+    publish_setting,
+    read_published,
+    topology_env,
+)
+from ..publish.publisher import refresh_topology_copy
 from ..publish.setting import DECIDED_STATES
 from ..store import Store
 from ..topology.ncclxml import render_xml
@@ -202,44 +213,28 @@ def read_published_state(publish_dir: Path) -> Published:
 
 
 def refresh_topology_file(cfg: Config, node: Node) -> None:
-    """Write ncclTopology.xml for this node when it differs and the published tuning is for this
-    topology: a tuned environment always comes with the file it was measured with."""
-    text = render_xml(node.topo.system)
-    path = cfg.topology_file
-    try:
-        if path.exists() and path.read_text() == text:
-            return
-    except OSError:
-        pass
-    published = read_published_state(cfg.publish_dir)
-    if published.unreadable is not None:
-        return  # the start-up check reports it and schedules the sweep that replaces it
-    if not published.exists or published.topology_fingerprint != node.fingerprint:
-        return
-    try:
-        # Replaced by a rename, in a directory walked under the trust rule first (as publishing does).
-        target = trusted_target(path, "topology file copy", follow_last=False)
-    except OSError as exc:
-        raise PublishError(path, exc) from exc
-    atomic_write(target, text)
+    """Keep the stable topology copy equal to this node's XML while the published tuning is for this
+    topology (publish.refresh_topology_copy: the publisher's own write of that file)."""
+    refresh_topology_copy(cfg, render_xml(node.topo.system), node.fingerprint)
 
 
 def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at: _dt.datetime) -> int:
     """Publish the new topology file and the policy values, nothing measured on the old topology,
     as every decider publishes (publish_setting: the generation's own topology file, the stable
-    copy, the nccl.conf block).
+    copy, the nccl.conf block). A topology file the config or the site pins wins, as under a
+    sweep (publish.node_topology_pin): the config's is published as its path, the site's is left
+    to NCCL, and nccltune's own XML is published only where nothing pins one.
 
     Returns the published generation.
     """
     env = {POLICY_VAR: str(cfg.sweep.async_error_handling), **cfg.sweep.pin}
-    prov = Provenance(
-        nccltune_version=__version__,
-        created_at=created_at.astimezone(_dt.timezone.utc).isoformat(timespec="seconds"),
-        topology_fingerprint=node.fingerprint, nccl_version=nccl.version,
-        backend=node.backend, demo=node.demo, profile=None,
-        note=f"safe environment: {why}; tuning pending", tuning_fingerprint=None, state="safe")
-    setting = Setting(env, prov, topology_xml=render_xml(node.topo.system), where="safe republish")
-    return publish_setting(cfg, setting).generation
+    env.pop(TOPO_FILE_VAR, None)
+    env.update(topology_env(node_topology_pin(cfg.sweep.pin, cfg.sweep.unpin, os.environ)))
+    prov = build_provenance(
+        created_at=created_at, topology_fingerprint=node.fingerprint, nccl_version=nccl.version,
+        backend=node.backend, demo=node.demo, note=f"safe environment: {why}; tuning pending", state="safe")
+    xml = render_xml(node.topo.system) if names_own_topology(env) else None
+    return publish_setting(cfg, Setting(env, prov, topology_xml=xml, where="safe republish")).generation
 
 
 # -- the class profile ----------------------------------------------------------------------------

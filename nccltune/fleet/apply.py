@@ -28,8 +28,19 @@ from ..config import Config
 from ..errors import InputError
 from ..files import trust
 from ..names import DEFAULTS_LABEL
-from ..nccl.site import conf_settings
-from ..publish import CURRENT_NAME, PROFILE_IN_FORCE, Provenance, PublishedFiles, Setting, publish_setting, validate_env
+from ..publish import (
+    CURRENT_NAME,
+    PROFILE_IN_FORCE,
+    TOPO_FILE_VAR,
+    PublishedFiles,
+    Setting,
+    build_provenance,
+    names_own_topology,
+    node_topology_pin,
+    publish_setting,
+    topology_env,
+    validate_env,
+)
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
@@ -246,7 +257,7 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
 
     Raises:
         InputError: a config pin that cannot be published (exit 78); nothing was written.
-        PublishError, BusyError: as publish.publish.
+        PublishError, BusyError: as publish.publish_setting.
     """
     doc = section_for(loaded.doc, nccl_version)
     # Pins of this node's config win, as they do over a node's own sweep.
@@ -260,10 +271,8 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # the node publishes, which the plugin checks.
     tuner, table_note = profile_tuner(cfg, doc, str(loaded.path), tuning_fp, os.environ)
     note = loaded.note + "".join(f"; {n}" for n in (table_note, parts_note) if n)
-    prov = Provenance(
-        nccltune_version=__version__,
-        created_at=(now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds"),
-        topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
+    prov = build_provenance(
+        created_at=now, topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
         backend=str(doc["backend"]), demo=bool(doc["demo"]), profile=str(doc["evidence"]["rules"]["profile"]),
         # The evidence is the top-level section's: its gains name no other version's choice.
         gains=profile_gains(doc) if doc["versions"]["nccl"] == loaded.doc["versions"]["nccl"] else {}, note=note,
@@ -273,11 +282,13 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
         # A class that kept NCCL's defaults (fleet decide's chosen DEFAULTS_LABEL) publishes nothing measured.
         state="defaults" if doc.get("chosen") == DEFAULTS_LABEL and tuner is None else "tuned")
     # The class shares the tree's shape, not its bus ids: each node's own XML, as the generation's
-    # own file. The profile's copy in force is written with the set (publish_setting), so a refused
-    # or failed publish leaves the previous profile in force.
-    # A topology file the site's NCCL conf file names stays the site's (nccl.site).
-    own_xml = doc["topology_file"] and "NCCL_TOPO_FILE" not in conf_settings(os.environ)
-    setting = Setting(env, prov, single, topology_xml=render_xml(node.topo.system) if own_xml else None,
+    # own file, where nothing pins a topology file (publish.topology_pin: a config pin is published
+    # as its path, the site's conf file is left to NCCL). The profile's copy in force is written
+    # with the set (publish_setting), so a refused or failed publish leaves the previous profile in force.
+    pin = node_topology_pin(cfg.sweep.pin, cfg.sweep.unpin, os.environ)
+    env = {name: value for name, value in env.items() if name != TOPO_FILE_VAR}
+    env.update(topology_env(pin, own=bool(doc["topology_file"])))
+    setting = Setting(env, prov, single, topology_xml=render_xml(node.topo.system) if names_own_topology(env) else None,
                       tuner=tuner, class_profile=loaded.raw, where=str(loaded.path))
     published = publish_setting(cfg, setting)
     log.info("applied %s: generation %d", note, published.generation)
@@ -305,7 +316,7 @@ def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, py
     Raises:
         ProfileRefused: the profile is malformed or not for this node (exit 78); nothing was written.
         UnavailableError: a GPU node without a worker interpreter, so without the NCCL version (exit 69).
-        PublishError, BusyError: as publish.publish.
+        PublishError, BusyError: as publish.publish_setting.
     """
     node = load_fleet_node(cfg, demo)
     nccl_version = worker_nccl(cfg, node.demo, python, strict=True).version

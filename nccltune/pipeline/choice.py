@@ -12,7 +12,12 @@ from pathlib import Path
 
 from ..names import DEFAULTS_LABEL
 from ..nccl.debuglog import SizeChoice, prevailing
-from ..publish import OWN_TOPOLOGY, TOPO_FILE_VAR, resolve_topology
+from ..publish import (
+    TOPO_FILE_VAR,
+    TopologyPin,
+    resolve_topology,
+    topology_env,
+)
 from ..records import ReportRow, TrialResult
 from ..sweep.plan import Plan
 from ..sweep.select import Key, split_key
@@ -76,11 +81,13 @@ def split_scopes(chosen_env: Mapping[str, str], plan: Plan) -> tuple[dict[str, s
     """(every job, single-node jobs), decided once for the candidate as it was measured: nccltune's
     topology file (as the marker), the policy values, the config pins and the tuner's variables fit
     every job; the other chosen variables were tuned on this node alone."""
-    every_job: dict[str, str] = {}
-    # A topology file the site's NCCL conf file names is the site's: never replaced.
-    if TOPO_FILE_VAR in chosen_env and TOPO_FILE_VAR not in plan.pinned:
-        every_job[TOPO_FILE_VAR] = OWN_TOPOLOGY
-    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config"}
+    # Whose topology file: publish.topology_env's one rule over the plan's pin (a config pin is
+    # published as its path, the site's conf file left to NCCL); nccltune's own (the marker) only
+    # where nothing pins one and the chosen candidate carries it.
+    pinned = plan.pinned.get(TOPO_FILE_VAR)
+    pin = TopologyPin(pinned.value, pinned.source) if pinned is not None else None
+    every_job = topology_env(pin, own=TOPO_FILE_VAR in chosen_env)
+    config_pins = {n: p.value for n, p in plan.pinned.items() if p.source == "config" and n != TOPO_FILE_VAR}
     every_job.update({**plan.policy, **config_pins})
     # The tuner's variables (the per-size stage's whole result): every job gets the plugin and its
     # table, whose entries apply only to the communicator shape they were measured for.

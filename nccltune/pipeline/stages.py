@@ -10,7 +10,6 @@ line's flags were folded into it (cli/common.py) before the pipeline sees it.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import logging
 import os
 import time
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..config import Config
 from ..delivery.jobenv import FromPublished, from_published
 from ..errors import InputError, NccltuneError, UnavailableError
@@ -29,12 +27,13 @@ from ..files.trust import ensure_dir
 from ..names import DEMO_LABEL
 from ..node import ONE_GPU, Node, load_node, require_idle
 from ..publish import (
-    TOPO_FILE_VAR,
     Provenance,
     PublishedFiles,
     Setting,
     Tuner,
     atomic_write,
+    build_provenance,
+    names_own_topology,
     publish_setting,
     read_set,
     resolve_topology,
@@ -278,7 +277,8 @@ class SweepPipeline:
             probed = self.nccl_version()
             prov = _provenance(cfg, node, probed, {}, UNMEASURED_SUMMARY, probed_nccl=probed, run=(store, run_id),
                                state="defaults")
-            xml = render_xml(node.topo.system) if TOPO_FILE_VAR in every_job else None  # else the site's
+            # nccltune's own XML only where nothing pins a topology file (split_scopes: publish.topology_env).
+            xml = render_xml(node.topo.system) if names_own_topology(every_job) else None
             published = publish_setting(cfg, Setting(every_job, prov, single_node, xml, where="one-GPU publish"))
         except BaseException as exc:
             status: RunStatus = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
@@ -523,11 +523,8 @@ def _provenance(cfg: Config, node: Node, nccl_version: str | None, gains: Mappin
     ``fingerprint`` is that fingerprint when the sweep has it already; ``run`` the history and the
     run that publishes it (close_dead_runs reads them back); ``state`` what is published
     (publish.PUBLISHED_STATES)."""
-    return Provenance(
-        nccltune_version=__version__,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        topology_fingerprint=node.fingerprint, nccl_version=nccl_version,
-        backend=node.backend, demo=node.demo, profile=cfg.sweep.profile, gains=dict(gains),
-        note=DEMO_LABEL if node.demo else note,
+    return build_provenance(
+        topology_fingerprint=node.fingerprint, nccl_version=nccl_version, backend=node.backend, demo=node.demo,
+        profile=cfg.sweep.profile, gains=gains, note=DEMO_LABEL if node.demo else note,
         tuning_fingerprint=fingerprint or tuning_fingerprint(cfg, node.fingerprint, probed_nccl, node.demo),
-        run_id=run[1] if run else None, history=str(Path(run[0].path).resolve()) if run else None, state=state)
+        run=(run[1], run[0].path) if run else None, state=state)

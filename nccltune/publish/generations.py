@@ -1,5 +1,8 @@
 """Generation sets: how one Setting becomes the published set, as one unit, and what is kept.
 
+The writer of publish/ alone: ``publish_generation`` is called by publisher.publish_setting, the
+one publish function, and by nothing else (tests/test_one_publish.py holds every other module to it).
+
 Layout (DESIGN.md section 3), one *set* per publish, in the publish directory::
 
     <publish_dir>/generations/<N>/nccl.sh          export NAME='value' lines (``. nccl.sh``): every job
@@ -37,7 +40,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +64,7 @@ from .formats import (
     TUNER_TABLE_NAME,
     render_set,
 )
-from .setting import Provenance, PublishError, Setting, Tuner
+from .setting import PublishError, Setting
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +261,8 @@ def _prepare_out_dir(out_dir: Path) -> None:
 def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
     """Write ``setting`` into ``out_dir`` as its next generation and make it current (see the
     module docstring for the layout, the lock and what a crash leaves). Only the set: the state
-    directory's copies and the nccl.conf block are publish_setting's (publisher.py).
+    directory's copies and the nccl.conf block are publish_setting's (publisher.py), the one caller;
+    every decider and every test of a published set publishes through publish_setting.
 
     Raises:
         InputError: a name, value or bound is not publishable, or the directory may not be
@@ -313,15 +317,3 @@ def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
                           tuner_table_path=final / TUNER_TABLE_NAME if tuned else None,
                           env=every_job, single_node_env=single, digest=set_digest(dict(files)[JSON_NAME]))
 
-
-def publish(out_dir: Path, env: Mapping[str, str], prov: Provenance, *,
-            topology_xml: str | None = None, single_node_env: Mapping[str, str] | None = None,
-            tuner: Tuner | None = None) -> PublishedFiles:
-    """A set written straight into ``out_dir`` from its parts (tools and test fixtures that have no
-    node configuration); a decider publishes through publish_setting instead. With
-    ``topology_xml`` NCCL_TOPO_FILE names the generation's own copy; with ``tuner``
-    NCCL_TUNER_PLUGIN and NCCLTUNE_TUNER_TABLE name its own plugin and table.
-
-    Raises: as publish_generation.
-    """
-    return publish_generation(out_dir, Setting(env, prov, single_node_env or {}, topology_xml, tuner))

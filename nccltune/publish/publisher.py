@@ -7,6 +7,11 @@ names the generation's own topology file; a class profile's document is a file o
 stable copy of the topology file (``publish.topology_file``, for site scripts that name one
 path; its directory under the trust rule), the state directory's copy of the class profile in
 force (``<state_dir>/class-profile.json``) and the managed nccl.conf block when one is configured.
+The generation writer (generations.publish_generation) is this module's alone: no decider and no
+test of a published set calls it past ``publish_setting``.
+
+The one write outside a publish is ``refresh_topology_copy``: the daemon keeps the stable copy equal
+to the node's XML while the published set is for this topology, through the same write.
 
 Everything that could be refused is checked before the first byte is written; the state
 directory's copies follow the switch to the new generation, so a refusal or a failure leaves the
@@ -19,13 +24,14 @@ from pathlib import Path
 
 from ..config import Config
 from ..delivery.cdi import prepare_dir, write_spec
-from ..errors import InputError
+from ..errors import InputError, NccltuneError
 from ..files.atomicfile import atomic_write
 from ..files.trust import ensure_dir, trusted_target
 from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
 from .policy import ENV_PLUGIN_VAR, ENV_TABLE_VAR, TUNER_FINGERPRINT_VAR, TUNER_PLUGIN_VAR, TUNER_TABLE_VAR
+from .readback import read_published
 from .setting import PublishError, Setting
 
 # The class profile in force: in the generation it was published with (the copy that switches
@@ -56,15 +62,7 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
         ensure_dir(state, "state directory")
     except OSError as exc:
         raise InputError(str(state), f"cannot create the state directory: {exc.strerror}") from exc
-    topology_copy = None
-    if setting.topology_xml is not None:
-        try:
-            # Replaced by a rename: a link at the name is replaced, its directory's chain must pass.
-            topology_copy = trusted_target(cfg.topology_file, "topology file copy", follow_last=False)
-        except InputError:
-            raise
-        except OSError as exc:
-            raise PublishError(cfg.topology_file, exc, action="cannot reach its directory") from exc
+    topology_copy = _topology_copy(cfg) if setting.topology_xml is not None else None
     published = publish_generation(cfg.publish_dir, setting)
     if topology_copy is not None and setting.topology_xml is not None:
         atomic_write(topology_copy, setting.topology_xml)
@@ -78,3 +76,46 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
         write_spec(cfg.cdi_dir, Path(cfg.publish_dir) / GENERATIONS_DIR / str(published.generation),
                    published.env, published.single_node_env, published.set_id)
     return published
+
+
+def _topology_copy(cfg: Config) -> Path:
+    """The stable copy's path, its directory's chain under the trust rule (it is replaced by a
+    rename: a link at the name is replaced, never followed).
+
+    Raises:
+        InputError: a directory on the way is not to be trusted (exit 78).
+        PublishError: the directory cannot be reached (exit 1).
+    """
+    try:
+        return trusted_target(cfg.topology_file, "topology file copy", follow_last=False)
+    except InputError:
+        raise
+    except OSError as exc:
+        raise PublishError(cfg.topology_file, exc, action="cannot reach its directory") from exc
+
+
+def refresh_topology_copy(cfg: Config, topology_xml: str, topology_fingerprint: str) -> bool:
+    """Rewrite the stable copy (``publish.topology_file``) with ``topology_xml`` where it differs and
+    the published set is for this topology (``topology_fingerprint``): a tuned environment always
+    comes with the file it was measured with. Nothing is written while nothing is published, the
+    set cannot be read (the caller's start-up check reports it) or it is for another topology.
+
+    Returns whether the copy was written.
+
+    Raises:
+        InputError, PublishError: as publish_setting's copy (exit 78, exit 1).
+    """
+    path = Path(cfg.topology_file)
+    try:
+        if path.exists() and path.read_text() == topology_xml:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    try:
+        published = read_published(cfg.publish_dir)
+    except NccltuneError:
+        return False
+    if published is None or published[1].get("topology_fingerprint") != topology_fingerprint:
+        return False
+    atomic_write(_topology_copy(cfg), topology_xml)
+    return True

@@ -58,11 +58,12 @@ def fixed_part(calling: Mapping[str, str], pins: Mapping[str, str], unpin: Itera
     it, delivery.jobenv's ``FromPublished.own``) with the config's ``pins`` set and the
     ``unpin`` variables removed, and without what an earlier publish put there (its NCCL_TOPO_FILE,
     nccltune's own tuner and table), which must not leak into NCCL's defaults. A foreign tuner
-    stays: it is the site's default."""
-    env = {**calling, **pins}
+    stays: it is the site's default. A topology file the config pins is kept, as the published set
+    names it (publish.topology_env)."""
+    env = {name: value for name, value in calling.items() if name != TOPO_FILE_VAR}
+    env.update(pins)
     for name in unpin:
         env.pop(name, None)
-    env.pop(TOPO_FILE_VAR, None)
     if is_own_tuner(env.get(TUNER_PLUGIN_VAR, "none")):
         env.pop(TUNER_PLUGIN_VAR, None)
     for name in (TUNER_TABLE_VAR, TUNER_FINGERPRINT_VAR):
