@@ -51,7 +51,7 @@ def write_metrics(cfg: Config, node: Node, *, nccl_version: str | None, live: Li
     if directory is None and features is None:
         return
     from .delivery.nodefeatures import node_labels, write_feature_file
-    from .fleet.node import fleet_node_of
+    from .fleet.member import fleet_node_of
     from .metrics import snapshot_from_store, write_snapshot
 
     try:

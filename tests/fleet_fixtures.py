@@ -72,7 +72,7 @@ def demo_profile(state: Path, snapshot: Path, out: Path, *, scale: float = 0.97)
     from nccltune.config import Config
     from nccltune.fleet.decide import Rules, decide, dumps_profile, load_exports
     from nccltune.fleet.export import build_export, dumps_export, node_identity
-    from nccltune.fleet.node import load_fleet_node
+    from nccltune.fleet.member import load_fleet_node
     from nccltune.store import Store
 
     node = load_fleet_node(Config(state_dir=str(state)), str(snapshot))

@@ -23,7 +23,7 @@ from nccltune.compare import (
     trial_setting,
     upgrade_check,
 )
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.names import DEFAULTS_LABEL
 from nccltune.records import Measurement
 from nccltune.store import Phase, Store, TrialRecord

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from nccltune.fleet.schema import SchemaViolation, validate
+from nccltune.fleet.jsonschema import SchemaViolation, validate
 from nccltune.pipeline import SweepReport
-from nccltune.report.common import dumps
+from nccltune.report.jsondoc import dumps
 from nccltune.report.sweep import sweep_doc, sweep_text
 
 DIGEST = "sha256:" + "ab" * 32

@@ -21,7 +21,7 @@ import yaml
 
 from nccltune.errors import InputError
 from nccltune.fleet.decide import Export, Rules, decide, dumps_profile, load_exports
-from nccltune.fleet.schema import SCHEMA_DIR, SchemaViolation, load_schema, validate
+from nccltune.fleet.jsonschema import SCHEMA_DIR, SchemaViolation, load_schema, validate
 from nccltune.publish import read_published
 from nccltune.store import Store
 from nccltune.sweep.plan import PER_SIZE_VARS
@@ -613,7 +613,7 @@ def test_older_exports_without_collectives_pool_as_all_reduce(tmp_path: Path) ->
 
 def test_apply_builds_the_plugin_for_the_profiles_table(tmp_path: Path) -> None:
     from nccltune.config import Config, TunerConfig
-    from nccltune.fleet.table import profile_tuner
+    from nccltune.fleet.classtable import profile_tuner
     from nccltune.tuner.build import find_compiler
     from nccltune.tuner.table import parse_table
 
@@ -717,7 +717,7 @@ def test_export_of_a_gpu_node_swept_without_nics(tmp_path: Path) -> None:
     """The sweep fingerprints the tree it used (topology.with_nics: false leaves NICs out); the
     class still counts the NICs, and NCCL versions of older runs keep them out of the export."""
     from nccltune.fleet.export import build_export, node_identity
-    from nccltune.fleet.node import FleetNode
+    from nccltune.fleet.member import FleetNode
     from nccltune.records import Measurement
     from nccltune.store import Store
     from nccltune.topology.fingerprint import topology_fingerprint
@@ -759,7 +759,7 @@ def test_the_class_takes_the_nccl_version_the_worker_reports(tmp_path: Path) -> 
     """On a GPU node `topo` (and the daemon, and the metrics) take the NCCL version from the worker
     interpreter; an export takes the one the worker reported in its runs: one definition."""
     from nccltune.config import Config, with_overrides
-    from nccltune.fleet.node import FleetNode, worker_nccl
+    from nccltune.fleet.member import FleetNode, worker_nccl
 
     fake = tmp_path / "python"
     fake.write_text(f"#!{sys.executable}\nimport json\nprint(json.dumps({{'event': 'probe', 'torch_version': '2.9.0', "

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from nccltune.fleet.decide import Rules, decide, load_exports, node_per_size
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.fleet.outlier import ClassSize, chosen_setting, class_reference, judge_node
-from nccltune.fleet.schema import load_schema, validate
 from nccltune.names import DEFAULTS_LABEL
 from tests.fleet_fixtures import h200x2_export
 

@@ -14,8 +14,8 @@ import pytest
 from nccltune.config import Config
 from nccltune.errors import InputError
 from nccltune.fleet.decide import Rules, decide, dumps_profile, load_exports
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.fleet.parts import section_for, sections, shape_envs, summary_lines
-from nccltune.fleet.schema import load_schema, validate
 from nccltune.publish.shapes import part_for_shape
 from nccltune.topology.source import bundled_topologies_dir
 from tests.fleet_fixtures import shaped_runs_export
@@ -153,7 +153,7 @@ def test_decide_keeps_one_section_per_nccl_version(tmp_path: Path) -> None:
 
 
 def test_apply_writes_every_versions_section_for_the_plugins(tmp_path: Path) -> None:
-    from nccltune.fleet.table import profile_env_text, profile_table
+    from nccltune.fleet.classtable import profile_env_text, profile_table
     from nccltune.tuner.envfile import parse_env_file
 
     prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)
@@ -212,7 +212,7 @@ def test_apply_publishes_the_parts_a_set_holds_end_to_end(tmp_path: Path) -> Non
 
 
 def _gpu_node(tmp_path: Path) -> Any:
-    from nccltune.fleet.node import load_fleet_node
+    from nccltune.fleet.member import load_fleet_node
 
     demo = load_fleet_node(Config(state_dir=str(tmp_path / "state")), str(bundled_topologies_dir()
                                                                            / "h200x2-nvswitch-vm.json"))
@@ -223,7 +223,7 @@ def test_each_node_publishes_its_nccls_section_and_every_section_for_the_plugins
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two nodes, on NCCL 2.27.7 and 2.28.9, apply one profile: each publishes its own version's
     parts, and both the tuner table and the env plugin's file with both versions' sections."""
-    from nccltune.fleet import table as fleet_table
+    from nccltune.fleet import classtable as fleet_table
     from nccltune.fleet.apply import publish_loaded, read_profile
     from nccltune.publish.readback import job_env, read_set
     from nccltune.tuner.build import ENV_PLUGIN, BuildResult
@@ -265,7 +265,7 @@ def test_each_node_publishes_its_nccls_section_and_every_section_for_the_plugins
 
 def test_a_value_the_env_plugin_cannot_carry_stays_in_the_env_files(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    from nccltune.fleet.table import profile_env_text
+    from nccltune.fleet.classtable import profile_env_text
     from nccltune.tuner.envfile import parse_env_file
 
     prof = decide(load_exports(_versions(tmp_path)), RULES, by_node_count=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nccltune.fleet.decide import Rules, decide, dumps_profile, load_exports
-from nccltune.fleet.schema import load_schema, validate
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.fleet.status import (
     IN_FORCE_OWN,
     IN_FORCE_PROFILE,

@@ -11,7 +11,7 @@ import pytest
 
 from nccltune.config import Config, with_overrides
 from nccltune.fleet.gate import GateReading, export_gate
-from nccltune.fleet.schema import load_schema, validate
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.fleet.upgrade import (
     SAFE_PART,
     canary_measured,

@@ -24,7 +24,7 @@ from publishing import publish_set
 from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.delivery.cdi import render_spec
 from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.publish import Provenance, job_env, read_set
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"

@@ -23,9 +23,9 @@ from demo_state import SNAPSHOT, DemoSweep, clean_env, copy_state
 
 from nccltune.checks.topocheck import TopoCheck
 from nccltune.cli import main
-from nccltune.fleet.schema import SchemaViolation, validate
-from nccltune.report.common import ROUNDING, dumps
-from nccltune.report.node import topocheck_doc
+from nccltune.fleet.jsonschema import SchemaViolation, validate
+from nccltune.report.jsondoc import ROUNDING, dumps
+from nccltune.report.machine import topocheck_doc
 
 SCHEMAS = REPO / "schemas"
 KINDS = ("topology", "plan", "sweep", "history", "report", "verify", "doctor", "topocheck", "env", "compare",

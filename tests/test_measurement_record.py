@@ -12,8 +12,8 @@ import pytest
 
 from nccltune.fleet.decide import load_exports, pool
 from nccltune.fleet.export import build_export, dumps_export, node_identity
-from nccltune.fleet.node import FleetNode
-from nccltune.fleet.schema import load_schema, validate
+from nccltune.fleet.jsonschema import load_schema, validate
+from nccltune.fleet.member import FleetNode
 from nccltune.records import MEASUREMENT_KEYS, Measurement
 from nccltune.report.runs import history_doc
 from nccltune.store import Store

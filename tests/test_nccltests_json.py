@@ -21,7 +21,7 @@ from demo_state import DemoSweep, clean_env, copy_state
 from nccltune.cli import main
 from nccltune.compare import compare_runs, upgrade_check
 from nccltune.errors import EXIT_CONFIG, InputError
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.records import Measurement, ReportRow
 from nccltune.report.nccltests_json import import_document, parse_document, version_code, version_of_code
 from nccltune.store import Store

@@ -27,7 +27,7 @@ from nccltune.config import load_config
 from nccltune.daemon import Daemon, DaemonOptions, actions, scheduler
 from nccltune.daemon.actions import NcclInfo
 from nccltune.daemon.sdnotify import Notifier
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.node import load_node
 from nccltune.publish import read_set
 from nccltune.store import Store

@@ -16,7 +16,7 @@ from conftest import REPO
 
 from nccltune.config import load_config
 from nccltune.errors import InputError
-from nccltune.fleet.schema import load_schema, validate
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.pipeline import SweepPipeline
 from nccltune.store import Store
 from nccltune.sweep.space import CATALOGUE

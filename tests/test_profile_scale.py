@@ -13,8 +13,8 @@ from fleet_fixtures import h200x2_export
 
 from nccltune.config import Config
 from nccltune.fleet.decide import MAX_NODE_ENTRIES, Export, Rules, decide, dumps_profile
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.fleet.outlier import class_reference, judge_node
-from nccltune.fleet.schema import load_schema, validate
 from nccltune.node import size_ladder
 
 NODES = 1000

@@ -16,7 +16,7 @@ import pytest
 
 from nccltune.errors import EXIT_BUSY, EXIT_CONFIG, BusyError, InputError
 from nccltune.records import Measurement, ReportRow
-from nccltune.store import Store, database, schema
+from nccltune.store import Store, database, migrations
 
 
 class FakeClock:
@@ -256,7 +256,7 @@ def test_migrations_run_once_and_data_survives_reopen(db_path: Path) -> None:
     with Store(db_path) as s:
         run_id = _start(s)
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2 == schema.schema_version()
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2 == migrations.schema_version()
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.close()
 
@@ -275,7 +275,7 @@ def test_a_later_migration_is_applied_once(db_path: Path, monkeypatch: pytest.Mo
         calls.append(1)
         conn.execute("ALTER TABLE runs ADD COLUMN note TEXT")
 
-    monkeypatch.setattr(schema, "MIGRATIONS", (*schema.MIGRATIONS, migrate_next))
+    monkeypatch.setattr(migrations, "MIGRATIONS", (*migrations.MIGRATIONS, migrate_next))
     with Store(db_path) as s:
         assert s.run(run_id) is not None
     with Store(db_path) as s:
@@ -296,7 +296,7 @@ OLD_ROWS = [
 def _version_1_file(path: Path, runs: list[tuple[str, dict[str, Any]]]) -> list[int]:
     """A history file as a version-1 nccltune wrote it: report rows inside summary_json."""
     raw = sqlite3.connect(path)
-    schema.MIGRATIONS[0](raw)
+    migrations.MIGRATIONS[0](raw)
     raw.execute("PRAGMA user_version = 1")
     ids = []
     for kind, summary in runs:
@@ -337,7 +337,7 @@ def test_a_version_1_file_keeps_its_report_rows_as_a_table(db_path: Path) -> Non
         (m,) = s.trials(sweep)[0].measurements
         assert (m.busbw_gbps, m.collective, m.channels, m.gpu_time_us) == (1.5, "all_reduce", None, None)
     raw = sqlite3.connect(db_path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == schema.schema_version()
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == migrations.schema_version()
     stored = raw.execute("SELECT summary_json FROM runs WHERE id = ?", (sweep,)).fetchone()[0]
     assert json.loads(stored) == {"chosen": "NCCL_ALGO=Tree"}
     assert raw.execute("SELECT COUNT(*) FROM report_rows WHERE run_id = ?", (sweep,)).fetchone()[0] == 2
@@ -454,12 +454,12 @@ def test_a_version_2_file_takes_an_import_without_a_migration(db_path: Path) -> 
     existed takes one as it is (an older nccltune reading it back sees a kind it does not ask
     for), and every reader of a sweep's result still finds the sweep."""
     raw = sqlite3.connect(db_path)
-    for migrate in schema.MIGRATIONS[:2]:
+    for migrate in migrations.MIGRATIONS[:2]:
         migrate(raw)
     raw.execute("PRAGMA user_version = 2")
     raw.commit()
     raw.close()
-    assert schema.schema_version() == 2
+    assert migrations.schema_version() == 2
     with Store(db_path) as s:
         sweep = _start(s)
         _baseline_trial(s, sweep, 1, {1024: 5.0})

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from conftest import REPO
 
-from nccltune.fleet.schema import load_schema, validate
+from nccltune.fleet.jsonschema import load_schema, validate
 from nccltune.store import Store
 from nccltune.sweep.space import CATALOGUE
 from nccltune.trials.worker import FAULT_VAR

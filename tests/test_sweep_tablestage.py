@@ -20,7 +20,7 @@ from nccltune.checks.doctor import diagnose
 from nccltune.collectives import COLLECTIVES
 from nccltune.config import Config, TunerConfig, parse_config
 from nccltune.errors import InputError
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.nccl.site import SiteTuner
 from nccltune.nccl.sitetuner import existing_tuner
 from nccltune.node import Node, load_node

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nccltune.cli import main
-from nccltune.report.node import topology_doc, topology_text
+from nccltune.report.machine import topology_doc, topology_text
 from nccltune.topology.nicpaths import (
     NicPathOptions,
     NicPaths,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import GOLDEN, TOPOLOGIES
 
-from nccltune.report.node import topology_text
+from nccltune.report.machine import topology_text
 from nccltune.topology.model import Topology
 from nccltune.topology.ncclxml import load_xml, parse_xml
 from nccltune.topology.paths import LOC_BW, PathGraph, PathMatrix, compute_paths

@@ -11,7 +11,7 @@ import json
 from conftest import TOPOLOGIES
 
 from nccltune.cli import main
-from nccltune.report.node import topology_doc, topology_text
+from nccltune.report.machine import topology_doc, topology_text
 from nccltune.topology.paths import compute_paths
 from nccltune.topology.source import load_topology
 

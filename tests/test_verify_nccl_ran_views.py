@@ -14,7 +14,7 @@ from nccltune.checks.verify import VerifyResult
 from nccltune.metrics import render, snapshot_from_store
 from nccltune.nccl.debuglog import parse_nccl_log
 from nccltune.nccl.ran import CODES, what_ran
-from nccltune.report.common import dumps
+from nccltune.report.jsondoc import dumps
 from nccltune.report.runs import verify_doc, verify_text
 from nccltune.store import Store
 from nccltune.tuner.table import TableEntry, TunerTable

@@ -40,7 +40,7 @@ from nccltune.collectives import COLLECTIVES
 from nccltune.config import Config, load_config
 from nccltune.config.overrides import with_overrides
 from nccltune.errors import CheckFailed, UsageError
-from nccltune.fleet.schema import validate
+from nccltune.fleet.jsonschema import validate
 from nccltune.metrics import render, snapshot_from_store
 from nccltune.nccl.ran import WhatRan, combined, published_table
 from nccltune.publish import publish_setting

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import EXIT_OK, NccltuneError, UsageError
-from . import common, fleet, k8s, node, publish_cmds, results, sweep, topo
-from .common import DEMO_STATE_DIR, EXIT_SIGINT, EXIT_SIGTERM, Terminated, load_cfg, setup_logging
+from . import context, fleet, k8s, node_cmds, publish_cmds, results, sweep, topo
+from .context import DEMO_STATE_DIR, EXIT_SIGINT, EXIT_SIGTERM, Terminated, load_cfg, setup_logging
 from .parser import build_parser, enable_completion
 from .sweep import sweep_launch_request
 
@@ -27,12 +27,12 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "env": publish_cmds.cmd_env,
     "exec": publish_cmds.cmd_exec,
     "apply": publish_cmds.cmd_apply,
-    "daemon": node.cmd_daemon,
-    "doctor": node.cmd_doctor,
+    "daemon": node_cmds.cmd_daemon,
+    "doctor": node_cmds.cmd_doctor,
     "device-plugin": k8s.cmd_device_plugin,
-    "verify": node.cmd_verify,
-    "install": node.cmd_install,
-    "uninstall": node.cmd_uninstall,
+    "verify": node_cmds.cmd_verify,
+    "install": node_cmds.cmd_install,
+    "uninstall": node_cmds.cmd_uninstall,
     "fleet": fleet.cmd_fleet,
 }
 
@@ -45,8 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_OK
-        common.QUIET = bool(args.quiet)
-        setup_logging(-1 if common.QUIET else getattr(args, "verbose", 0))
+        context.QUIET = bool(args.quiet)
+        setup_logging(-1 if context.QUIET else getattr(args, "verbose", 0))
         return dispatch(args)
     except NccltuneError as exc:
         print(f"nccltune: error: {exc}", file=sys.stderr)

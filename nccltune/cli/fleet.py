@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import EXIT_OK
-from .common import load_cfg, out, output_file
+from .context import load_cfg, out, output_file
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:

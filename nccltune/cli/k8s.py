@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..errors import EXIT_OK, InputError, UnavailableError
-from .common import load_cfg
+from .context import load_cfg
 
 
 def cmd_device_plugin(args: argparse.Namespace) -> int:

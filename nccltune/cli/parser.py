@@ -11,7 +11,7 @@ from .. import __version__
 from ..collectives import NAMES as COLLECTIVE_NAMES
 from ..errors import UsageError
 from ..trials.launch.registry import CHOICES as LAUNCHER_CHOICES
-from .common import DEMO_STATE_DIR
+from .context import DEMO_STATE_DIR
 
 
 def _positive_int(text: str) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK, CheckFailed, NccltuneError, UsageError
-from .common import load_cfg, out, reading_cfg
+from .context import load_cfg, out, reading_cfg
 
 if TYPE_CHECKING:
     from ..publish import PublishedSet

@@ -14,11 +14,11 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..store import RunRecord, TrialRecord
 
-from .common import load_cfg, note, open_history, out, output_file, reading_cfg
+from .context import load_cfg, note, open_history, out, output_file, reading_cfg
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.runs import history_doc, history_text, trials_text
 
     with open_history(args) as store:
@@ -35,7 +35,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.runs import report_doc, report_text, verify_run_text
 
     fmt = _report_format(args)
@@ -105,7 +105,7 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
     """An nccl-tests document of the run (--format nccl-tests-json), or the report of an import."""
     import json
 
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.nccltests_json import run_document
     from ..report.runs import import_text, report_doc
 
@@ -127,7 +127,7 @@ def _report_perf(args: argparse.Namespace, fmt: str, run: RunRecord, trials: Seq
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..compare import NothingComparable, compare_runs, nothing_comparable
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.runs import compare_doc, compare_text
 
     with open_history(args) as store:
@@ -145,7 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from ..files.atomicfile import FileError
     from ..files.trust import ensure_dir
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.nccltests_json import import_document, read_document, run_document
     from ..report.runs import import_doc, import_text
     from ..store import Store
@@ -199,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from ..files.atomicfile import atomic_stream
     from ..fleet.export import node_identity, write_export
-    from ..fleet.node import load_fleet_node
+    from ..fleet.member import load_fleet_node
 
     cfg = load_cfg(args, demo=bool(args.demo))
     target = output_file(args.out, "export file") if args.out else None

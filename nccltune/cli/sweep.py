@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from ..store import TrialRecord
     from ..trials.launch.base import LaunchRequest
 
-from . import common
-from .common import Terminated, load_cfg, out
+from . import context
+from .context import Terminated, load_cfg, out
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class _Progress:
 
     def __init__(self, quiet: bool) -> None:
         self.tty = sys.stderr.isatty()
-        self.quiet = quiet or common.QUIET
+        self.quiet = quiet or context.QUIET
         self.started = time.monotonic()
         self.walls: list[float] = []
 
@@ -154,7 +154,7 @@ def cmd_sweep_join(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..afterrun import upgrade_check, write_metrics
     from ..pipeline import SweepPipeline
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..report.sweep import plan_doc, plan_text, sweep_doc, sweep_text
 
     if args.join:
@@ -224,7 +224,7 @@ def _run_trials(cfg: Config, run_id: int | None) -> list[TrialRecord]:
 
 def _check_unpin(names: list[str]) -> None:
     """--unpin takes the name of a variable the sweep knows; anything else is a usage error (2)."""
-    from ..report.common import shown
+    from ..report.jsondoc import shown
     from ..sweep.space import CATALOGUE, unknown_variable_hint
 
     for name in names:

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, EXIT_UNAVAILABLE, NccltuneError, UnavailableError
-from .common import DEMO_STATE_DIR, absolute, load_cfg, out, output_file
+from .context import DEMO_STATE_DIR, absolute, load_cfg, out, output_file
 
 log = logging.getLogger(__name__)
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from ..report.common import dumps
-    from ..report.node import topology_doc, topology_text
+    from ..report.jsondoc import dumps
+    from ..report.machine import topology_doc, topology_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot
 
@@ -43,7 +43,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         source = demo_fallback
         topo = load_topology(source, with_nics=not args.no_nics)
     paths = compute_paths(topo)
-    from ..fleet.node import DEMO_NCCL, WorkerNccl, worker_nccl
+    from ..fleet.member import DEMO_NCCL, WorkerNccl, worker_nccl
     from ..topology.nodeclass import node_class, with_class_line
 
     # One class definition (fleet.node): the NCCL version is the worker's on this node; a
@@ -111,7 +111,7 @@ def cmd_topo_record(args: argparse.Namespace) -> int:
 
 
 def cmd_topo_diff(args: argparse.Namespace) -> int:
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
     from ..topology.diff import diff_trees, summary_line
     from ..topology.source import load_topology
 
@@ -139,8 +139,8 @@ def cmd_topo_diff(args: argparse.Namespace) -> int:
 
 def cmd_topo_check(args: argparse.Namespace) -> int:
     from ..checks.topocheck import check_topology_file
-    from ..report.common import dumps
-    from ..report.node import topocheck_doc, topocheck_text
+    from ..report.jsondoc import dumps
+    from ..report.machine import topocheck_doc, topocheck_text
 
     bench = load_cfg(args).bench
     check = check_topology_file(Path(args.xml), python=bench.python, bench_user=bench.user,

@@ -15,8 +15,8 @@ from yaml.constructor import ConstructorError, SafeConstructor
 
 from ..errors import InputError
 from ..files.inputfile import read_input_file
-from .build import Builder
-from .nodes import Entry, Map, Node, Scalar, Seq
+from .builder import Builder
+from .located import Entry, Located, Map, Scalar, Seq
 from .schema import Config, join_key
 
 logger = logging.getLogger(__package__)
@@ -48,7 +48,7 @@ def _check_text(text: str, where: str, path: str, line: int) -> None:
 def _from_yaml(
     node: yaml.Node, dotted: str, path: str, constructor: SafeConstructor, active: set[int],
     budget: list[int] | None = None,
-) -> Node:
+) -> Located:
     """Convert a composed YAML node; ``budget`` holds the nodes still allowed, aliases expanded.
 
     Raises:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InputError
-from .build import Builder
-from .nodes import from_python
+from .builder import Builder
+from .located import from_python
 from .schema import OVERRIDE_SOURCE, Config, is_section, setting_names, settings_of, split_optional
 
 

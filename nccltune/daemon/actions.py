@@ -26,7 +26,7 @@ from ..errors import BusyError, NccltuneError, UnavailableError
 from ..files.lock import SweepLock
 from ..files.trust import ensure_dir
 from ..fleet.apply import LoadedProfile, ProfileRefused, check_profile, file_for, load_profile, publish_loaded
-from ..fleet.node import fleet_node_of
+from ..fleet.member import fleet_node_of
 from ..metrics import LiveState
 from ..pipeline import POLICY_VAR, Node, SweepPipeline, load_node, probe_nccl, tuning_fingerprint
 from ..publish import (

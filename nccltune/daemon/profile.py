@@ -26,7 +26,7 @@ from ..config import with_overrides
 from ..fleet import upgrade
 from ..fleet.export import node_identity
 from ..fleet.gate import GateReading
-from ..fleet.node import fleet_node_of
+from ..fleet.member import fleet_node_of
 from ..fleet.upgrade import Upgraded
 from ..publish import publish_setting
 from ..store import Store

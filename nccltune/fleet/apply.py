@@ -44,11 +44,11 @@ from ..publish import (
 from ..topology.fingerprint import topology_fingerprint
 from ..topology.ncclxml import render_xml
 from ..topology.nodeclass import describe_difference, differing_facts
+from .classtable import profile_tuner
 from .decide import PROFILE_KIND, profile_gains
 from .document import FleetDocument, read_json_document
-from .node import FleetNode, load_fleet_node, worker_nccl
+from .member import FleetNode, load_fleet_node, worker_nccl
 from .parts import section_for, shape_envs
-from .table import profile_tuner
 from .values import MAX_CHOSEN_CHARS as MAX_CHOSEN_CHARS  # kept importable from here
 from .values import check_values
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InputError
 from ..files.inputfile import parse_json, read_input_file
 from ..topology.nodeclass import class_id_of
-from .schema import SchemaViolation, load_schema, validate
+from .jsonschema import SchemaViolation, load_schema, validate
 
 # Kinds documents already on disk carry, from before kinds were their schemas' names.
 OLD_KINDS = {"export": "nccltune-export", "profile": "nccltune-class-profile"}

@@ -30,8 +30,8 @@ from ..topology.fingerprint import topology_fingerprint
 from ..topology.model import Topology
 from . import document
 from .gate import export_gate
-from .node import FleetNode
-from .schema import SchemaViolation, load_schema, validate
+from .jsonschema import SchemaViolation, load_schema, validate
+from .member import FleetNode
 
 log = logging.getLogger(__name__)
 

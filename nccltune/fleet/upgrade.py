@@ -44,7 +44,7 @@ from .values import check_values
 if TYPE_CHECKING:
     from ..config import Config
     from ..store import Store
-    from .node import FleetNode
+    from .member import FleetNode
 
 log = logging.getLogger(__name__)
 

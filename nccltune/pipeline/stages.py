@@ -4,7 +4,7 @@ report. Used by `nccltune sweep` and by the daemon.
 A failed or interrupted sweep publishes nothing: trials use a topology file in the run's own
 directory, and the published files (env files, ncclTopology.xml, the nccl.conf block) are
 replaced only after a choice has been made. The configuration arrives complete: the command
-line's flags were folded into it (cli/common.py) before the pipeline sees it.
+line's flags were folded into it (cli/context.py) before the pipeline sees it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..names import DEMO_LABEL, format_size
 from ..store import RunRecord, TrialRecord, VerifySummary
 from ..sweep.select import key_label
-from .common import fmt_bw, report_row, size_row
+from .jsondoc import fmt_bw, report_row, size_row
 from .sweep import TABLE_UNITS, rows_text
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check

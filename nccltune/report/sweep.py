@@ -13,7 +13,7 @@ from ..records import ReportRow
 from ..store import TrialRecord
 from ..sweep.pertable import nccl_name
 from ..sweep.plan import candidate_code
-from .common import fmt_bw, report_row, shown
+from .jsondoc import fmt_bw, report_row, shown
 
 if TYPE_CHECKING:  # the views only; rendering runs no sweep, verify or check
     from ..node import Node

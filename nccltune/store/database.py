@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import BusyError, InputError
 from ..files import trust
 from ..files.atomicfile import FileError
-from . import schema
+from . import migrations
 from .rows import iso
 
 # One logger for the whole store, named as its messages have always been.
@@ -183,11 +183,11 @@ class Database:
             try:
                 # The first read of the header is where a file that is not SQLite shows itself.
                 version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-                if version > schema.schema_version():
+                if version > migrations.schema_version():
                     raise InputError(
                         str(self.path),
                         f"history database has schema version {version}, this nccltune knows "
-                        f"up to {schema.schema_version()}",
+                        f"up to {migrations.schema_version()}",
                         hint="upgrade nccltune (the file was written by a newer version)",
                     )
                 problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check")]
@@ -210,11 +210,11 @@ class Database:
         try:
             # Read again under the write lock: another process may have migrated meanwhile.
             current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            for target in range(current + 1, schema.schema_version() + 1):
-                schema.MIGRATIONS[target - 1](conn)
+            for target in range(current + 1, migrations.schema_version() + 1):
+                migrations.MIGRATIONS[target - 1](conn)
                 log.info("%s: schema migrated to version %d", self.path, target)
-            if current < schema.schema_version():
-                conn.execute(f"PRAGMA user_version = {schema.schema_version()}")
+            if current < migrations.schema_version():
+                conn.execute(f"PRAGMA user_version = {migrations.schema_version()}")
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # some errors (SQLITE_FULL, ...) have rolled back already

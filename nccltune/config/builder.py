@@ -21,7 +21,7 @@ from typing import Any, Literal, NoReturn, TypeVar
 from ..collectives import NAMES as COLLECTIVE_NAMES
 from ..errors import InputError
 from ..names import VARIABLE_NAME_RE, format_size, unpublishable
-from .nodes import Map, Node, Scalar, Seq, describe, is_null
+from .located import Located, Map, Scalar, Seq, describe, is_null
 from .schema import (
     MAX_MESSAGE_BYTES,
     Config,
@@ -83,12 +83,12 @@ class Builder:
         if line is not None:
             self.lines[dotted] = line
 
-    def build(self, root: Node) -> Config:
+    def build(self, root: Located) -> Config:
         cfg = self.section(Config, root, "")
         self.check(cfg)
         return dataclasses.replace(cfg, path=self.path, lines=dict(self.lines))
 
-    def section(self, cls: type[_S], node: Node, prefix: str) -> _S:
+    def section(self, cls: type[_S], node: Located, prefix: str) -> _S:
         if is_null(node):
             # `bench:` with every key below commented out.
             return cls()
@@ -111,7 +111,7 @@ class Builder:
             kwargs[entry.key] = self.value(dotted, specs[entry.key], entry.value)
         return cls(**kwargs)
 
-    def value(self, dotted: str, spec: Spec, node: Node) -> object:
+    def value(self, dotted: str, spec: Spec, node: Located) -> object:
         special = _SPECIAL.get(dotted)
         if special is not None:
             return special(self, dotted, node)
@@ -138,7 +138,7 @@ class Builder:
         self.check_range(dotted, node, result, spec.meta)
         return result
 
-    def check_range(self, dotted: str, node: Node, value: float, meta: Mapping[str, Any]) -> None:
+    def check_range(self, dotted: str, node: Located, value: float, meta: Mapping[str, Any]) -> None:
         ge, gt, le = meta.get("ge"), meta.get("gt"), meta.get("le")
         why = meta.get("why")
         shown = format_size(int(value)) if meta.get("size") else _num(value)
@@ -151,12 +151,12 @@ class Builder:
             limit = format_size(int(le)) if meta.get("size") else _num(le)
             self.fail(node.line, f"{dotted}: must be at most {limit}, got {shown}", why)
 
-    def boolean(self, dotted: str, node: Node) -> bool:
+    def boolean(self, dotted: str, node: Located) -> bool:
         if isinstance(node, Scalar) and isinstance(node.value, bool):
             return node.value
         self.fail(node.line, f"{dotted}: expected true or false, got {describe(node)}")
 
-    def integer(self, dotted: str, node: Node, *, size: bool = False) -> int:
+    def integer(self, dotted: str, node: Located, *, size: bool = False) -> int:
         if isinstance(node, Scalar):
             v = node.value
             if isinstance(v, int) and not isinstance(v, bool):
@@ -171,7 +171,7 @@ class Builder:
             node.line, f"{dotted}: expected {expected}, got {describe(node)}", _SIZE_HINT if size else None
         )
 
-    def number(self, dotted: str, node: Node) -> float:
+    def number(self, dotted: str, node: Located) -> float:
         if isinstance(node, Scalar):
             v = node.value
             if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -180,7 +180,7 @@ class Builder:
                 return float(v)
         self.fail(node.line, f"{dotted}: expected a number, got {describe(node)}")
 
-    def string(self, dotted: str, node: Node) -> str:
+    def string(self, dotted: str, node: Located) -> str:
         if isinstance(node, Scalar) and isinstance(node.value, str):
             if not node.value.strip():
                 self.fail(node.line, f"{dotted}: must not be empty", "leave the key out for the default")
@@ -192,7 +192,7 @@ class Builder:
             hint = "YAML reads yes/no/on/off/true/false as booleans: put the value in quotes"
         self.fail(node.line, f"{dotted}: expected a string, got {describe(node)}", hint)
 
-    def choice(self, dotted: str, node: Node, choices: tuple[str, ...]) -> str:
+    def choice(self, dotted: str, node: Located, choices: tuple[str, ...]) -> str:
         if isinstance(node, Scalar) and isinstance(node.value, str) and node.value in choices:
             return node.value
         close = (
@@ -222,7 +222,7 @@ class Builder:
             self.fail(line, f"{dotted}: {why}")
         return name
 
-    def env_value(self, dotted: str, node: Node) -> str:
+    def env_value(self, dotted: str, node: Located) -> str:
         """A value that will be exported to NCCL's environment: a string, or an int as written."""
         if isinstance(node, Scalar):
             v = node.value
@@ -252,7 +252,7 @@ class Builder:
             ),
         )
 
-    def var_list(self, dotted: str, node: Node) -> list[str]:
+    def var_list(self, dotted: str, node: Located) -> list[str]:
         if is_null(node):
             return []
         if not isinstance(node, Seq):
@@ -274,7 +274,7 @@ class Builder:
             names.append(name)
         return names
 
-    def pin(self, dotted: str, node: Node) -> dict[str, str]:
+    def pin(self, dotted: str, node: Located) -> dict[str, str]:
         if is_null(node):
             return {}
         if not isinstance(node, Map):
@@ -287,7 +287,7 @@ class Builder:
             pins[name] = self.env_value(child, entry.value)
         return pins
 
-    def variables(self, dotted: str, node: Node) -> dict[str, list[str]]:
+    def variables(self, dotted: str, node: Located) -> dict[str, list[str]]:
         if is_null(node):
             return {}
         if not isinstance(node, Map):
@@ -319,7 +319,7 @@ class Builder:
             result[name] = values
         return result
 
-    def profiles(self, dotted: str, node: Node) -> dict[str, ProfileWeights]:
+    def profiles(self, dotted: str, node: Located) -> dict[str, ProfileWeights]:
         if is_null(node):
             return {}
         if not isinstance(node, Map):
@@ -411,7 +411,7 @@ class Builder:
             weights[size] = weight
         return weights
 
-    def images(self, dotted: str, node: Node) -> list[str] | None:
+    def images(self, dotted: str, node: Located) -> list[str] | None:
         """bench.image: one image (a string, or a list of one), each by digest."""
         from ..errors import InputError
         from ..images import parse_image
@@ -432,7 +432,7 @@ class Builder:
             result.append(ref)
         return result
 
-    def gpus(self, dotted: str, node: Node) -> list[int] | None:
+    def gpus(self, dotted: str, node: Located) -> list[int] | None:
         if is_null(node):
             return None
         if not isinstance(node, Seq):
@@ -452,7 +452,7 @@ class Builder:
             result.append(index)
         return result
 
-    def absolute_path(self, dotted: str, node: Node) -> str | None:
+    def absolute_path(self, dotted: str, node: Located) -> str | None:
         """A path that must not depend on the working or state directory (profile.path)."""
         if is_null(node):
             return None
@@ -463,7 +463,7 @@ class Builder:
                       "/etc/nccltune/profile/profile.json")
         return text
 
-    def window(self, dotted: str, node: Node) -> str | None:
+    def window(self, dotted: str, node: Located) -> str | None:
         if is_null(node):
             return None
         if not (isinstance(node, Scalar) and isinstance(node.value, str)):
@@ -518,7 +518,7 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-_SPECIAL: dict[str, Callable[[Builder, str, Node], object]] = {
+_SPECIAL: dict[str, Callable[[Builder, str, Located], object]] = {
     "bench.gpus": Builder.gpus,
     "bench.image": Builder.images,
     "sweep.profiles": Builder.profiles,

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from ..checks.doctor import Finding
     from ..config import Config
 
-from . import common
-from .common import load_cfg, out, setup_logging
+from . import context
+from .context import load_cfg, out, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +24,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from ..daemon import Daemon, DaemonOptions
 
     overrides: dict[str, object] = {}
-    state_dir = common.state_dir_flag(args, demo=bool(args.demo))
+    state_dir = context.state_dir_flag(args, demo=bool(args.demo))
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     opts = DaemonOptions(config_path=Path(args.config) if args.config else None, overrides=overrides,
                          demo=args.demo, python=args.python, max_polls=args.max_polls,
                          poll_interval_s=args.poll_interval)
-    if args.verbose == 0 and not common.QUIET:
+    if args.verbose == 0 and not context.QUIET:
         setup_logging(1)  # a service logs what it does
     return Daemon(opts).run()
 
@@ -38,7 +38,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..checks.doctor import diagnose
     from ..nccl.sitetuner import default_conf_files
-    from ..report.node import doctor_doc, doctor_text
+    from ..report.machine import doctor_doc, doctor_text
     from ..topology.paths import compute_paths
     from ..topology.source import load_topology, resolve_snapshot
 
@@ -73,7 +73,7 @@ def _history_findings(cfg: Config, topo: object) -> list[Finding]:
 
 
 def dumps_doc(doc: dict[str, object]) -> str:
-    from ..report.common import dumps
+    from ..report.jsondoc import dumps
 
     return dumps(doc)
 

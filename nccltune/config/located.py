@@ -23,14 +23,14 @@ class Scalar:
 @dataclass
 class Seq:
     line: int | None
-    items: list[Node]
+    items: list[Located]
 
 
 @dataclass
 class Entry:
     key: str
     line: int | None
-    value: Node
+    value: Located
 
 
 @dataclass
@@ -39,10 +39,10 @@ class Map:
     entries: list[Entry]
 
 
-Node: TypeAlias = "Scalar | Seq | Map"
+Located: TypeAlias = "Scalar | Seq | Map"
 
 
-def from_python(value: object, dotted: str, line_of: Callable[[str], int | None]) -> Node:
+def from_python(value: object, dotted: str, line_of: Callable[[str], int | None]) -> Located:
     line = line_of(dotted)
     if isinstance(value, Mapping):
         entries = []
@@ -57,7 +57,7 @@ def from_python(value: object, dotted: str, line_of: Callable[[str], int | None]
     return Scalar(line, value, str(value))
 
 
-def describe(node: Node) -> str:
+def describe(node: Located) -> str:
     if isinstance(node, Seq):
         return "a list"
     if isinstance(node, Map):
@@ -78,5 +78,5 @@ def describe(node: Node) -> str:
     return f"a {type(v).__name__}"
 
 
-def is_null(node: Node) -> bool:
+def is_null(node: Located) -> bool:
     return isinstance(node, Scalar) and node.value is None
