@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nccltune.daemon.actions import Published, read_published_state
+from nccltune.daemon.actions import PublishedState, read_published_state
 from nccltune.errors import InputError
 from nccltune.metrics import snapshot_from_store
 from nccltune.publish import Provenance, Setting, publish_setting, read_set, render_json, render_sh
@@ -42,7 +42,7 @@ def test_the_daemon_keeps_tuned_and_defaults_and_sweeps_for_safe(tmp_path: Path)
         got = read_published_state(tmp_path)
         assert (got.state, got.decided) == (state, decided)
     # A set of an older nccltune, with "tuned" whatever it published, reads as a decision.
-    assert Published(exists=True, state="tuned").decided and not Published(exists=True, state=None).decided
+    assert PublishedState(exists=True, state="tuned").decided and not PublishedState(exists=True, state=None).decided
 
 
 def test_the_metric_carries_the_published_state(tmp_path: Path) -> None:

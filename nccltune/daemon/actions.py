@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "HEARTBEAT_FILE", "Config", "LiveState", "LoadedProfile", "NcclInfo", "Node", "ProfileRefused",
-    "Published", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock",
+    "PublishedState", "SweepLock", "SweepOutcome", "TrialAborted", "VerifyOutcome", "daemon_lock",
     "load_class_profile", "node_class_id", "open_history", "prepare_state_dir", "probe_worker_nccl",
     "profile_file_for", "profile_still_valid", "publish_class_profile", "read_config", "read_node",
     "read_published_state", "refresh_topology_file", "republish_safe", "run_sweep", "run_verification",
@@ -77,7 +77,7 @@ class NcclInfo:
 
 
 @dataclass(frozen=True)
-class Published:
+class PublishedState:
     """What nccl.json says, as far as the daemon cares. `unreadable` holds the error, if any."""
 
     exists: bool
@@ -197,17 +197,17 @@ def tuning_fingerprint_of(cfg: Config, node: Node, nccl: NcclInfo) -> str:
 # -- published files ------------------------------------------------------------------------------
 
 
-def read_published_state(publish_dir: Path) -> Published:
+def read_published_state(publish_dir: Path) -> PublishedState:
     try:
         published = read_published(publish_dir)
     except NccltuneError as exc:
-        return Published(exists=True, unreadable=str(exc))
+        return PublishedState(exists=True, unreadable=str(exc))
     if published is None:
-        return Published(exists=False)
+        return PublishedState(exists=False)
     _env, prov = published
     profile = prov.get("class_profile")
     digest = profile.get("sha256") if isinstance(profile, dict) else None
-    return Published(exists=True, topology_fingerprint=prov.get("topology_fingerprint"),
+    return PublishedState(exists=True, topology_fingerprint=prov.get("topology_fingerprint"),
                      tuning_fingerprint=prov.get("tuning_fingerprint"), state=prov.get("state"),
                      class_profile_sha256=digest if isinstance(digest, str) else None)
 

@@ -103,7 +103,7 @@ def published_devices(cdi_dir: Path) -> frozenset[str]:
         return frozenset()
 
 
-class Published:
+class SpecDevices:
     """The devices of the published spec, shared by the servers; a change wakes every
     ListAndWatch stream."""
 
@@ -178,7 +178,7 @@ def allocate_requests(data: bytes) -> list[list[str]]:
 class ResourceServer:
     """The DevicePlugin service of one resource on its socket, and its registration."""
 
-    def __init__(self, resource: Resource, plugin_dir: Path, units: int, published: Published, *,
+    def __init__(self, resource: Resource, plugin_dir: Path, units: int, published: SpecDevices, *,
                  annotations: bool = False) -> None:
         self.resource = resource
         self.socket = plugin_dir / resource.endpoint
@@ -312,7 +312,7 @@ class DevicePlugin:
         self.cdi_dir = cdi_dir
         self.plugin_dir = plugin_dir
         self.interval_s = interval_s
-        self.published = Published()
+        self.published = SpecDevices()
         self.servers = [ResourceServer(Resource(d), plugin_dir, units, self.published, annotations=annotations)
                         for d in DEVICES]
         self._stop = threading.Event()
