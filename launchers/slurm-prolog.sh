@@ -37,7 +37,7 @@
 # NCCLTUNE_DISABLE set to anything but empty or 0 there exports nothing, and a variable the task
 # already has is not exported at all (a differing published value is named in a print line).
 #
-# What was applied (docs/what-a-job-gets.md, "What the job was given"; nccltune/delivery/applied.py): with what it exports
+# What was applied (docs/what-a-job-gets.md, "What the job was given"; nccltune/publish/applied.py): with what it exports
 # the prolog also exports NCCLTUNE_APPLIED=GENERATION:DIGEST:NAME,... naming the set (from the
 # file's own NCCLTUNE_APPLIED line, which is never passed on as it stands) and the variables it
 # exported, so that a sweep run in the job sweeps them instead of taking them for the job's pins.

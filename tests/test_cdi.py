@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO
 
 from nccltune.config import Config, PublishConfig
-from nccltune.delivery.applied import APPLIED_VAR
-from nccltune.delivery.cdi import CDI_VERSION, KIND, SPEC_NAME, check_spec, render_spec
 from nccltune.errors import InputError
 from nccltune.publish import Provenance, Setting, publish_setting, read_set
+from nccltune.publish.applied import APPLIED_VAR
+from nccltune.publish.cdi import CDI_VERSION, KIND, SPEC_NAME, check_spec, render_spec
 
 EVERY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_IB_HCA": "^mlx5_2"}
 SINGLE = {"NCCL_MIN_NCHANNELS": "32"}

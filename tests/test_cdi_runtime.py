@@ -22,8 +22,8 @@ from types import ModuleType
 import pytest
 from fakekubelet import FakeKubelet, compile_api
 
-from nccltune.delivery.cdi import KIND, SPEC_NAME, write_spec
 from nccltune.k8s.deviceplugin import DEVICES, DevicePlugin
+from nccltune.publish.cdi import KIND, SPEC_NAME, write_spec
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_CDI_DIR = Path("/var/run/cdi")

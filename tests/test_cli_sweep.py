@@ -24,9 +24,9 @@ from conftest import REPO
 from demo_state import SHORT_CONFIG, DemoSweep, copy_state
 
 from nccltune.cli import main
-from nccltune.delivery.applied import APPLIED_VAR
 from nccltune.files.lock import SweepLock
 from nccltune.publish import DEMO_LINE, read_set
+from nccltune.publish.applied import APPLIED_VAR
 from nccltune.sweep.space import CATALOGUE
 from nccltune.trials.runner import RANK_RECORD
 from nccltune.trials.worker import FAULT_VAR

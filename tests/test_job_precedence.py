@@ -21,11 +21,11 @@ import pytest
 from conftest import REPO
 from publishing import publish_set
 
-from nccltune.delivery.applied import APPLIED_VAR
-from nccltune.delivery.cdi import render_spec
 from nccltune.delivery.jobenv import JobDecision, decide, filter_text, opted_out
 from nccltune.fleet.jsonschema import validate
 from nccltune.publish import Provenance, job_env, read_set
+from nccltune.publish.applied import APPLIED_VAR
+from nccltune.publish.cdi import render_spec
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"
 PROLOG = REPO / "launchers" / "slurm-prolog.sh"

@@ -22,7 +22,6 @@ import grpc
 import pytest
 from fakekubelet import WAIT_S, FakeKubelet, compile_api
 
-from nccltune.delivery.cdi import KIND, SPEC_NAME, write_spec
 from nccltune.k8s import wire
 from nccltune.k8s.deviceplugin import (
     DEVICES,
@@ -35,6 +34,7 @@ from nccltune.k8s.deviceplugin import (
     list_and_watch_response,
     register_request,
 )
+from nccltune.publish.cdi import KIND, SPEC_NAME, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

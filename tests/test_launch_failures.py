@@ -22,9 +22,9 @@ from conftest import REPO
 from second_user import give, mallory_uid
 from test_job_precedence import apply_like_slurm, base_env, env_of, nccl_part, published_state
 
-from nccltune.delivery.applied import APPLIED_VAR, untuned_reason
 from nccltune.delivery.jobenv import from_published
 from nccltune.publish import read_set
+from nccltune.publish.applied import APPLIED_VAR, untuned_reason
 
 WRAPPER = REPO / "launchers" / "nccltune-torchrun"
 PROLOG = REPO / "launchers" / "slurm-prolog.sh"
@@ -99,7 +99,7 @@ def through(form: str, state: Path, tmp_path: Path, job: dict[str, str]) -> tupl
         bindir.mkdir(exist_ok=True)
         (bindir / "torchrun").write_text("#!/bin/sh\nexec env -0\n")
         (bindir / "torchrun").chmod(0o755)
-        # The CDI `files` device names the generation's own nccl.sh (delivery/cdi.py).
+        # The CDI `files` device names the generation's own nccl.sh (publish/cdi.py).
         env_file = state / "generations" / "1" / "nccl.sh" if form == "cdi-files" else state / "nccl.sh"
         proc = subprocess.run(["sh", str(WRAPPER), "--standalone", "train.py"], capture_output=True, timeout=60,
                               env=base_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",

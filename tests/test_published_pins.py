@@ -1,4 +1,4 @@
-"""What nccltune published is never a pin: the marker NCCLTUNE_APPLIED (delivery/applied.py) a launch
+"""What nccltune published is never a pin: the marker NCCLTUNE_APPLIED (publish/applied.py) a launch
 form leaves, and what a sweep makes of it (delivery.jobenv.from_published), its plan and the fixed
 part of its trials. A marker only ever removes pins, and only where the job's value is the value
 the state directory's own published set holds; every other marker is ignored with a log line.
@@ -13,10 +13,10 @@ import pytest
 from publishing import publish_set
 
 from nccltune.config import Config, SweepConfig
-from nccltune.delivery.applied import APPLIED_VAR, Applied, merged
 from nccltune.delivery.jobenv import from_published
 from nccltune.pipeline import SweepPipeline
 from nccltune.publish import Provenance, read_set
+from nccltune.publish.applied import APPLIED_VAR, Applied, merged
 from nccltune.report.sweep import plan_text
 from nccltune.topology.source import bundled_topologies_dir
 from nccltune.trials.trialenv import fixed_part

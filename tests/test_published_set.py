@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from publishing import publish_set
 
-from nccltune.delivery.applied import set_digest
 from nccltune.errors import EXIT_CONFIG, InputError
 from nccltune.publish import Provenance, read_published, read_set
+from nccltune.publish.applied import set_digest
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534

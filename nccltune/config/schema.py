@@ -153,7 +153,7 @@ class PublishConfig:
     # None: <state_dir>/ncclTopology.xml.
     topology_file: str | None = None
     # A CDI spec directory (/var/run/cdi on a Kubernetes node) to keep the published set in as the
-    # CDI spec nccltune.io-tuning.json (nccltune.delivery.cdi); None: no CDI spec.
+    # CDI spec nccltune.io-tuning.json (nccltune.publish.cdi); None: no CDI spec.
     cdi_dir: str | None = None
     # A Node Feature Discovery feature file to keep the node's class, published state and outlier
     # verdict in, as NFD's node labels (nccltune.delivery.nodefeatures); None: none.

@@ -8,7 +8,7 @@ The rule (docs/what-a-job-gets.md, "Which value wins" and its table of forms):
    empty one, and the published value of that name is left out.
 3. Every other published variable of the part the job gets (``publish.job_env``: the every-job
    part, plus the single-node part for a job known to run on one node) is added, and the marker
-   ``NCCLTUNE_APPLIED`` names the set and what was added (delivery.applied: ``merged``; nothing
+   ``NCCLTUNE_APPLIED`` names the set and what was added (publish.applied: ``merged``; nothing
    added, the job's marker stays as it is).
 
 The other way round, ``from_published`` is what a sweep started from such a job makes of its
@@ -18,7 +18,7 @@ directory's published set holds came from nccltune, not from the job, and are ne
 The failure policy (docs/launch-failures.md): a job is never blocked by nccltune. When nothing is
 published, or the published set cannot be trusted, read or checked, the job runs untuned (NCCL's
 defaults: nothing of the set applied), the launch says so once on stderr, and the marker says
-``untuned:REASON`` (delivery.applied) unless the job's own marker of an earlier launch stays.
+``untuned:REASON`` (publish.applied) unless the job's own marker of an earlier launch stays.
 ``launch`` is that policy for `nccltune exec` and `nccltune env`; `NCCLTUNE_DISABLE` is looked at
 first, so an opted-out job never reads the set at all.
 
@@ -43,7 +43,7 @@ from ..errors import EXIT_CHECK_FAILED, EXIT_OK, NccltuneError
 from ..logsetup import escaped
 from ..nccl.site import ConfSetting, SiteTuner
 from ..publish import PublishedSet, job_env, read_set
-from .applied import APPLIED_VAR, NOTHING_PUBLISHED, REFUSED, Applied, merged, untuned_marker, untuned_reason
+from ..publish.applied import APPLIED_VAR, NOTHING_PUBLISHED, REFUSED, Applied, merged, untuned_marker, untuned_reason
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def decide(offered: Mapping[str, str], environ: Mapping[str, str], set_id: str |
 @dataclass(frozen=True)
 class Launch:
     """What one launch hands a job (``launch``): the decision over the published set it read, or,
-    with ``untuned`` set (a reason of delivery.applied.UNTUNED_REASONS), nothing of the set, and
+    with ``untuned`` set (a reason of publish.applied.UNTUNED_REASONS), nothing of the set, and
     ``message`` the one line that says why (for stderr) and ``exit_code`` the code of the failure
     (errors.py: 78 untrusted or malformed, 1 unreadable or nothing published), which `nccltune env`
     exits with after printing what the job gets; `nccltune exec` runs the command all the same."""
@@ -210,7 +210,7 @@ class FromPublished:
 
 def from_published(environ: Mapping[str, str], publish_dir: Path) -> FromPublished:
     """Which variables of `environ` (a sweep's calling environment) a launch form set from the set
-    published in `publish_dir`: those the marker NCCLTUNE_APPLIED names (delivery.applied) whose
+    published in `publish_dir`: those the marker NCCLTUNE_APPLIED names (publish.applied) whose
     value is still the one that set holds. The marker only ever removes pins: it is taken only
     when it names the set read back from `publish_dir` now (``read_set``: generation and digest),
     a name it gives counts only with the published value (a job that set its own value after the

@@ -9,7 +9,7 @@ A tenant asks in its pod spec, as for any extended resource (docs/kubernetes.md)
 and the kubelet, at admission, asks this plugin to Allocate one unit; the answer names the CDI
 device ``nccltune.io/tuning=every-job`` (CRI's ``CDIDevices``, which the kubelet passes since 1.28
 and always since 1.31), and containerd or CRI-O apply that device's edits from the spec the daemon
-publishes (delivery.cdi). So the tuning is a resource the cluster's admission, quota and policy
+publishes (publish.cdi). So the tuning is a resource the cluster's admission, quota and policy
 see (a ResourceQuota or a policy can say which namespaces may have it), instead of an annotation
 any tenant may add to get whatever device it names.
 
@@ -41,9 +41,9 @@ from pathlib import Path
 
 import grpc
 
-from ..delivery.cdi import EVERY_JOB_DEVICE, FILES_DEVICE, KIND, SINGLE_NODE_DEVICE, SPEC_NAME, check_spec
 from ..errors import NccltuneError
 from ..files.inputfile import parse_json, read_input_file
+from ..publish.cdi import EVERY_JOB_DEVICE, FILES_DEVICE, KIND, SINGLE_NODE_DEVICE, SPEC_NAME, check_spec
 from . import wire
 
 log = logging.getLogger(__name__)

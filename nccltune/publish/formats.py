@@ -1,7 +1,7 @@
 """The file formats of a published set: nccl.sh (``export NAME='value'``), nccl.env
 (``NAME=value``), their single-node twins, nccl.json (both parts, labelled, with the provenance),
 the header every file carries, the marker of what a file sets that ends the sh and env files
-(``NCCLTUNE_APPLIED``, delivery.applied: the set named by its generation and the digest of its
+(``NCCLTUNE_APPLIED``, publish.applied: the set named by its generation and the digest of its
 nccl.json), and the files of a generation as bytes (``render_set``).
 
 Values pass the value policy (policy.py) before they are rendered, so the same bytes mean the same
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..delivery.applied import APPLIED_VAR, Applied, set_digest
 from ..errors import InputError
 from ..names import DEMO_LABEL
+from .applied import APPLIED_VAR, Applied, set_digest
 from .policy import (
     ENV_PLUGIN_VAR,
     ENV_TABLE_VAR,
@@ -147,7 +147,7 @@ ENV_LINE = "{name}={value}"
 def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
               scope: str | None = None, applied: Applied | None = None) -> str:
     """POSIX shell form: header, then ``export NAME='value'`` sorted by name, then the marker
-    ``applied`` (delivery.applied: which set, which variables the file sets) when given.
+    ``applied`` (publish.applied: which set, which variables the file sets) when given.
 
     Raises:
         InputError: see validate_env.
@@ -213,7 +213,7 @@ def _scope_line(label: str) -> str:
 
 def markers(generation: int, digest: str, every_job: Mapping[str, str],
             single_node: Mapping[str, str]) -> tuple[Applied, Applied]:
-    """The markers (delivery.applied) of a set's files: the every-job files name their part; the
+    """The markers (publish.applied) of a set's files: the every-job files name their part; the
     single-node files, loaded after them, both parts, the every-job one first, each sorted."""
     every = Applied(generation, digest, tuple(sorted(every_job)))
     return every, Applied(generation, digest, (*every.names, *sorted(single_node)))

@@ -45,12 +45,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..delivery.applied import set_digest
 from ..errors import BusyError, InputError
 from ..files import trust
 from ..files.atomicfile import TEMP_INFIX, fail_without_temp, fsync_dir, remove_dead_temps, remove_quietly, replace_file
 from ..files.inputfile import read_json
 from ..files.trust import CLOEXEC, NOFOLLOW
+from .applied import set_digest
 from .formats import (
     ENV_NAME,
     JSON_NAME,
@@ -99,7 +99,7 @@ class PublishedFiles:
 
     @property
     def set_id(self) -> str:
-        """``GENERATION:DIGEST``, as the marker of what a launch applied (delivery.applied) names the set."""
+        """``GENERATION:DIGEST``, as the marker of what a launch applied (publish.applied) names the set."""
         return f"{self.generation}:{self.digest}"
 
 

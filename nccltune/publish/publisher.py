@@ -23,10 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Config
-from ..delivery.cdi import prepare_dir, write_spec
 from ..errors import InputError, NccltuneError
 from ..files.atomicfile import atomic_write
 from ..files.trust import ensure_dir, trusted_target
+from .cdi import prepare_dir, write_spec
 from .formats import CLASS_PROFILE_NAME, render_set
 from .generations import GENERATIONS_DIR, PublishedFiles, publish_generation
 from .ncclconf import check_nccl_conf, update_nccl_conf
@@ -72,7 +72,7 @@ def publish_setting(cfg: Config, setting: Setting) -> PublishedFiles:
         conf_env = {name: value for name, value in published.env.items() if name not in _NOT_IN_NCCL_CONF}
         update_nccl_conf(cfg.nccl_conf, conf_env, setting.provenance)
     if cfg.cdi_dir is not None:
-        # The same generation for Kubernetes pods (nccltune.delivery.cdi), after the switch like the copies above.
+        # The same generation for Kubernetes pods (nccltune.publish.cdi), after the switch like the copies above.
         write_spec(cfg.cdi_dir, Path(cfg.publish_dir) / GENERATIONS_DIR / str(published.generation),
                    published.env, published.single_node_env, published.set_id)
     return published

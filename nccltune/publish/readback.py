@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..delivery.applied import APPLIED_VAR, set_digest
 from ..errors import InputError, UsageError
 from ..files import trust
 from ..files.inputfile import parse_json
+from .applied import APPLIED_VAR, set_digest
 from .formats import (
     ENV_NAME,
     ENV_PLUGIN_NAME,
@@ -58,7 +58,7 @@ class PublishedSet:
     provenance: dict[str, Any]
     texts: dict[str, str]
     single_node_env: dict[str, str] = field(default_factory=dict)  # only for jobs known to be single-node
-    digest: str = ""  # of its nccl.json (delivery.applied.set_digest)
+    digest: str = ""  # of its nccl.json (publish.applied.set_digest)
 
     @property
     def set_id(self) -> str:
@@ -123,7 +123,7 @@ _ENV_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
 def parse_lines(text: str, where: str, kind: str) -> tuple[dict[str, str], int | None, str | None]:
     """Check a published nccl.sh (``kind`` "sh") or nccl.env ("env") line by line, as nccltune
     writes them: comments without control characters, and one assignment per line with a
-    publishable name and value, or the marker (delivery.applied). Returns (variables, generation
+    publishable name and value, or the marker (publish.applied). Returns (variables, generation
     from the header, the marker's value or None).
 
     Raises:

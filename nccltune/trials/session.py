@@ -21,13 +21,13 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, config_to_dict
-from ..delivery.cdi import SPEC_NAME as CDI_SPEC_NAME
 from ..errors import InputError, NccltuneError, UnavailableError
 from ..files import trust
 from ..files.atomicfile import remove_dead_temps
 from ..names import short_hostname
 from ..node import Node, iterations
 from ..publish import GENERATIONS_DIR, read_set
+from ..publish.cdi import SPEC_NAME as CDI_SPEC_NAME
 from ..records import ReportRow, TrialResult
 from ..store import Phase, PublishedRun, RunKind, RunStatus, RunSummary, Store
 from .runner import Runner, find_worker_python

@@ -16,7 +16,7 @@ moment), with three devices of kind ``nccltune.io/tuning``:
                    an entrypoint that starts through ``nccltune-torchrun`` (which applies the
                    precedence rule: the pod's own values kept, ``NCCLTUNE_DISABLE`` honoured)
 
-Both carry the marker of what they apply (``NCCLTUNE_APPLIED``, delivery.applied), naming the
+Both carry the marker of what they apply (``NCCLTUNE_APPLIED``, publish.applied), naming the
 set and every variable of the device's env, as the published files do, so that a sweep run in such
 a pod sweeps them instead of taking them for the pod's pins.
 
