@@ -62,6 +62,7 @@ from ..topology.nodeclass import describe_difference, differing_facts
 from .document import Export, read_json_document
 from .export import EXPORT_KIND
 from .parts import decide_parts
+from .rules import Rules
 from .values import check_values, env_problem
 
 log = logging.getLogger(__name__)
@@ -424,15 +425,6 @@ def find_outliers(exports: Sequence[Export], pooled: Pool, weights: Mapping[Key,
                  and abs(math.log(medians[name][k] / centre[k])) > math.log1p(OUTLIER_MIN_PCT / 100.0)]
         out.append(Outlier(str(e.doc["hostname"]), e.path.name, math.exp(score - mid), sorted(sizes)))
     return out
-
-
-@dataclass(frozen=True)
-class Rules:
-    profile: str
-    min_gain_pct: float
-    max_regression_pct: float
-    # sweep.profiles as the sweep reads them: name -> collective -> size -> weight (config.profile_collectives)
-    custom_profiles: profiles.Custom = field(default_factory=dict)
 
 
 def _weights(rules: Rules, baseline: Mapping[Key, SizeStats]) -> dict[Key, float]:

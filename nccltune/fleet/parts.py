@@ -26,16 +26,15 @@ import datetime as _dt
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputError
 from ..names import DEFAULTS_LABEL
 from .document import Export
+from .rules import Rules
 
-if TYPE_CHECKING:
-    from .decide import Rules
-
-    GroupRule = Callable[..., dict[str, Any]]
+# decide.decide_group, handed in by decide.decide: the one rule, which lives above this module.
+GroupRule = Callable[..., dict[str, Any]]  # (exports, rules, *, now) -> profile
 
 SECTIONS_SCHEMA_VERSION = 2
 
