@@ -215,3 +215,25 @@ def test_fleet_decide_warns_of_a_gate_that_found_sizes_slower(tmp_path: Path,
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("gpu-a's upgrade gate found 1 size(s) slower beyond noise under NCCL 2.29.1" in w and SLOWER in w
                for w in warned)
+
+
+def test_keep_of_a_profile_of_several_nccl_versions_carries_its_own_versions_section(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old_exports = [_export(tmp_path / f"old-{nccl}", host, nccl) for nccl in ("2.27.7", "2.28.9")
+                   for host in ("gpu-a", "gpu-b")]
+    profile = decide(load_exports(old_exports), Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0))
+    assert [s["nccl"] for s in profile["nccl_sections"]] == ["2.28.9", "2.27.7"]
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    old = profiles / "old.json"
+    old.write_text(dumps_profile(profile))
+    exports = tmp_path / "upgraded"
+    _export(exports, "gpu-a", "2.29.1", gate=[])
+    assert _upgrade(old, exports, profiles) == 0
+    assert "the sections of NCCL 2.27.7 are not carried: nodes on those versions keep old.json" in \
+        capsys.readouterr().out
+    doc = _written(profiles, old)
+    [section] = doc["nccl_sections"]
+    assert (section["nccl"], section["node_class"]) == ("2.29.1", doc["node_class"])
+    env, _prov = _applied(tmp_path, profiles)
+    assert env == TUNED
