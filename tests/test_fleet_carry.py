@@ -109,7 +109,7 @@ def test_keep_carries_the_old_values_to_the_new_class_and_apply_publishes_them(
     assert _upgrade(old, exports, profiles) == 0
     said = capsys.readouterr().out
     assert "Upgrade outcome: keep (the canary measured no size slower beyond noise (4 compared))" in said
-    assert "the tuner table (1 entries, NCCL 2.28.9's section) is not carried" in said
+    assert "the tuner table (1 entry, NCCL 2.28.9's section) is not carried" in said
     doc = _written(profiles, old)
     assert doc["env"] == TUNED and doc["tuner_table"] == [] and doc["versions"]["nccl"] == "2.29.1"
     upgrade = doc["provenance"]["upgrade"]

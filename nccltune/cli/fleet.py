@@ -103,6 +103,7 @@ def _upgrade(args: argparse.Namespace) -> int:
     for note in carried.notes:
         out(f"  {note}")
     env = ", ".join(f"{k}={v}" for k, v in carried.doc["env"].items()) or "nothing"
-    out(f"Profile for class {up.class_id} ({what}): env {env}; tuner table "
-        f"{len(carried.doc['tuner_table'])} entries; written to {where}")
+    rows = len(carried.doc["tuner_table"])
+    table = f"tuner table of {rows} entr{'y' if rows == 1 else 'ies'}" if rows else "no tuner table"
+    out(f"Profile for class {up.class_id} ({what}): env {env}; {table}; written to {where}")
     return EXIT_OK

@@ -70,8 +70,9 @@ class Upgrade:
     def changes(self) -> str:
         old = self.old.doc["versions"]
         nccl, driver = self.versions
-        return (f"NCCL {old['nccl'] or 'unknown'} -> {nccl or 'unknown'}, "
-                f"driver {old['driver'] or 'unknown'} -> {driver or 'unknown'}")
+        changed = [f"{name} {was or 'unknown'} -> {now or 'unknown'}"
+                   for name, was, now in (("NCCL", old["nccl"], nccl), ("driver", old["driver"], driver)) if was != now]
+        return ", ".join(changed) or "the same NCCL and driver"
 
 
 @dataclass(frozen=True)
@@ -179,11 +180,12 @@ def kept(up: Upgrade, why: str, now: _dt.datetime) -> Carried:
     same_nccl = nccl == old["versions"]["nccl"]
     notes = []
     if old["tuner_table"] and not same_nccl:
-        notes.append(f"the tuner table ({len(old['tuner_table'])} entries, NCCL {old['versions']['nccl']}'s section) "
-                     f"is not carried: the tuner plugin applies a section to exactly the NCCL version it was measured "
-                     f"with, and the canary's gate compared its own per-size choice under NCCL {nccl}, not these "
-                     "entries; NCCL's own choice stands there (`--decide` makes a table from the canary's per-size "
-                     "trials)")
+        rows = len(old["tuner_table"])
+        notes.append(f"the tuner table ({rows} entr{'y' if rows == 1 else 'ies'}, NCCL {old['versions']['nccl']}'s "
+                     "section) is not carried: the tuner plugin applies a section to exactly the NCCL version it "
+                     f"was measured with, and the canary's gate compared its own per-size choice under NCCL {nccl}, "
+                     "not these entries; NCCL's own choice stands there (`--decide` makes a table from the canary's "
+                     "per-size trials)")
     table = old["tuner_table"] if same_nccl else []
     doc["tuner_table"] = copy.deepcopy(table)
     if "nccl_sections" in old:
