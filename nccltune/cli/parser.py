@@ -117,6 +117,10 @@ _DESCRIBED: dict[str, tuple[str, str]] = {
                      "nccltune fleet decide node1.json node2.json --out class.json"),
     "fleet status": ("Per node class: the NCCL, driver and torch each node runs and what is in force there.",
                      "nccltune fleet status exports/ --profiles profiles/"),
+    "fleet upgrade": ("After NCCL or the driver changed on a class: the profile for its new class id by the upgrade "
+                      "rule (the upgraded nodes' decision, the old profile kept on the canary's gate, or its safe "
+                      "part); exit 78 while nothing was compared.",
+                      "nccltune fleet upgrade profiles/old.json exports/ --out profiles/"),
     "device-plugin": ("The kubelet device plugin for Kubernetes nodes: advertises nccltune.io/every-job, "
                       "nccltune.io/single-node and nccltune.io/files, healthy while the published CDI spec has "
                       "the device, and answers a pod's request with the CDI device nccltune.io/tuning=NAME. "
@@ -426,6 +430,17 @@ def _add_fleet_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     st.add_argument("--profiles", metavar="PROFILES",
                     help="a class profile, or a directory of them named <class id>.json")
     _json(st)
+    up = _command(fsub, "upgrade", help="after an NCCL or driver upgrade: the profile for the class's new class id")
+    up.add_argument("old_profile", metavar="OLD_PROFILE", help="the class profile under the old versions")
+    up.add_argument("exports", nargs="+", metavar="EXPORT",
+                    help="the upgraded nodes' exports (the canary's with its upgrade_gate), or directories of them")
+    up.add_argument("--out", required=True, metavar="PROFILE",
+                    help="the profile to write, or a directory of profiles (written as <new class id>.json)")
+    up.add_argument("--decide", action="store_true",
+                    help="decide the upgraded nodes' sweeps by fleet decide's rule (outcome new) instead of "
+                         "keeping the old profile or its safe part on the canary's gate")
+    up.add_argument("--profile", metavar="NAME", help="with --decide: objective (default: the one the nodes swept for)")
+    up.add_argument("--parts", action="store_true", help="with --decide: one part per measured node count")
 
     app = _command(sub, "apply", help="publish a class profile on this node after checking it is for it")
     # Not `profile`: that name is the sweep objective (sweep.profile) everywhere else.

@@ -46,7 +46,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     from ..fleet.member import DEMO_NCCL, WorkerNccl, worker_nccl
     from ..topology.nodeclass import node_class, with_class_line
 
-    # One class definition (fleet.node): the NCCL version is the worker's on this node; a
+    # One class definition (fleet.member): the NCCL version is the worker's on this node; a
     # recording or an XML says nothing of the NCCL the node ran.
     if source is None:
         nccl = worker_nccl(load_cfg(args), False)

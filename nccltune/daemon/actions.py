@@ -241,7 +241,7 @@ def republish_safe(cfg: Config, node: Node, nccl: NcclInfo, why: str, created_at
 
 
 def node_class_id(cfg: Config, node: Node, nccl: NcclInfo) -> str:
-    """The class id `nccltune topo` shows for this node (fleet.node): the metrics' `class` label."""
+    """The class id `nccltune topo` shows for this node (fleet.member): the metrics' `class` label."""
     return fleet_node_of(cfg, node).node_class(nccl.version).id
 
 

@@ -91,9 +91,12 @@ class LoadedProfile(FleetDocument):
     def provenance(self) -> dict[str, Any]:
         """What nccl.json says of the profile in force (`class_profile`): nodes of a class that
         publish the same profile carry the same digest."""
-        return {"file": self.path.name, "path": str(self.path), "sha256": self.sha256, "class_id": self.class_id,
-                "chosen": str(self.doc["chosen"]), "decided_at": str(self.doc["provenance"]["created_at"]),
-                "nodes": int(self.doc["evidence"].get("node_count", len(self.doc["evidence"]["nodes"])))}
+        got = {"file": self.path.name, "path": str(self.path), "sha256": self.sha256, "class_id": self.class_id,
+               "chosen": str(self.doc["chosen"]), "decided_at": str(self.doc["provenance"]["created_at"]),
+               "nodes": int(self.doc["evidence"].get("node_count", len(self.doc["evidence"]["nodes"])))}
+        # A profile `fleet upgrade` wrote of an old profile's safe part says so, as the daemon's safe part does.
+        part = (self.doc["provenance"].get("upgrade") or {}).get("part")
+        return {**got, "part": str(part)} if part else got
 
 
 @dataclass(frozen=True)

@@ -260,7 +260,7 @@ def write_export(store: Store, node: NodeIdentity, out: BinaryIO, run_id: int | 
                         i, version, nccl_version)
             continue
         kept.append(i)
-    # The one class definition (fleet.node): the NCCL version is what the worker reported in these runs.
+    # The one class definition (fleet.member): the NCCL version is what the worker reported in these runs.
     cls = FleetNode(node.topo, node.class_topo, node.demo).node_class(nccl_version)
     head = {
         "kind": EXPORT_KIND,

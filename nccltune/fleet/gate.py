@@ -5,6 +5,7 @@ its record in the node's export (`export_gate`), for `fleet status` and the upgr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,28 @@ class GateReading:
                        for side, s in check.regressions)
         return cls(len(rows), slower)
 
+    @classmethod
+    def of_export(cls, export: Mapping[str, Any]) -> GateReading | None:
+        """The reading an export carries (its `upgrade_gate`), or None: its newest run follows no
+        other versions."""
+        gate = export.get("upgrade_gate")
+        if not isinstance(gate, Mapping):
+            return None
+        return cls(int(gate["compared"]), tuple(str(s) for s in gate["slower"]))
+
+
+def slower_warning(export: Mapping[str, Any], where: str) -> str | None:
+    """What a person deciding by hand should see of an export whose upgrade gate found sizes
+    slower than under the previous versions, or None."""
+    reading = GateReading.of_export(export)
+    if reading is None or not reading.slower:
+        return None
+    before = export["upgrade_gate"]["previous_versions"]
+    now = export["versions"]
+    return (f"{where}: {export['hostname']}'s upgrade gate found {len(reading.slower)} size(s) slower beyond noise "
+            f"under NCCL {now.get('nccl') or 'unknown'}, driver {now.get('driver') or 'unknown'} than under NCCL "
+            f"{before.get('nccl') or 'unknown'}, driver {before.get('driver') or 'unknown'}: "
+            f"{'; '.join(reading.slower[:3])}")
 
 
 def export_gate(store: Store, run_id: int) -> dict[str, Any] | None:

@@ -15,7 +15,9 @@ the upgrade rule (docs/upgrades.md) from those documents alone:
 
 Per kind of node, the upgrade rule's outcome (fleet.upgrade.upgrade_outcome) from the canary's
 export (its `upgrade_gate`) and the profiles: the canary's new profile, the old one kept, or the
-safe part.
+safe part. A profile `fleet upgrade` wrote for the new class id (its `provenance.upgrade`) is in
+force on the upgraded nodes: every part when it decided or kept, the safe part when it carried
+only that (and then it is no profile of the new versions for the rule).
 """
 
 from __future__ import annotations
@@ -111,6 +113,17 @@ def _differs(node: Mapping[str, str | None], profile: Mapping[str, str | None]) 
             for name in ("nccl", "driver") if node[name] != profile[name]]
 
 
+def _carried(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The profile's `provenance.upgrade` (written by `fleet upgrade`), or None."""
+    got = doc["provenance"].get("upgrade")
+    return got if isinstance(got, Mapping) else None
+
+
+def _safe_only(doc: Mapping[str, Any]) -> bool:
+    """A profile `fleet upgrade` wrote of an old profile's safe part alone."""
+    return (_carried(doc) or {}).get("outcome") == "safe"
+
+
 def _profiles(path: Path | None) -> list[tuple[Path, dict[str, Any]]]:
     if path is None:
         return []
@@ -146,11 +159,15 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
                   members: list[tuple[Path, dict[str, Any]]]) -> ClassStatus:
     by_id = {d["node_class"]["id"]: (p, d) for p, d in profiles}
     # The profile the class had before an upgrade: the one most of its nodes run under.
+    # One `fleet upgrade` wrote for an upgraded class is the previous one only where no other is run.
     counts: dict[str, int] = {}
-    for _, doc in members:
-        cid = doc["node_class"]["id"]
-        if cid in by_id:
-            counts[cid] = counts.get(cid, 0) + 1
+    for own in (False, True):
+        for _, doc in members:
+            cid = doc["node_class"]["id"]
+            if cid in by_id and (own or _carried(by_id[cid][1]) is None):
+                counts[cid] = counts.get(cid, 0) + 1
+        if counts:
+            break
     previous = max(sorted(counts), key=lambda c: counts[c], default=None)
     if previous is None and profiles:
         previous = profiles[0][1]["node_class"]["id"]
@@ -168,8 +185,10 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
     for path, doc in sorted(members, key=lambda m: str(m[1]["hostname"])):
         versions = _versions(doc)
         host, cid = str(doc["hostname"]), doc["node_class"]["id"]
-        if cid in by_id:
-            nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_PROFILE, str(by_id[cid][0]), False))
+        if cid in by_id and _safe_only(by_id[cid][1]):
+            nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_SAFE, _why(*by_id[cid]), False))
+        elif cid in by_id:
+            nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_PROFILE, _why(*by_id[cid]), False))
         elif prof_versions is None:
             nodes.append(NodeStatus(host, str(path), versions, IN_FORCE_OWN, "", False))
         else:
@@ -178,6 +197,14 @@ def _class_status(hw: str, profiles: list[tuple[Path, dict[str, Any]]],
                                     "; ".join(_differs(versions, prof_versions)), host == canary))
     status = ClassStatus(hw, prof_path, prof_versions, nodes, safe, left_out, canary)
     return _with_outcome(status, members, by_id)
+
+
+def _why(path: Path, doc: Mapping[str, Any]) -> str:
+    """The profile's file, and where `fleet upgrade` carried it from."""
+    carried = _carried(doc)
+    if carried is None:
+        return str(path)
+    return f"{path}: fleet upgrade {carried['outcome']} of {carried['from']['file']}"
 
 
 def _with_outcome(status: ClassStatus, members: list[tuple[Path, dict[str, Any]]],
@@ -190,19 +217,14 @@ def _with_outcome(status: ClassStatus, members: list[tuple[Path, dict[str, Any]]
         return status
     canary = next((d for _, d in members if str(d["hostname"]) == status.canary), None)
     new = None
-    if canary is not None and canary["node_class"]["id"] in by_id:
-        path, doc = by_id[canary["node_class"]["id"]]
-        new = doc if str(path) != status.profile else None
-    upgraded_canary = canary is not None and canary["node_class"]["id"] not in by_id
-    outcome, why = upgrade_outcome(_gate(canary) if upgraded_canary and canary is not None else None, new)
+    own = by_id.get(canary["node_class"]["id"]) if canary is not None else None
+    if own is not None and not _safe_only(own[1]):
+        new = own[1] if str(own[0]) != status.profile else None
+    # A safe part `fleet upgrade` wrote leaves the canary as upgraded as the daemon's safe part does.
+    upgraded_canary = canary is not None and (own is None or _safe_only(own[1]))
+    outcome, why = upgrade_outcome(GateReading.of_export(canary) if upgraded_canary and canary is not None else None,
+                                   new)
     return replace(status, outcome=outcome, outcome_why=why)
-
-
-def _gate(export: Mapping[str, Any]) -> GateReading | None:
-    gate = export.get("upgrade_gate")
-    if not isinstance(gate, Mapping):
-        return None
-    return GateReading(int(gate["compared"]), tuple(str(s) for s in gate["slower"]))
 
 
 def render(classes: Sequence[ClassStatus]) -> str:
