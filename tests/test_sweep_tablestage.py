@@ -4,11 +4,12 @@ key, an NCCL_TUNER_PLUGIN already set (plan and doctor), and a CPU-demo sweep en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,17 @@ from nccltune.tuner.table import parse_table
 
 # Without NCCL variables and with no NCCL conf file of whoever runs the tests.
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "NCCL_CONF_FILE": "/nonexistent/nccl.conf"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nccl_probed_once() -> Iterator[None]:
+    """The plans of a GPU node ask the worker interpreter's NCCL version (a probe that starts it and
+    imports torch), which is the same for every plan here: the real probe, run once for the module."""
+    from nccltune.pipeline import stages
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "probe_nccl", functools.cache(stages.probe_nccl))
+        yield
 
 
 def _node(cfg: Config, gpu: bool) -> Node:
