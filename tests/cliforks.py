@@ -19,8 +19,10 @@ import tempfile
 from pathlib import Path
 
 _SERVER = r'''
-import atexit, json, os, runpy, select, signal, sys, traceback
+import atexit, importlib, json, os, runpy, select, signal, sys, traceback
 import nccltune.cli  # what `python -m nccltune` imports first: loaded once, before any fork
+for name in sys.argv[1:]:  # and what the calls' commands import when they run
+    importlib.import_module(name)
 
 def run_child(req):
     os.chdir(req["cwd"])
@@ -83,10 +85,12 @@ serve()
 class CliForks:
     """The server and its calls: `run(cwd, args, timeout_s)` gives (exit status, stdout, stderr)."""
 
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, preload: tuple[str, ...] = ()) -> None:
+        """The server runs with `env` in `cwd`, and has imported nccltune.cli and the modules
+        `preload` names (those the calls' commands import as they run) before its first fork."""
         self._dir = Path(tempfile.mkdtemp(prefix="cliforks-"))
-        self._proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      env=env, cwd=cwd)
+        self._proc = subprocess.Popen([sys.executable, "-c", _SERVER, *preload], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=env, cwd=cwd)
 
     def run(self, cwd: Path, args: list[str], timeout_s: float) -> tuple[int, str, str]:
         assert self._proc.stdin is not None and self._proc.stdout is not None

@@ -108,13 +108,18 @@ class Run:
 
 
 _FORKS: list[CliForks] = []  # the module's one fork server, while its tests run
+# What the commands here import as they run (the sweep's plan, the store, the topology readers,
+# the published files' readers), imported once by the server.
+PRELOAD = ("nccltune.pipeline", "nccltune.store", "nccltune.report.sweep", "nccltune.report.nccltests_json",
+           "nccltune.topology.diff", "nccltune.topology.ncclxml", "nccltune.delivery.jobenv", "nccltune.afterrun",
+           "nccltune.trials.runner", "lxml.etree")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cli_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliForks]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
     env["PYTHONPATH"] = str(REPO)
-    forks = CliForks(env, tmp_path_factory.mktemp("cliforks"))
+    forks = CliForks(env, tmp_path_factory.mktemp("cliforks"), preload=PRELOAD)
     _FORKS.append(forks)
     try:
         yield forks
