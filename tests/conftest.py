@@ -92,6 +92,20 @@ def seeded(demo_sweep: DemoSweep) -> Path:
     return demo_sweep.state
 
 
+@pytest.fixture(scope="module")
+def nccl_probed_once() -> Iterator[None]:
+    """The plans of a GPU node ask the worker interpreter for its NCCL version (a probe that starts
+    it and imports torch), which answers the same for every plan of a module: the real probe, run
+    once for the module that asks for this, not once per pipeline."""
+    import functools
+
+    from nccltune.pipeline import stages
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "probe_nccl", functools.cache(stages.probe_nccl))
+        yield
+
+
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 256 KiB tmpfs (root only; skipped where it cannot be mounted), for full-disk tests."""

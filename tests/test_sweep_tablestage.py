@@ -4,12 +4,11 @@ key, an NCCL_TUNER_PLUGIN already set (plan and doctor), and a CPU-demo sweep en
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import subprocess
 import sys
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -38,15 +37,8 @@ from nccltune.tuner.table import parse_table
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "NCCL_CONF_FILE": "/nonexistent/nccl.conf"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def nccl_probed_once() -> Iterator[None]:
-    """The plans of a GPU node ask the worker interpreter's NCCL version (a probe that starts it and
-    imports torch), which is the same for every plan here: the real probe, run once for the module."""
-    from nccltune.pipeline import stages
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stages, "probe_nccl", functools.cache(stages.probe_nccl))
-        yield
+# The GPU node's plans here share one real probe of the worker interpreter's NCCL (conftest).
+pytestmark = pytest.mark.usefixtures("nccl_probed_once")
 
 
 def _node(cfg: Config, gpu: bool) -> Node:
