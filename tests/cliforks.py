@@ -1,6 +1,7 @@
 """`python -m nccltune ARGS`, each call in a process of its own, forked from one interpreter that
-has imported the command line already: a call costs a fork, not an interpreter's start and
-nccltune's imports (tests/test_bad_input.py runs the command line once per malformed input).
+has imported the command line (and the modules its caller names) already: a call costs a fork, not
+an interpreter's start and nccltune's imports (tests/test_bad_input.py runs the command line once
+per malformed input).
 
 A call's process runs the command line as `python -m nccltune` does: its argv, its working
 directory, stdin /dev/null, stdout and stderr into files, and the exit status Python gives its
