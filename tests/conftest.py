@@ -41,11 +41,11 @@ SLOWEST_FIRST = (
     "test_daemon.py",  # ~65: daemons that sweep
     "test_one_gpu_nodes.py",  # ~35: a two-node sweep of one-GPU nodes
     "test_fleet.py",  # ~35: two demo nodes swept
-    "test_bad_input.py",  # ~25: a process per malformed input
     "test_forked_ranks.py",  # ~20: the rank server's trials, a hang waited out
-    "test_runner.py",  # ~20: ranks by exec, a hang waited out
-    "test_sweep_tablestage.py",  # ~20: a demo sweep with the per-size stage
+    "test_runner.py",  # ~15: ranks by exec, a hang waited out
     "test_collective_sweep.py",  # ~15: the every-collective demo sweep
+    "test_sweep_tablestage.py",  # ~7: a demo sweep with the per-size stage
+    "test_bad_input.py",  # ~5: a process per malformed input, forked from one interpreter
     "test_verify_one_gpu.py",
     "test_job_precedence.py",
     "test_verify.py",
@@ -90,6 +90,20 @@ def every_collective_sweep(tmp_path_factory: pytest.TempPathFactory) -> DemoSwee
 def seeded(demo_sweep: DemoSweep) -> Path:
     """The demo sweep's state directory: something published, one sweep in the history."""
     return demo_sweep.state
+
+
+@pytest.fixture(scope="module")
+def nccl_probed_once() -> Iterator[None]:
+    """The plans of a GPU node ask the worker interpreter for its NCCL version (a probe that starts
+    it and imports torch), which answers the same for every plan of a module: the real probe, run
+    once for the module that asks for this, not once per pipeline."""
+    import functools
+
+    from nccltune.pipeline import stages
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "probe_nccl", functools.cache(stages.probe_nccl))
+        yield
 
 
 @pytest.fixture

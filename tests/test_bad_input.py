@@ -1,18 +1,16 @@
 """Every input kind, fed malformed, binary, huge, deep, recursive and special files.
 
-For each case, through the real command line in its own process: the documented exit code, a
-message that names the file (and line or element where there is one), no traceback, no hang
-(every run has a timeout) and nothing written (the state directory is not created or changed,
-the working directory stays empty).
+For each case, through the real command line in its own process (forked from one interpreter
+that has imported nccltune, tests/cliforks.py): the documented exit code, a message that names the
+file (and line or element where there is one), no traceback, no hang (every run has a timeout) and
+nothing written (the state directory is not created or changed, the working directory stays empty).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from publishing import publish_set
 from nccltune.errors import EXIT_CONFIG, EXIT_USAGE
 from nccltune.publish import Provenance
 from nccltune.topology.source import bundled_topologies_dir
+from tests.cliforks import CliForks
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOT = json.loads((bundled_topologies_dir() / "h200x2-nvswitch-vm.json").read_text())
@@ -109,12 +108,30 @@ class Run:
     err: str
 
 
-def nccltune(cwd: Path, *args: str | Path) -> Run:
+_FORKS: list[CliForks] = []  # the module's one fork server, while its tests run
+# What the commands here import as they run (the sweep's plan, the store, the topology readers,
+# the published files' readers), imported once by the server.
+PRELOAD = ("nccltune.pipeline", "nccltune.store", "nccltune.report.sweep", "nccltune.report.nccltests_json",
+           "nccltune.topology.diff", "nccltune.topology.ncclxml", "nccltune.delivery.jobenv", "nccltune.afterrun",
+           "nccltune.trials.runner", "lxml.etree")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cli_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliForks]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL", "TORCH_NCCL"))}
     env["PYTHONPATH"] = str(REPO)
-    got = subprocess.run([sys.executable, "-m", "nccltune", *map(str, args)], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
-    return Run(got.returncode, got.stdout, got.stderr)
+    forks = CliForks(env, tmp_path_factory.mktemp("cliforks"), preload=PRELOAD)
+    _FORKS.append(forks)
+    try:
+        yield forks
+    finally:
+        _FORKS.remove(forks)
+        forks.close()
+
+
+def nccltune(cwd: Path, *args: str | Path) -> Run:
+    (forks,) = _FORKS
+    return Run(*forks.run(cwd, [str(a) for a in args], timeout_s=120))
 
 
 def assert_refused(run: Run, rc: int, names: str | Path) -> None:

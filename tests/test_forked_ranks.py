@@ -277,7 +277,9 @@ from pathlib import Path
 from nccltune.hw.procfs import parent_pids
 from nccltune.trials.runner import Runner
 
+import nccltune.trials.forkedranks
 python, work, timeout_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+nccltune.trials.forkedranks.EXIT_REPORT_S = float(sys.argv[4])
 env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL")}
 named, given = set(), []
 
@@ -303,13 +305,16 @@ print(json.dumps({"status": result.status, "reason": result.reason, "named": sor
 '''
 
 
-@pytest.mark.parametrize("timeout_s", [3.0, 30.0])
+# The rank ends 0.5 s into the trial: the timeout of 3 s comes before EXIT_REPORT_S after that; the
+# shorter wait for the server's word (2.5 s, as long as the first case gives the pid to be handed
+# again) comes before the timeout of 30 s.
+@pytest.mark.parametrize(("timeout_s", "exit_report_s"), [(3.0, EXIT_REPORT_S), (30.0, 2.5)])
 def test_a_rank_the_server_reaps_unsaid_ends_the_trial_and_its_pid_is_never_signalled(
-        tmp_path: Path, timeout_s: float) -> None:
+        tmp_path: Path, timeout_s: float, exit_report_s: float) -> None:
     """A server (any process of the rank user may do this) that forks each rank, names it, and
     reaps it without a word when it ends; meanwhile the kernel hands the pid to another process
     group. The trial ends by the timeout's kill (3 s) or by the rank's pidfd (30 s: the rank ended
-    and the server said nothing of it within EXIT_REPORT_S); neither signals the new process."""
+    and the server said nothing of it within exit_report_s); neither signals the new process."""
     python = _python_with_liar(tmp_path,
                                "    import signal\n"
                                "    signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
@@ -319,10 +324,10 @@ def test_a_rank_the_server_reaps_unsaid_ends_the_trial_and_its_pid_is_never_sign
                                "        time.sleep(0.5)\n"
                                "        os._exit(0)\n"
                                "    s.send(json.dumps({'started': pid}).encode())\n")
-    got = run_in_pid_namespace(_REAPED_AND_HANDED_AGAIN, python, str(tmp_path), str(timeout_s))
+    got = run_in_pid_namespace(_REAPED_AND_HANDED_AGAIN, python, str(tmp_path), str(timeout_s), str(exit_report_s))
     assert len(got["named"]) == 2 and len(got["given"]) == 1 and got["given"][0] in got["named"]
     assert got["alive"] == [True], "a kill meant for the reaped rank reached the process that got its pid"
-    if timeout_s < EXIT_REPORT_S:
+    if timeout_s < exit_report_s:
         assert got["status"] == "timeout", got
     else:
         assert got["status"] == "crashed", got

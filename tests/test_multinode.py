@@ -289,7 +289,7 @@ def test_workers_die_with_a_torchrun_agent_killed_by_sigkill(tmp_path: Path) -> 
         agents: list[int] = []
         workers: list[int] = []
         while len(workers) < 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.2)
             procs = {pid: _cmdline(pid) for pid in processes_in(tmp_path)}
             agents = [pid for pid, argv in procs.items() if "torch.distributed.run" in argv]
             # After rankexec's exec: [python, -I, worker.py, ...], the death signal armed.

@@ -161,6 +161,7 @@ def test_a_class_table_for_a_job_shape_holds_entries_for_that_shape(tmp_path: Pa
     assert gather["min_bytes"] == 64 * KIB // 4  # one rank's block of 4 ranks
 
 
+@pytest.mark.usefixtures("nccl_probed_once")
 def test_a_plan_over_two_one_gpu_nodes_measures_per_size_for_that_communicator(tmp_path: Path) -> None:
     """The recorded 1x H200 node, its NCCL path (not the demo): over two nodes the trials form a
     communicator of 2 ranks, 1 per node, so the per-size candidates (the tuner table) are planned

@@ -103,13 +103,13 @@ def test_ok_trial_reports_correct_sizes_with_nccl_tests_busbw(wrapper: Path, tmp
     lines = (Path(result.log_dir) / "rank0.out").read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == ["start", "size", "size", "done"]
     _assert_all_gone(_pids(tmp_path))
+    # No timing asked for: the worker's command line names none (the next test asks for one).
+    default_args = (tmp_path / "ranks" / "0.args").read_text()
+    assert "--timing" not in default_args and "--no-prequeue" not in default_args
 
 
 def test_the_timing_choice_reaches_the_worker(wrapper: Path, tmp_path: Path) -> None:
     runner = _runner(wrapper, tmp_path)
-    assert _run(runner).ok
-    default_args = (tmp_path / "ranks" / "0.args").read_text()
-    assert "--timing" not in default_args and "--no-prequeue" not in default_args
     result = runner.run({}, SIZES, warmup=1, iters=2, timing="events", prequeue=False)
     assert result.ok, result.reason
     args = (tmp_path / "ranks" / "1.args").read_text().split()

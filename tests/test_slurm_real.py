@@ -157,6 +157,32 @@ def steps_of(slurm: Slurm, job: str) -> list[str]:
     return slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%i", timeout=60).stdout.split()
 
 
+# The states of a job that has ended; COMPLETING is still ending (its steps are being cleaned up).
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE"}
+
+
+def sbatch_wait(slurm: Slurm, *argv: str | Path) -> subprocess.CompletedProcess[str]:
+    """`sbatch --wait ARGV` without sbatch's own wait, which looks at the job after 2, 10, 42, 74 s
+    (and so on): the job submitted, then its state asked every 0.25 s until it has ended (a record
+    slurmctld keeps MinJobAge = 60 s). sbatch's output, with the job's exit status as sbatch --wait
+    gives it (128 + the signal of a job killed by one)."""
+    got = slurm.run("sbatch", "--parsable", *argv, timeout=120)
+    if got.returncode != 0:
+        return got
+    job = got.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_S
+    while True:
+        shown = slurm.run("scontrol", "-o", "show", "job", job, timeout=60).stdout
+        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+        if fields.get("JobState") in ENDED:
+            status, _, sig = fields["ExitCode"].partition(":")
+            got.returncode = 128 + int(sig) if int(sig) else int(status)
+            return got
+        assert time.monotonic() < deadline, f"job {job} still {fields.get('JobState')} after {JOB_S} s"
+        time.sleep(0.25)
+
+
 def task_lines(stdout: str) -> list[list[str]]:
     return sorted(line.split() for line in stdout.splitlines() if line.startswith("task "))
 
@@ -235,8 +261,8 @@ def test_a_value_the_batch_script_sets_stays_a_pin_in_its_steps(slurm: Slurm, pu
     argv = [sys.executable, "-m", "nccltune", "sweep", "--plan", "--json", "--demo", str(SNAPSHOT),
             "--state-dir", str(published_set)]
     script.write_text("#!/bin/sh\nexport NCCL_IB_HCA=mlx5_0\nexec srun -N1 -n1 " + " ".join(argv) + "\n")
-    got = slurm.run("sbatch", "--wait", "-N1", f"--chdir={tmp_path}", f"--output={tmp_path / 'out'}",
-                    f"--error={tmp_path / 'err'}", script)
+    got = sbatch_wait(slurm, "-N1", f"--chdir={tmp_path}", f"--output={tmp_path / 'out'}",
+                      f"--error={tmp_path / 'err'}", script)
     assert got.returncode == 0, (got.stderr, (tmp_path / "err").read_text())
     out = (tmp_path / "out").read_text()
     # The step's prolog says what it keeps in a print line, which Slurm writes before the task's output.
@@ -269,8 +295,8 @@ def check_sweep(doc: dict[str, object], state: Path) -> None:
 def test_sweep_from_sbatch_runs_every_trial_as_an_srun_step(slurm: Slurm, tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nexec " + " ".join(sweep_argv(tmp_path)) + "\n")
-    got = slurm.run("sbatch", "--wait", "-N2", "--ntasks-per-node=2", f"--chdir={tmp_path}",
-                    f"--output={tmp_path / 'out'}", f"--error={tmp_path / 'err'}", script)
+    got = sbatch_wait(slurm, "-N2", "--ntasks-per-node=2", f"--chdir={tmp_path}",
+                      f"--output={tmp_path / 'out'}", f"--error={tmp_path / 'err'}", script)
     err = (tmp_path / "err").read_text()
     assert got.returncode == 0, (got.stderr, err)
     check_sweep(json.loads((tmp_path / "out").read_text()), tmp_path / "state")

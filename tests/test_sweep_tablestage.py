@@ -37,6 +37,10 @@ from nccltune.tuner.table import parse_table
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "NCCL_CONF_FILE": "/nonexistent/nccl.conf"}
 
 
+# The GPU node's plans here share one real probe of the worker interpreter's NCCL (conftest).
+pytestmark = pytest.mark.usefixtures("nccl_probed_once")
+
+
 def _node(cfg: Config, gpu: bool) -> Node:
     node = load_node(cfg, str(SNAPSHOT))
     # The same topology as the GPU node reads it, measured with NCCL: the config's size ladder.

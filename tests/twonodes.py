@@ -78,7 +78,7 @@ def wait_gone(root: Path, wait_s: float = 60.0) -> dict[int, Path]:
         left = processes_in(root)
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def end(proc: subprocess.Popen[bytes] | subprocess.Popen[str], wait_s: float = 30.0) -> None:

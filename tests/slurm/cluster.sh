@@ -4,7 +4,7 @@
 #
 #   cluster.sh install      install Slurm (Debian's slurm-wlm) unless its programs are there
 #   cluster.sh start DIR    install, write DIR/slurm.conf, start the daemons, wait for both nodes
-#   cluster.sh stop DIR     stop what start started (by the pids it recorded), keep DIR
+#   cluster.sh stop DIR     kill what start started (by the pids it recorded), keep DIR's logs
 #
 # Clients find the cluster through SLURM_CONF=DIR/slurm.conf. The nodes are named after this
 # machine's host name and `localhost` (both must resolve: nccltune uses an allocation's first node
@@ -53,9 +53,13 @@ node_names() {
     done
 }
 
-# alive PIDFILE: 0 when the pid in PIDFILE runs.
+# alive PIDFILE: 0 when the pid in PIDFILE runs; a zombie (killed, not yet reaped by whoever
+# adopted it, which may take its time) does not.
 alive() {
-    [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+    local pid stat
+    [ -s "$1" ] && read -r pid < "$1" && read -r stat 2>/dev/null < "/proc/$pid/stat" || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
 }
 
 logs() {
@@ -119,28 +123,34 @@ start() {
 # stepds DIR: the pids of the slurmstepd processes of this cluster's slurmd (they inherit its
 # SLURM_CONF); one outlives a slurmd that was stopped in the middle of a step.
 stepds() {
+    local comm
     for p in /proc/[0-9]*; do
-        [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ] || continue
-        tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" && echo "${p#/proc/}"
+        # read, not $(cat ...): no process started for each of the machine's processes
+        read -r comm 2>/dev/null < "$p/comm" && [ "$comm" = slurmstepd ] || continue
+        tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "SLURM_CONF=$DIR/slurm.conf" && echo "${p#/proc/}"
     done
 }
 
+# The daemons are killed (SIGKILL), not asked to stop (a slurmd takes seconds to), and the state
+# a clean shutdown would have saved goes with them: the controller's saved state and the nodes'
+# spool are removed, so that a start in DIR begins afresh (a controller that reads what a killed
+# one left takes a minute to see its nodes idle). The logs are kept.
 stop_daemons() {
     [ -d "$DIR/run" ] || return 0
     for f in "$DIR"/run/slurmd-*.bg "$DIR"/run/slurmctld.bg "$DIR"/run/munged.pid; do
-        alive "$f" && kill "$(cat "$f")" 2>/dev/null || true
+        alive "$f" && kill -KILL "$(cat "$f")" 2>/dev/null || true
     done
     for f in "$DIR"/run/slurmd-*.bg "$DIR"/run/slurmctld.bg "$DIR"/run/munged.pid; do
-        for _ in $(seq 1 40); do
+        for _ in $(seq 1 200); do
             alive "$f" || break
-            sleep 0.25
+            sleep 0.05
         done
-        alive "$f" && kill -KILL "$(cat "$f")" 2>/dev/null || true
         rm -f "$f"
     done
     for pid in $(stepds); do
         kill -KILL "$pid" 2>/dev/null || true
     done
+    rm -rf "$DIR/state" "$DIR/spool"
 }
 
 case ${1:-} in
