@@ -1,5 +1,6 @@
-"""No function or method of the package is longer than MAX_FUNCTION_LINES: a longer one is split
-along its steps into functions whose names say what each step does."""
+"""No function or method of the package is longer than MAX_FUNCTION_LINES, and no source file of it
+longer than MAX_FILE_LINES: a longer function is split along its steps into functions whose names
+say what each step does, a longer module along its seams into modules of one owner each."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 from conftest import REPO
 
 MAX_FUNCTION_LINES = 120
+MAX_FILE_LINES = 800
 
 
 def _too_long(text: str, name: str) -> list[str]:
@@ -33,3 +35,11 @@ def test_the_scan_names_a_function_over_the_limit_and_its_length() -> None:
     over_at = text.splitlines().index("    def over(self):") + 1
     # at_limit is exactly MAX_FUNCTION_LINES long and passes; over is one line more.
     assert _too_long(text, "m.py") == [f"m.py:{over_at} over ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_no_source_file_of_the_package_is_over_the_limit() -> None:
+    sources = [p for p in sorted((REPO / "nccltune").rglob("*")) if p.suffix in (".py", ".c", ".h") and p.is_file()]
+    assert any(p.suffix == ".c" for p in sources)  # the plugins' sources are counted too
+    found = [f"{p.relative_to(REPO)} ({n} lines)" for p in sources
+             if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    assert found == [], f"over {MAX_FILE_LINES} lines, split them: {found}"
