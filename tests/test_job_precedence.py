@@ -12,6 +12,8 @@ largest count) and of unknown size, so every form also follows THE rule by node 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import REPO
@@ -159,17 +162,22 @@ def test_exec_follows_the_rule(state: Path, job: str, nnodes: int | None) -> Non
 @dataclass
 class Printed:
     """One published state, read only, and what `nccltune env` printed on it for a job and a node
-    count: the same text whichever shell sources it, so each is asked for once."""
+    count: the same text whichever shell sources it, so each is asked for once, of the command
+    line's own entry point in this process with the job's environment (the marker tests below run
+    it as a process of its own)."""
 
     state: Path
     text: dict[tuple[str, int | None], str] = field(default_factory=dict)
 
     def for_job(self, job: str, nnodes: int | None) -> str:
         if (job, nnodes) not in self.text:
+            from nccltune.cli import main
+
             flags = ["--nnodes", str(nnodes)] if nnodes else []
-            printed = nccltune("env", "--state-dir", str(self.state), *flags, env=base_env(**JOBS[job]))
-            assert printed.returncode == 0, printed.stderr
-            self.text[job, nnodes] = printed.stdout
+            out = io.StringIO()
+            with mock.patch.dict(os.environ, base_env(**JOBS[job]), clear=True), contextlib.redirect_stdout(out):
+                assert main(["env", "--state-dir", str(self.state), *flags]) == 0
+            self.text[job, nnodes] = out.getvalue()
         return self.text[job, nnodes]
 
 
@@ -437,6 +445,19 @@ def test_a_value_the_job_overrode_after_the_launch_stays_a_pin(state: Path, tmp_
     doc = planned(state, {**ran, "NCCL_NVLS_ENABLE": "1"})
     assert {n: p["value"] for n, p in doc["pinned"].items()} == {"NCCL_NVLS_ENABLE": "1"}  # type: ignore[attr-defined]
     assert "NCCL_NVLS_ENABLE" not in doc["from_published"]["env"]  # type: ignore[index]
+
+
+def test_a_value_of_a_part_by_node_count_named_by_the_marker_is_no_pin(state: Path) -> None:
+    """NCCL_ALGO is Ring for one node and Tree for 2 nodes: the value of the part a launch applied
+    is the set's, never a pin; a value of no part stays the job's own."""
+    from nccltune.delivery.jobenv import from_published
+
+    got = read_set(state)
+    assert got is not None
+    ran = decide(job_env(got, 3), {}, got.set_id).environment({})
+    assert ran["NCCL_ALGO"] == "Tree" and from_published(ran, state).values == {
+        k: v for k, v in ran.items() if k != APPLIED_VAR}
+    assert "NCCL_ALGO" not in from_published({**ran, "NCCL_ALGO": "NVLS"}, state).values
 
 
 @requires_root
