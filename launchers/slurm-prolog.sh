@@ -21,7 +21,8 @@
 # Failure policy (docs/launch-failures.md, the same as nccltune exec/env and nccltune-torchrun):
 # a job is never blocked by nccltune. Nothing published, or a set that cannot be used (untrusted
 # owner or mode, unreadable, a line nccltune does not write, a mixed or vanished generation, and
-# that of nccl-single-node.env too: the set is used whole or not at all), exports nothing of it:
+# that of nccl-single-node.env and of each nccl-nodes-N.env nccl.env lists too, one that is missing
+# included: the set is used whole or not at all), exports nothing of it:
 # the task runs untuned, with NCCL's defaults, one print line says why (for a refused set: nothing
 # published is not said, see nccltune_untuned), and
 # NCCLTUNE_APPLIED=untuned:nothing-published or untuned:refused records it, unless the task
@@ -45,11 +46,15 @@
 # of a job whose batch step got the set); when nothing is exported it stays as it is.
 #
 # What a job gets (docs/what-a-job-gets.md and docs/job-shapes.md): nccl.env is the part that fits every job on the node
-# (topology file, policy values, pins, the tuner plugin and its table). The part measured between
-# this node's GPUs only (nccl-single-node.env, of the same generation, next to nccl.env) is added
-# only for a one-node job: SLURM_JOB_NUM_NODES=1 (or, where that is unset, SLURM_NNODES=1; where
-# Slurm says neither, NCCLTUNE_JOB_NNODES=1). A multi-node job, or one whose size is not known,
-# gets the every-job part only: it never receives values measured on one node.
+# (topology file, policy values, pins, the tuner plugin and its table). The parts measured for one
+# job shape, files of the same generation next to nccl.env, are added by the job's node count
+# (THE rule, nccltune/publish/shapes.py part_for_shape): nccl-single-node.env (measured between
+# this node's GPUs only) for a one-node job, and for a job of N nodes nccl-nodes-C.env of the
+# largest node count C <= N among those nccl.env's "# node counts:" line lists (none <= N: the
+# every-job part alone). The job's node count: SLURM_JOB_NUM_NODES (or, where that is unset,
+# SLURM_NNODES; where Slurm says neither, NCCLTUNE_JOB_NNODES). A job whose size is not known
+# gets the every-job part only: a multi-node job never receives values measured on one node, nor
+# on more nodes than it runs on.
 
 nccltune_prog=nccltune-task-prolog
 nccltune_env_file=${1:-/var/lib/nccltune/nccl.env}
@@ -57,6 +62,8 @@ nccltune_gen=
 nccltune_set=
 nccltune_applied=
 nccltune_single=
+nccltune_counts=
+nccltune_part=
 nccltune_why=
 # Names and values that Slurm passes through unchanged and that no shell would expand.
 nccltune_valid='^(NCCL|TORCH_NCCL|NCCLTUNE)_[A-Z0-9_]+=[A-Za-z0-9_./:,=+^@%-]+$'
@@ -193,20 +200,23 @@ $nccltune_lines
 EOF_LINES
 }
 
-# nccltune_single_node: 0 when the job is known to run on one node (see the header).
-nccltune_single_node() {
-    case ${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-${NCCLTUNE_JOB_NNODES:-}}} in
-        1) return 0 ;;
-    esac
-    return 1
+# nccltune_job_nnodes: sets nccltune_nnodes to the job's node count: SLURM_JOB_NUM_NODES, else
+# SLURM_NNODES, else NCCLTUNE_JOB_NNODES; nothing where none says (see the header).
+nccltune_job_nnodes() {
+    nccltune_count "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-${NCCLTUNE_JOB_NNODES:-}}}"
 }
 
-# nccltune_check_single: sets nccltune_single to nccl-single-node.env of the generation nccl.env
-# came from, once it passes every check (none there: empty); 1 when it is there and fails one.
-# Checked whatever the job's size, before anything is exported: a set is used whole or not at all.
-nccltune_check_single() {
-    nccltune_path=$(dirname -- "$nccltune_real")/nccl-single-node.env
-    [ -e "$nccltune_path" ] || [ -L "$nccltune_path" ] || return 0
+# nccltune_check_part NAME [optional]: 0 when NAME, a file of the generation nccl.env came from,
+# passes every check (trusted, of that generation, only lines nccltune writes); a missing file is
+# refused unless optional is given. The file is named in the message of a refusal.
+nccltune_check_part() {
+    nccltune_path=$(dirname -- "$nccltune_real")/$1
+    if [ ! -e "$nccltune_path" ] && [ ! -L "$nccltune_path" ]; then
+        [ -n "${2:-}" ] && return 0
+        nccltune_env_file=$nccltune_path
+        nccltune_warn "it is missing, and $(basename -- "$nccltune_real") lists its part (a mixed or edited set)"
+        return 1
+    fi
     nccltune_env_file=$nccltune_path
     nccltune_trusted "$nccltune_path" || return 1
     # A file named as it is (the CDI files device's): the generation its own header gives.
@@ -217,8 +227,62 @@ nccltune_check_single() {
         nccltune_warn "it is not of generation $nccltune_gen, which current names (a mixed set)"
         return 1
     fi
-    nccltune_lines_ok "$nccltune_path" || return 1
-    nccltune_single=$nccltune_path
+    nccltune_lines_ok "$nccltune_path"
+}
+
+# nccltune_check_parts: every file of a part by job shape of the set nccl.env came from passes
+# every check, whatever the job's size, before anything is applied (a set is used whole or not at
+# all): nccl-single-node.env (none there: a set without it; else nccltune_single names it) and
+# nccl-nodes-N.env for each node count N the "# node counts:" line of nccl.env lists
+# (nccltune_counts), each of which must be there.
+nccltune_check_parts() {
+    nccltune_check_part nccl-single-node.env optional || return 1
+    [ ! -e "$nccltune_path" ] || nccltune_single=$nccltune_path
+    nccltune_counts=$(LC_ALL=C sed -n 's/^# node counts: \([0-9 ]*\)$/\1/p' -- "$nccltune_real" | head -n 1)
+    for nccltune_c in $nccltune_counts; do
+        case $nccltune_c in
+            [1-9]|[1-9][0-9]|[1-9][0-9][0-9]|[1-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9][0-9]) ;;
+            *) nccltune_warn "its node count $nccltune_c is not one nccltune writes"; return 1 ;;
+        esac
+        nccltune_check_part "nccl-nodes-$nccltune_c.env" || return 1
+    done
+}
+
+# nccltune_count VALUE: sets nccltune_nnodes to VALUE as a number of nodes (leading zeros dropped),
+# or to nothing when VALUE is not a positive whole number (a job that does not say).
+nccltune_count() {
+    nccltune_nnodes=
+    case $1 in
+        ''|*[!0-9]*) return 0 ;;
+    esac
+    nccltune_n=$1
+    while :; do
+        case $nccltune_n in
+            0?*) nccltune_n=${nccltune_n#0} ;;
+            *) break ;;
+        esac
+    done
+    [ "$nccltune_n" = 0 ] || nccltune_nnodes=$nccltune_n
+}
+
+# nccltune_pick N: sets nccltune_part to the file of the part a job of N nodes gets beside the
+# every-job file (N empty: the job does not say; then none), THE rule of docs/job-shapes.md
+# (nccltune/publish/shapes.py): for one node the single-node file, for more the file of the
+# largest listed node count <= N, none when every listed count is larger.
+nccltune_pick() {
+    nccltune_part=
+    case $1 in
+        '') return 0 ;;
+        1) nccltune_part=$nccltune_single; return 0 ;;
+    esac
+    nccltune_best=
+    for nccltune_c in $nccltune_counts; do
+        # A count of more than 9 digits is beyond every listed one (at most 6): no shell arithmetic on it.
+        if [ "${#1}" -gt 9 ] || [ "$nccltune_c" -le "$1" ]; then
+            [ -n "$nccltune_best" ] && [ "$nccltune_best" -ge "$nccltune_c" ] || nccltune_best=$nccltune_c
+        fi
+    done
+    [ -z "$nccltune_best" ] || nccltune_part=$(dirname -- "$nccltune_real")/nccl-nodes-$nccltune_best.env
 }
 
 # nccltune_prior NAMES: sets nccltune_names to NAMES when it is a list a marker may hold (NCCL_*,
@@ -270,9 +334,11 @@ nccltune_main() {
     if [ ! -e "$nccltune_env_file" ] && [ ! -L "$nccltune_env_file" ]; then
         nccltune_untuned "nothing is published at $nccltune_env_file" nothing-published
     elif nccltune_resolve "$nccltune_env_file" && nccltune_trusted "$nccltune_real" && \
-            nccltune_lines_ok "$nccltune_real" && nccltune_check_single; then
+            nccltune_lines_ok "$nccltune_real" && nccltune_check_parts; then
         nccltune_print "$nccltune_real"
-        [ -n "$nccltune_single" ] && nccltune_single_node && nccltune_print "$nccltune_single"
+        nccltune_job_nnodes
+        nccltune_pick "$nccltune_nnodes"
+        [ -z "$nccltune_part" ] || nccltune_print "$nccltune_part"
         nccltune_mark
     else
         nccltune_untuned "$nccltune_why" refused

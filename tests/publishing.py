@@ -16,8 +16,10 @@ from nccltune.publish import Provenance, PublishedFiles, Setting, Tuner, publish
 
 def publish_set(state: Path, env: Mapping[str, str], prov: Provenance, *, topology_xml: str | None = None,
                 single_node_env: Mapping[str, str] | None = None, tuner: Tuner | None = None,
-                cfg: Config | None = None) -> PublishedFiles:
-    """Publish ``env`` (every job) and ``single_node_env`` with ``prov`` on the node of ``cfg``
-    (default: a node whose state directory is ``state``); what publish_setting wrote."""
+                cfg: Config | None = None, nodes_env: Mapping[int, Mapping[str, str]] | None = None) -> PublishedFiles:
+    """Publish ``env`` (every job), ``single_node_env`` and the parts by node count ``nodes_env``
+    with ``prov`` on the node of ``cfg`` (default: a node whose state directory is ``state``);
+    what publish_setting wrote."""
     node = cfg if cfg is not None else Config(state_dir=str(state))
-    return publish_setting(node, Setting(env, prov, single_node_env or {}, topology_xml, tuner))
+    return publish_setting(node, Setting(env, prov, single_node_env or {}, topology_xml, tuner,
+                                         nodes_env=nodes_env or {}))

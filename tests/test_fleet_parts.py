@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
+from test_job_precedence import PROLOG, apply_like_slurm, base_env, nccl_part, run_wrapper
 
 from nccltune.config import Config
 from nccltune.errors import InputError
@@ -19,6 +23,14 @@ from nccltune.fleet.parts import section_for, sections, shape_envs, summary_line
 from nccltune.publish.shapes import part_for_shape
 from nccltune.topology.source import bundled_topologies_dir
 from tests.fleet_fixtures import shaped_runs_export
+
+
+def decide_for(published: Any, job: dict[str, str], nnodes: int | None) -> dict[str, str]:
+    """What jobenv.decide gives a job whose own environment is `job`, of `nnodes` nodes."""
+    from nccltune.delivery.jobenv import decide as decide_job
+    from nccltune.publish.readback import job_env
+
+    return decide_job(job_env(published, nnodes), job, published.set_id).environment(job)
 
 RULES = Rules("balanced", min_gain_pct=1.0, max_regression_pct=2.0)
 POLICY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
@@ -190,8 +202,9 @@ def test_a_node_applies_the_section_of_its_nccl(tmp_path: Path) -> None:
     assert exc.value.code == "stale"
 
 
-def test_apply_publishes_the_parts_a_set_holds_end_to_end(tmp_path: Path) -> None:
-    """decide -> apply -> what a job of 1, 2, 3 and 8 nodes gets from the published set."""
+def test_apply_publishes_every_part_end_to_end(tmp_path: Path) -> None:
+    """decide -> apply -> what a job of 1, 2, 3 and 8 nodes gets from the published set, as
+    read_set/job_env give it and as each shell launcher applies it (its files and their lists)."""
     from nccltune.fleet.apply import apply_profile
     from nccltune.publish.readback import job_env, read_set
 
@@ -200,15 +213,36 @@ def test_apply_publishes_the_parts_a_set_holds_end_to_end(tmp_path: Path) -> Non
     path.write_text(dumps_profile(prof))
     cfg = Config(state_dir=str(tmp_path / "state"))
     got = apply_profile(cfg, path, demo=str(bundled_topologies_dir() / "h200x2-nvswitch-vm.json"))
-    assert "the parts for 2, 4 nodes are not in the published set" in got.note
+    assert "not in the published set" not in got.note
+    assert got.published.nodes_env == {2: {"NCCL_ALGO": "Tree"}, 4: {"NCCL_PROTO": "Simple"}}
     published = read_set(cfg.publish_dir)
     assert published is not None
     own = {k: v for k, v in published.env.items() if k.startswith("NCCLTUNE_")}
     assert published.single_node_env == {"NCCL_ALGO": "Ring"}
-    assert job_env(published, None) == {**POLICY, **BUFF, **own}
-    assert job_env(published, 1) == {**RING, **own}
-    for nnodes in (2, 3, 8):  # a set holds the safe and single-node parts: more nodes get the safe part
-        assert job_env(published, nnodes) == {**POLICY, **BUFF, **own}
+    assert published.nodes_env == {2: {"NCCL_ALGO": "Tree"}, 4: {"NCCL_PROTO": "Simple"}}
+    assert all("# node counts: 2 4\n" in published.texts[name] for name in ("nccl.sh", "nccl.env"))
+    doc = json.loads(published.texts["nccl.json"])
+    validate(doc, json.loads((REPO / "schemas" / "env.schema.json").read_text()))
+    assert doc["scopes"]["nodes_2"]["files"] == ["nccl-nodes-2.sh", "nccl-nodes-2.env"]
+    assert "2 to 3 nodes" in doc["scopes"]["nodes_2"]["applies_to"]
+    assert "4 nodes or more" in doc["scopes"]["nodes_4"]["applies_to"]
+    safe, by_count = shape_envs(section_for(prof, None))
+    for nnodes, tuned in ((None, {**POLICY, **BUFF}), (1, RING), (2, TREE), (3, TREE), (8, SIMPLE)):
+        assert job_env(published, nnodes) == {**tuned, **own} == {**part_for_shape(safe, by_count, nnodes), **own}
+    if os.geteuid() != 0:
+        return  # the launchers trust only root-owned files
+    state = Path(cfg.publish_dir)
+    for parent in (state, *state.parents):
+        if parent == tmp_path.parent:
+            break
+        parent.chmod(0o755)
+    for nnodes in (1, 2, 3, 8):
+        wanted = nccl_part(decide_for(published, {}, nnodes))
+        ran = run_wrapper("sh", tmp_path, state, ["--nnodes", str(nnodes), "train.py"], {})
+        assert nccl_part(dict(item.decode().split("=", 1) for item in ran.stdout.split(b"\0") if item)) == wanted
+        prolog = subprocess.run(["sh", str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True,
+                                timeout=60, check=True, env=base_env(SLURM_JOB_NUM_NODES=str(nnodes)))
+        assert nccl_part(apply_like_slurm({}, prolog.stdout)) == wanted
 
 
 def _gpu_node(tmp_path: Path) -> Any:

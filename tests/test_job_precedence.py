@@ -1,14 +1,19 @@
-"""One precedence rule in every form a job gets the published set through.
+"""One precedence rule in every form a job gets the published set through, for every job shape.
 
 The same jobs (no own value, own values that differ, an own empty value, NCCLTUNE_DISABLE, a
 marker of what an earlier launch applied that is of another set or no marker at all) are run
 through `nccltune exec`, `nccltune env` sourced by each shell, the torchrun wrapper and the Slurm
 TaskProlog under each shell, and every form must give what nccltune.delivery.jobenv.decide says,
-the marker NCCLTUNE_APPLIED of what it applied included.
+the marker NCCLTUNE_APPLIED of what it applied included. The set has parts for 1, 2 and 4 nodes,
+and each job is run as a job of 1 node, of several (2, 3 or 8: a part, the largest count below, the
+largest count) and of unknown size, so every form also follows THE rule by node count
+(publish/shapes.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -16,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import REPO
@@ -33,6 +39,8 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="the launchers trus
 
 EVERY = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_IB_HCA": "^mlx5_2", "NCCL_NVLS_ENABLE": "0"}
 SINGLE = {"NCCL_MIN_NCHANNELS": "32", "NCCL_ALGO": "Ring"}
+# The parts by node count: NCCL_ALGO in the single-node part too, with its own value.
+NODES = {2: {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}, 4: {"NCCL_MIN_NCHANNELS": "16"}}
 SHELL_NAMES = [name for name in ("sh", "bash", "dash") if shutil.which(name)]
 SHELLS = pytest.mark.parametrize("shell", SHELL_NAMES)
 
@@ -52,6 +60,11 @@ JOBS = {
     "marker-and-disabled": {"NCCLTUNE_APPLIED": "7:0123456789abcdef:", "NCCLTUNE_DISABLE": "1"},
 }
 JOB_PARAMS = pytest.mark.parametrize("job", list(JOBS))
+# Each job's shapes beside one node: one multi-node count each, in turn (the Python forms also run
+# every job of unknown size), so that every shape meets several jobs without a process per pair.
+MULTI = {job: (2, 3, 8)[i % 3] for i, job in enumerate(JOBS)}
+# The shell launchers' shapes per job: one node, two, and in turn unknown, 3 or 8.
+SHELL_SHAPES = {job: (1, 2, (None, 3, 8)[i % 3]) for i, job in enumerate(JOBS)}
 
 
 def prov() -> Provenance:
@@ -64,7 +77,7 @@ def published_state(parent: Path) -> Path:
     d = parent / "state"
     d.mkdir(mode=0o755)
     d.chmod(0o755)
-    publish_set(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE)
+    publish_set(d, EVERY, prov(), topology_xml="<system version=\"1\"/>\n", single_node_env=SINGLE, nodes_env=NODES)
     return d
 
 
@@ -136,8 +149,7 @@ def nccltune(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
                           env=env)
 
 
-@JOB_PARAMS
-@pytest.mark.parametrize("nnodes", [None, 1])
+@pytest.mark.parametrize(("job", "nnodes"), [(job, n) for job in JOBS for n in (None, 1, MULTI[job])])
 def test_exec_follows_the_rule(state: Path, job: str, nnodes: int | None) -> None:
     flags = ["--nnodes", str(nnodes)] if nnodes else []
     proc = subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), *flags, "--",
@@ -150,17 +162,22 @@ def test_exec_follows_the_rule(state: Path, job: str, nnodes: int | None) -> Non
 @dataclass
 class Printed:
     """One published state, read only, and what `nccltune env` printed on it for a job and a node
-    count: the same text whichever shell sources it, so each is asked for once."""
+    count: the same text whichever shell sources it, so each is asked for once, of the command
+    line's own entry point in this process with the job's environment (the marker tests below run
+    it as a process of its own)."""
 
     state: Path
     text: dict[tuple[str, int | None], str] = field(default_factory=dict)
 
     def for_job(self, job: str, nnodes: int | None) -> str:
         if (job, nnodes) not in self.text:
+            from nccltune.cli import main
+
             flags = ["--nnodes", str(nnodes)] if nnodes else []
-            printed = nccltune("env", "--state-dir", str(self.state), *flags, env=base_env(**JOBS[job]))
-            assert printed.returncode == 0, printed.stderr
-            self.text[job, nnodes] = printed.stdout
+            out = io.StringIO()
+            with mock.patch.dict(os.environ, base_env(**JOBS[job]), clear=True), contextlib.redirect_stdout(out):
+                assert main(["env", "--state-dir", str(self.state), *flags]) == 0
+            self.text[job, nnodes] = out.getvalue()
         return self.text[job, nnodes]
 
 
@@ -172,7 +189,7 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> Printed:
 @SHELLS
 @JOB_PARAMS
 def test_env_sourced_by_the_job_follows_the_rule(shell: str, printed: Printed, tmp_path: Path, job: str) -> None:
-    for nnodes in (None, 1):
+    for nnodes in (None, 1, MULTI[job]):
         script = tmp_path / "printed.sh"
         script.write_text(printed.for_job(job, nnodes))
         assert env_of(shell, f'. "{script}"', base_env(**JOBS[job])) == expected(printed.state, job, nnodes)
@@ -212,8 +229,10 @@ def run_wrapper(shell: str, tmp_path: Path, state: Path, args: list[str],
 @SHELLS
 @JOB_PARAMS
 def test_torchrun_wrapper_follows_the_rule(shell: str, tmp_path: Path, state: Path, job: str) -> None:
-    for args, nnodes in ((["--nnodes", "2", "train.py"], None), (["--standalone", "train.py"], 1)):
-        proc = run_wrapper(shell, tmp_path, state, args, JOBS[job])
+    for nnodes in SHELL_SHAPES[job]:
+        # torchrun's own spellings of a shape: --standalone, --nnodes N, --nnodes=N:N, none.
+        args = {None: [], 1: ["--standalone"], 2: ["--nnodes", "2"], 3: ["--nnodes=3"], 8: ["--nnodes", "8:8"]}[nnodes]
+        proc = run_wrapper(shell, tmp_path, state, [*args, "train.py"], JOBS[job])
         assert proc.returncode == 0, proc.stderr
         pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
         assert nccl_part({n: v for n, _, v in pairs}) == expected(state, job, nnodes)
@@ -253,15 +272,16 @@ def apply_like_slurm(job: dict[str, str], prolog_stdout: str) -> dict[str, str]:
 
 @requires_root
 @SHELLS
-@JOB_PARAMS
-@pytest.mark.parametrize("nodes", ["2", "1"])
-def test_slurm_task_prolog_follows_the_rule(shell: str, state: Path, job: str, nodes: str) -> None:
+@pytest.mark.parametrize(("job", "nnodes"), [(job, n) for job in JOBS for n in SHELL_SHAPES[job]])
+def test_slurm_task_prolog_follows_the_rule(shell: str, state: Path, job: str, nnodes: int | None) -> None:
+    # Slurm's own spellings: SLURM_JOB_NUM_NODES, else SLURM_NNODES; none: the job does not say.
+    nodes = {} if nnodes is None else {"SLURM_NNODES" if nnodes == 3 else "SLURM_JOB_NUM_NODES": str(nnodes)}
     proc = subprocess.run([shell, str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True,
-                          timeout=60, env=base_env(SLURM_JOB_NUM_NODES=nodes, **JOBS[job]))
+                          timeout=60, env=base_env(**nodes, **JOBS[job]))
     assert proc.returncode == 0
     assert "not using" not in proc.stdout + proc.stderr
     got = nccl_part(apply_like_slurm(JOBS[job], proc.stdout))
-    assert got == expected(state, job, 1 if nodes == "1" else 2)
+    assert got == expected(state, job, nnodes)
 
 
 @requires_root
@@ -297,7 +317,8 @@ def through(form: str, state: Path, tmp_path: Path, job: dict[str, str], nnodes:
         script.write_text(printed.stdout)
         return env_of("sh", f'. "{script}"', base_env(**job))
     if form == "wrapper":
-        args = ["--standalone", "train.py"] if nnodes == 1 else ["train.py"]
+        args = ["--standalone", "train.py"] if nnodes == 1 else ["--nnodes", str(nnodes), "train.py"] if nnodes \
+            else ["train.py"]
         proc = run_wrapper("sh", tmp_path, state, args, job)
         assert proc.returncode == 0, proc.stderr
         pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
@@ -333,14 +354,16 @@ def test_a_marker_of_the_same_set_keeps_its_names_and_gets_the_applied_ones_afte
 @pytest.mark.parametrize("inner", FORMS)
 def test_a_launch_inside_another_adds_what_it_applies_to_the_marker(
         state: Path, tmp_path: Path, outer: str, inner: str) -> None:
-    """The every-job part from one form, the single-node part from another inside it: the marker
-    names both parts, as the single-node files' own marker does; a form inside that adds nothing
-    leaves the marker as it was."""
+    """The every-job part from one form, the part of the job's shape (one node, or 3 nodes: the
+    part for 2) from another inside it: the marker names both parts, as the part's files' own
+    marker does; a form inside that adds nothing leaves the marker as it was."""
+    nnodes = (1, 3)[(FORMS.index(outer) + FORMS.index(inner)) % 2]
+    part, name = (SINGLE, "nccl-single-node.env") if nnodes == 1 else (NODES[2], "current/nccl-nodes-2.env")
     every = through(outer, state, tmp_path, {}, None)
     assert every[APPLIED_VAR] == file_marker(state, "nccl.env")
-    both = through(inner, state, tmp_path, every, 1)
-    assert both == {**every, **SINGLE, APPLIED_VAR: file_marker(state, "nccl-single-node.env")}
-    assert through(outer, state, tmp_path, both, 1) == both
+    both = through(inner, state, tmp_path, every, nnodes)
+    assert both == {**every, **part, APPLIED_VAR: file_marker(state, name)}
+    assert through(outer, state, tmp_path, both, nnodes) == both
 
 
 @requires_root
@@ -422,6 +445,19 @@ def test_a_value_the_job_overrode_after_the_launch_stays_a_pin(state: Path, tmp_
     doc = planned(state, {**ran, "NCCL_NVLS_ENABLE": "1"})
     assert {n: p["value"] for n, p in doc["pinned"].items()} == {"NCCL_NVLS_ENABLE": "1"}  # type: ignore[attr-defined]
     assert "NCCL_NVLS_ENABLE" not in doc["from_published"]["env"]  # type: ignore[index]
+
+
+def test_a_value_of_a_part_by_node_count_named_by_the_marker_is_no_pin(state: Path) -> None:
+    """NCCL_ALGO is Ring for one node and Tree for 2 nodes: the value of the part a launch applied
+    is the set's, never a pin; a value of no part stays the job's own."""
+    from nccltune.delivery.jobenv import from_published
+
+    got = read_set(state)
+    assert got is not None
+    ran = decide(job_env(got, 3), {}, got.set_id).environment({})
+    assert ran["NCCL_ALGO"] == "Tree" and from_published(ran, state).values == {
+        k: v for k, v in ran.items() if k != APPLIED_VAR}
+    assert "NCCL_ALGO" not in from_published({**ran, "NCCL_ALGO": "NVLS"}, state).values
 
 
 @requires_root

@@ -36,6 +36,18 @@ def test_job_env_of_a_published_set_follows_the_rule() -> None:
     assert job_env(got, 1) == {**SAFE, **PARTS[1]}
     assert job_env(got, None) == SAFE
     assert job_env(got, 2) == SAFE
+    # With parts by node count: exactly part_for_shape's answer for every shape.
+    shaped = PublishedSet(Path("/nonexistent"), 1, dict(SAFE), {}, {}, single_node_env=dict(PARTS[1]),
+                          nodes_env={n: dict(p) for n, p in PARTS.items() if n > 1})
+    assert shaped.parts == PARTS
+    for nnodes in (None, 1, 2, 3, 8, 16, 512):
+        assert job_env(shaped, nnodes) == part_for_shape(SAFE, PARTS, nnodes)
+
+
+def test_the_jobs_a_part_reaches() -> None:
+    from nccltune.publish.shapes import part_reach
+
+    assert [part_reach([1, 2, 4, 16], n) for n in (2, 4, 16)] == [(2, 3), (4, 15), (16, None)]
 
 
 def test_the_safe_part_after_an_upgrade_keeps_only_wiring_and_error_handling() -> None:

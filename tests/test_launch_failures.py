@@ -3,7 +3,8 @@
 Each form (`nccltune exec`, `nccltune env` sourced, the torchrun wrapper, the Slurm TaskProlog, and
 the CDI `files` device, which starts through the wrapper) meets each failure of the published set
 (nothing published, a world-writable or another user's state directory, an edited file, a
-generation that is gone, a single-node file of another generation): the job still runs, with
+generation that is gone, a single-node file of another generation, a part by node count's file
+missing): the job still runs, with
 nothing of the set, the form says so once, and NCCLTUNE_APPLIED=untuned:REASON records it; a job
 that already has a marker keeps it.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 from second_user import give, mallory_uid
-from test_job_precedence import apply_like_slurm, base_env, env_of, nccl_part, published_state
+from test_job_precedence import apply_like_slurm, base_env, env_of, expected, nccl_part, published_state
 
 from nccltune.delivery.jobenv import from_published
 from nccltune.publish import read_set
@@ -63,6 +64,12 @@ def single_node_part_of_another_generation(state: Path) -> None:
         path.write_text(path.read_text().replace("# generation: 1\n", "# generation: 0\n"))
 
 
+def part_by_node_count_missing(state: Path) -> None:
+    # nccl.sh and nccl.env list the part for 4 nodes: a one-node job's launch refuses the set too.
+    for name in ("nccl-nodes-4.sh", "nccl-nodes-4.env"):
+        (state / "generations" / "1" / name).unlink()
+
+
 def pod_view(form: str, state: Path) -> Path:
     """The directory whose trust a form relies on: the state directory, or for the CDI `files`
     device the generation directory it mounts."""
@@ -76,20 +83,22 @@ FAILURES: dict[str, tuple[Callable[[Path], None], str]] = {
     "edited-file": (edited_file, "refused"),
     "generation-gone": (generation_gone, "refused"),
     "single-node-file-of-another-generation": (single_node_part_of_another_generation, "refused"),
+    "part-by-node-count-missing": (part_by_node_count_missing, "refused"),
 }
 
 
-def through(form: str, state: Path, tmp_path: Path, job: dict[str, str]) -> tuple[int, dict[str, str], str]:
-    """(exit status, the NCCL part of what the job ran with, what it was told) for a one-node job
-    `job` launched through `form` under sh."""
+def through(form: str, state: Path, tmp_path: Path, job: dict[str, str],
+            nnodes: int = 1) -> tuple[int, dict[str, str], str]:
+    """(exit status, the NCCL part of what the job ran with, what it was told) for a job `job` of
+    `nnodes` nodes launched through `form` under sh."""
     if form == "exec":
-        proc = subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), "--nnodes", "1",
-                               "--", "env", "-0"], capture_output=True, timeout=120, env=base_env(**job))
+        proc = subprocess.run([sys.executable, "-m", "nccltune", "exec", "--state-dir", str(state), "--nnodes",
+                               str(nnodes), "--", "env", "-0"], capture_output=True, timeout=120, env=base_env(**job))
         pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
         return proc.returncode, nccl_part({n: v for n, _, v in pairs}), proc.stderr.decode()
     if form == "env":
-        printed = subprocess.run([sys.executable, "-m", "nccltune", "env", "--state-dir", str(state), "--nnodes", "1"],
-                                 capture_output=True, text=True, timeout=120, env=base_env(**job))
+        printed = subprocess.run([sys.executable, "-m", "nccltune", "env", "--state-dir", str(state), "--nnodes",
+                                  str(nnodes)], capture_output=True, text=True, timeout=120, env=base_env(**job))
         script = tmp_path / "printed.sh"
         script.write_text(printed.stdout)
         # The job sources what was printed whatever the status (eval "$(nccltune env)").
@@ -101,26 +110,30 @@ def through(form: str, state: Path, tmp_path: Path, job: dict[str, str]) -> tupl
         (bindir / "torchrun").chmod(0o755)
         # The CDI `files` device names the generation's own nccl.sh (publish/cdi.py).
         env_file = state / "generations" / "1" / "nccl.sh" if form == "cdi-files" else state / "nccl.sh"
-        proc = subprocess.run(["sh", str(WRAPPER), "--standalone", "train.py"], capture_output=True, timeout=60,
-                              env=base_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        proc = subprocess.run(["sh", str(WRAPPER), "--nnodes", str(nnodes), "train.py"], capture_output=True,
+                              timeout=60, env=base_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
                                            NCCLTUNE_ENV_FILE=str(env_file), **job))
         pairs = (item.decode().partition("=") for item in proc.stdout.split(b"\0") if item)
         return proc.returncode, nccl_part({n: v for n, _, v in pairs}), proc.stderr.decode()
     proc = subprocess.run(["sh", str(PROLOG), str(state / "nccl.env")], capture_output=True, text=True, timeout=60,
-                          env=base_env(SLURM_JOB_NUM_NODES="1", **job))
+                          env=base_env(SLURM_JOB_NUM_NODES=str(nnodes), **job))
     told = "\n".join(line.removeprefix("print ") for line in proc.stdout.splitlines() if line.startswith("print "))
     return proc.returncode, nccl_part(apply_like_slurm(job, proc.stdout)), told + proc.stderr
 
 
 @requires_root
+@pytest.mark.parametrize("nnodes", [1, 3, 8])
 @pytest.mark.parametrize("form", FORMS)
-def test_a_usable_set_is_applied_by_every_form(tmp_path: Path, form: str) -> None:
+def test_a_usable_set_is_applied_by_every_form(tmp_path: Path, form: str, nnodes: int) -> None:
     state = published_state(tmp_path)
     got = read_set(state)
     assert got is not None
-    rc, env, told = through(form, state, tmp_path, {})
+    rc, env, told = through(form, state, tmp_path, {}, nnodes)
     assert rc == 0 and "untuned" not in told, told
-    assert env["NCCL_MIN_NCHANNELS"] == "32" and env[APPLIED_VAR].startswith(f"{got.set_id}:")
+    # The part of the job's shape: the single-node part, the part for 2 nodes, the part for 4.
+    assert (env.get("NCCL_ALGO"), env.get("NCCL_MIN_NCHANNELS")) == {1: ("Ring", "32"), 3: ("Tree", None),
+                                                                    8: (None, "16")}[nnodes]
+    assert env == expected(state, {}, nnodes) and env[APPLIED_VAR].startswith(f"{got.set_id}:")
 
 
 @requires_root

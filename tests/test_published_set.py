@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from publishing import publish_set
 
-from nccltune.errors import EXIT_CONFIG, InputError
+from nccltune.errors import EXIT_CONFIG, InputError, NccltuneError
 from nccltune.publish import Provenance, read_published, read_set
 from nccltune.publish.applied import set_digest
 
@@ -119,6 +119,72 @@ def test_a_set_without_markers_is_read_as_it_was(tmp_path: Path) -> None:
                                 if "NCCLTUNE_APPLIED" not in line))
     got = read_set(state)
     assert got is not None and got.env == {"NCCL_ALGO": "Ring"}
+
+
+# -- the parts by node count ---------------------------------------------------------------------
+
+NODES = {2: {"NCCL_ALGO": "Tree"}, 4: {"NCCL_PROTO": "Simple"}}
+
+
+def test_the_parts_by_node_count_are_files_of_the_set_each_with_its_marker(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    files = publish_set(state, {"NCCL_IB_HCA": "mlx5_0"}, prov(), single_node_env={"NCCL_ALGO": "Ring"},
+                        nodes_env=NODES)
+    got = read_set(state)
+    assert got is not None and got.nodes_env == files.nodes_env == NODES
+    assert got.parts == {1: {"NCCL_ALGO": "Ring"}, **NODES}
+    gen = state / "current"
+    assert "# node counts: 2 4" in (gen / "nccl.sh").read_text().splitlines()
+    # Loaded after the every-job files: the marker names both parts, as the single-node files' does.
+    assert (gen / "nccl-nodes-2.sh").read_text().splitlines()[-2:] == [
+        "export NCCL_ALGO='Tree'", f"export NCCLTUNE_APPLIED='{got.set_id}:NCCL_IB_HCA,NCCL_ALGO'"]
+    assert (gen / "nccl-nodes-4.env").read_text().splitlines()[-1] == \
+        f"NCCLTUNE_APPLIED={got.set_id}:NCCL_IB_HCA,NCCL_PROTO"
+    assert "# scope: nodes_4: only jobs known to run on 4 nodes or more" in (gen / "nccl-nodes-4.env").read_text()
+    doc = json.loads((gen / "nccl.json").read_text())
+    assert doc["nodes_env"] == {"2": NODES[2], "4": NODES[4]}
+    assert [doc["scopes"][f"nodes_{n}"]["applies_to"].split(" (")[0] for n in (2, 4)] == [
+        "only jobs known to run on 2 to 3 nodes", "only jobs known to run on 4 nodes or more"]
+    assert not os.path.lexists(state / "nccl-nodes-2.sh")  # no link beside nccl.sh: the counts change
+    # A set without them is as it always was: no key, no header line.
+    publish_set(state, {"NCCL_IB_HCA": "mlx5_0"}, prov())
+    plain = read_set(state)
+    assert plain is not None and plain.nodes_env == {} and "nodes_env" not in json.loads(plain.texts["nccl.json"])
+    assert "# node counts" not in plain.texts["nccl.sh"]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda g: (g / "nccl-nodes-4.sh").unlink(), "cannot read"),
+    (lambda g: (g / "nccl-nodes-2.env").write_text((g / "nccl-nodes-2.env").read_text().replace("Tree", "Ring")),
+     "does not hold the variables of nccl.json"),
+    (lambda g: (g / "nccl.env").write_text((g / "nccl.env").read_text().replace("counts: 2 4", "counts: 2")),
+     "the parts by node count it lists are not nccl.json's"),
+    (lambda g: (g / "nccl.sh").write_text((g / "nccl.sh").read_text().replace("# node counts: 2 4\n", "")),
+     "the parts by node count it lists are not nccl.json's"),
+])
+def test_a_missing_or_edited_part_by_node_count_refuses_the_set(tmp_path: Path, edit: object, message: str) -> None:
+    state = tmp_path / "state"
+    publish_set(state, {"NCCL_IB_HCA": "mlx5_0"}, prov(), nodes_env=NODES)
+    edit(state / "generations" / "1")  # type: ignore[operator]
+    with pytest.raises(NccltuneError, match=message):  # as a missing or edited single-node file
+        read_set(state)
+
+
+@pytest.mark.parametrize(("nodes", "message"), [
+    ({1: {"NCCL_ALGO": "Tree"}}, "node count 1: a part by node count is for 2 to 100000 nodes"),
+    ({True: {"NCCL_ALGO": "Tree"}}, "node count True"),
+    ({2: {"NCCL_IB_HCA": "mlx5_1"}}, "2-node environment: NCCL_IB_HCA: also in the part for every job"),
+    ({2: {"NCCL_TOPO_FILE": "/x.xml"}}, "NCCL_TOPO_FILE: files, plugins and the job's shape belong"),
+    ({2: {"NCCL_HOSTID": "a"}}, "2-node environment: NCCL_HOSTID"),
+    ({2: {"NCCL_ALGO": "a b"}}, "NCCL_ALGO: value contains the forbidden character"),
+    ({n: {} for n in range(2, 67)}, "65 parts by node count; a set holds at most 64"),
+])
+def test_a_part_by_node_count_is_checked_like_the_others(tmp_path: Path, nodes: dict[int, dict[str, str]],
+                                                         message: str) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(InputError, match=message) as exc:
+        publish_set(state, {"NCCL_IB_HCA": "mlx5_0"}, prov(), nodes_env=nodes)
+    assert exc.value.exit_code == EXIT_CONFIG and read_set(state) is None
 
 
 @pytest.mark.parametrize(("mode", "word"), [(0o666, "world-writable"), (0o664, "group-writable")])

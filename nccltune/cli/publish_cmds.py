@@ -27,14 +27,18 @@ def cmd_env(args: argparse.Namespace) -> int:
     own variables kept, nothing under NCCLTUNE_DISABLE; --as-published: byte for byte), after
     checking the whole set: trusted owner and mode, every line one nccltune writes, one generation.
 
-    The every-job part always; the single-node part as assignments for a job known to be
-    single-node (--nnodes 1), otherwise as comments that say which jobs get it (so the output
-    can still be sourced or used as an env file). --format json is nccl.json: both parts, labelled.
+    The every-job part always, then the part of the job's shape (publish/shapes.py: the
+    single-node part for --nnodes 1, the part of the largest measured node count <= N for
+    --nnodes N); a single-node part the job does not get as comments that say which jobs get it
+    (so the output can still be sourced or used as an env file). --format json is nccl.json:
+    every part, labelled.
     """
     from ..delivery.jobenv import JobDecision, filter_text, launch, site_comment, untuned_text
     from ..nccl.site import conf_settings
     from ..nccl.sitetuner import default_conf_files, existing_tuner
-    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, SINGLE_ENV_NAME, SINGLE_SH_NAME, read_set
+    from ..publish import ENV_NAME, JSON_NAME, SH_NAME, read_set
+    from ..publish.readback import part_files
+    from ..publish.shapes import shape_key
     from ..report.sweep import single_node_comment
 
     cfg = reading_cfg(args)
@@ -65,14 +69,16 @@ def cmd_env(args: argparse.Namespace) -> int:
     if fmt == "json":
         sys.stdout.write(got.texts[JSON_NAME])
         return EXIT_OK
-    name, single_name = {"sh": (SH_NAME, SINGLE_SH_NAME), "env": (ENV_NAME, SINGLE_ENV_NAME)}[fmt]
+    name = SH_NAME if fmt == "sh" else ENV_NAME
     # For a job (the default) the precedence rule applies to what is printed: what the calling
     # environment already sets is shown as a comment.
     sys.stdout.write(got.texts[name] if decision is None else filter_text(got.texts[name], decision))
-    if got.single_node_env and nnodes == 1:
-        single = got.texts[single_name]
-        sys.stdout.write(single if decision is None else filter_text(single, decision))
-    elif got.single_node_env:
+    # The part of the job's shape (publish/shapes.py), from its own file of the set.
+    key = shape_key(got.parts, nnodes)
+    if key is not None and got.parts[key]:
+        part = got.texts[part_files(key)[0 if fmt == "sh" else 1]]
+        sys.stdout.write(part if decision is None else filter_text(part, decision))
+    if got.single_node_env and key != 1:
         sys.stdout.write(single_node_comment(got.single_node_env, nnodes))
     if decision is not None:
         # What the site gives the job besides (NCCL's conf files, a tuner nccltune leaves in place).
@@ -96,8 +102,9 @@ EXIT_CANNOT_RUN = 126
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    """Run a command with the published environment: the every-job part, plus the single-node
-    part when the job is known to span one node (--nnodes 1, or NCCLTUNE_JOB_NNODES=1), less what
+    """Run a command with the published environment: the every-job part, plus the part of the
+    job's shape (--nnodes N, or NCCLTUNE_JOB_NNODES=N: the single-node part for one node, the
+    part of the largest measured node count <= N for more; publish/shapes.py), less what
     the calling environment sets itself, and the marker NCCLTUNE_APPLIED of what it added;
     nothing under NCCLTUNE_DISABLE; untuned, said on stderr, when the set cannot be used."""
     from ..delivery.jobenv import launch

@@ -6,8 +6,9 @@ The rule (docs/what-a-job-gets.md, "Which value wins" and its table of forms):
    published is applied, in any form that can see the job's environment.
 2. Otherwise a variable the job sets itself is the job's decision: its own value is kept, even an
    empty one, and the published value of that name is left out.
-3. Every other published variable of the part the job gets (``publish.job_env``: the every-job
-   part, plus the single-node part for a job known to run on one node) is added, and the marker
+3. Every other published variable of the part the job gets (``publish.job_env``, THE rule by the
+   job's node count, publish/shapes.py: the every-job part, plus the single-node part for a job
+   known to run on one node, or the part of the largest measured node count <= the job's) is added, and the marker
    ``NCCLTUNE_APPLIED`` names the set and what was added (publish.applied: ``merged``; nothing
    added, the job's marker stays as it is).
 
@@ -238,14 +239,18 @@ def from_published(environ: Mapping[str, str], publish_dir: Path) -> FromPublish
     if got.set_id != marker.set_id:
         return _ignored(f"{named}, but the set published in {publish_dir} is generation {got.generation} "
                         f"({got.digest}): ignored, {_ALL_OWN}")
-    published = {**got.env, **got.single_node_env}
+    # A name may be in several parts by job shape, with a value each: a launch applied one of them.
+    published: dict[str, set[str]] = {}
+    for part in (got.env, *got.parts.values()):
+        for name, value in part.items():
+            published.setdefault(name, set()).add(value)
     values: dict[str, str] = {}
     foreign: list[str] = []
     changed: list[str] = []
     for name in dict.fromkeys(marker.names):
         if name not in published:
             foreign.append(name)
-        elif name in environ and environ[name] == published[name]:
+        elif name in environ and environ[name] in published[name]:
             values[name] = environ[name]
         elif name in environ:
             changed.append(name)

@@ -266,14 +266,14 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     # Pins of this node's config win, as they do over a node's own sweep.
     env = {**doc["env"], **cfg.sweep.pin}
     validate_env(env, source=f"{cfg.path or 'config'}: sweep.pin")
-    single, parts_note = shape_parts(doc, env)
+    single, nodes = shape_parts(doc, env)
     from ..publish.tuning import tuning_fingerprint
 
     tuning_fp = tuning_fingerprint(cfg, topology_fingerprint(node.topo), nccl_version, node.demo)
     # Checked (and the plugin built) before anything is written; the table carries the fingerprint
     # the node publishes, which the plugin checks.
     tuner, table_note = profile_tuner(cfg, doc, str(loaded.path), tuning_fp, os.environ)
-    note = loaded.note + "".join(f"; {n}" for n in (table_note, parts_note) if n)
+    note = loaded.note + (f"; {table_note}" if table_note else "")
     prov = build_provenance(
         created_at=now, topology_fingerprint=topology_fingerprint(node.topo), nccl_version=nccl_version,
         backend=str(doc["backend"]), demo=bool(doc["demo"]), profile=str(doc["evidence"]["rules"]["profile"]),
@@ -292,23 +292,22 @@ def publish_loaded(cfg: Config, node: FleetNode, nccl_version: str | None, loade
     env = {name: value for name, value in env.items() if name != TOPO_FILE_VAR}
     env.update(topology_env(pin, own=bool(doc["topology_file"])))
     setting = Setting(env, prov, single, topology_xml=render_xml(node.topo.system) if names_own_topology(env) else None,
-                      tuner=tuner, class_profile=loaded.raw, where=str(loaded.path))
+                      tuner=tuner, class_profile=loaded.raw, where=str(loaded.path), nodes_env=nodes)
     published = publish_setting(cfg, setting)
     log.info("applied %s: generation %d", note, published.generation)
     return ApplyResult(loaded.path, loaded.class_id, dict(published.env), published, note)
 
 
-def shape_parts(doc: Mapping[str, Any], every_job: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
-    """The single-node part a profile's section publishes beside `every_job` (its safe part and
-    the pins), and what to say of the parts of more nodes a published set does not hold yet
-    (their jobs get the safe part, as publish.shapes.part_for_shape gives a set without them)."""
+def shape_parts(doc: Mapping[str, Any],
+                every_job: Mapping[str, str]) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+    """The parts by job shape a profile's section publishes beside `every_job` (its safe part and
+    the pins): the single-node part, and the part of every other measured node count (an empty
+    one too: the jobs it reaches get the safe part, not a smaller count's values;
+    publish.shapes.part_for_shape). A name `every_job` sets is left out of each: a pin wins, as
+    over a node's own sweep."""
     _safe, parts = shape_envs(doc)
-    single = {k: v for k, v in parts.get(1, {}).items() if k not in every_job}
-    multi = sorted(n for n, part in parts.items() if n > 1 and part)
-    if not multi:
-        return single, None
-    return single, (f"the parts for {', '.join(map(str, multi))} nodes are not in the published set: "
-                    "those jobs get the safe part")
+    shaped = {count: {k: v for k, v in part.items() if k not in every_job} for count, part in parts.items()}
+    return shaped.pop(1, {}), shaped
 
 
 def apply_profile(cfg: Config, path: Path, *, demo: str | bool | None = None, python: str | None = None,

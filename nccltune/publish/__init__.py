@@ -7,7 +7,9 @@ shape (the topology file, the policy variables, the operator's pins, the tuner p
 table, whose entries apply only to the communicator shape they were measured for); the
 *single-node* part (nccl-single-node.sh/.env, ``single_node_env``) holds tuned global variables
 measured between this node's GPUs only, which launchers add only for a job known to run on this
-one node (``job_env``).
+one node; a class profile adds a part per measured node count of 2 or more
+(nccl-nodes-N.sh/.env, ``nodes_env``), which a job of M nodes gets for the largest N <= M
+(``job_env``, the rule of ``shapes``).
 
 What each module owns:
 

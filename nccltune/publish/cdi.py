@@ -16,6 +16,13 @@ moment), with three devices of kind ``nccltune.io/tuning``:
                    an entrypoint that starts through ``nccltune-torchrun`` (which applies the
                    precedence rule: the pod's own values kept, ``NCCLTUNE_DISABLE`` honoured)
 
+A pod does not know how many nodes its job spans, so no device carries a part by node count
+(nccl-nodes-N, docs/job-shapes.md): ``every-job`` is the safe part a job of any size may get,
+``single-node`` adds the part of a one-node job the pod spec says it is. A pod of a multi-node job
+that wants its shape's part requests ``files`` and starts through ``nccltune-torchrun --nnodes N``:
+the mounted generation directory holds every part's files, and the wrapper picks the part by the
+rule.
+
 Both carry the marker of what they apply (``NCCLTUNE_APPLIED``, publish.applied), naming the
 set and every variable of the device's env, as the published files do, so that a sweep run in such
 a pod sweeps them instead of taking them for the pod's pins.

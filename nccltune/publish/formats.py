@@ -1,5 +1,7 @@
 """The file formats of a published set: nccl.sh (``export NAME='value'``), nccl.env
-(``NAME=value``), their single-node twins, nccl.json (both parts, labelled, with the provenance),
+(``NAME=value``), their single-node twins and the twins of each part by node count
+(``nccl-nodes-N.sh``/``.env``, listed in the every-job files' ``# node counts:`` line), nccl.json
+(every part, labelled, with the provenance),
 the header every file carries, the marker of what a file sets that ends the sh and env files
 (``NCCLTUNE_APPLIED``, publish.applied: the set named by its generation and the digest of its
 nccl.json), and the files of a generation as bytes (``render_set``).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from .policy import (
     validate_env,
 )
 from .setting import TOPO_FILE_VAR, Provenance, Setting, check_provenance
+from .shapes import part_reach
 
 SCHEMA_VERSION = 1
 
@@ -53,6 +56,13 @@ SCOPE_APPLIES_TO = {
                  "Slurm job, nccltune exec --nnodes 1, NCCLTUNE_JOB_NNODES=1)",
 }
 SCOPE_FILES = {EVERY_JOB: (SH_NAME, ENV_NAME), SINGLE_NODE: (SINGLE_SH_NAME, SINGLE_ENV_NAME)}
+# The parts by node count (2 or more): nccl-nodes-N.sh and nccl-nodes-N.env in the generation
+# directory (no link beside nccl.sh: the counts change from one set to the next), scope nodes_N in
+# nccl.json, and the every-job files' header line that lists the counts, so that the shell
+# launchers know which files the set holds without reading nccl.json (a listed file that is not
+# there refuses the set).
+NODES_PREFIX = "nccl-nodes-"
+NODE_COUNTS_LINE = "# node counts: "
 # What nccltune writes is a few KiB; a published file beyond this is not one of ours.
 MAX_PUBLISHED_BYTES = 1 << 20
 
@@ -144,20 +154,45 @@ SH_LINE = "export {name}='{value}'"
 ENV_LINE = "{name}={value}"
 
 
+def nodes_files(count: int) -> tuple[str, str]:
+    """The sh and env files of the part for `count` nodes."""
+    return f"{NODES_PREFIX}{count}.sh", f"{NODES_PREFIX}{count}.env"
+
+
+def nodes_scope(count: int) -> str:
+    """The label of the part for `count` nodes in nccl.json's scopes and its files' header."""
+    return f"nodes_{count}"
+
+
+def nodes_applies_to(count: int, counts: Iterable[int]) -> str:
+    """Which jobs get the part for `count` nodes of a set with parts for `counts` (shapes.part_reach)."""
+    low, high = part_reach(counts, count)
+    jobs = f"{low} nodes or more" if high is None else f"{low} nodes" if high == low else f"{low} to {high} nodes"
+    return f"only jobs known to run on {jobs} (the largest measured node count not above the job's)"
+
+
+def node_counts_line(counts: Iterable[int]) -> str:
+    """The every-job files' header line that lists the parts by node count, ascending."""
+    return NODE_COUNTS_LINE + " ".join(str(count) for count in sorted(counts))
+
+
 def render_sh(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
-              scope: str | None = None, applied: Applied | None = None) -> str:
+              scope: str | None = None, applied: Applied | None = None,
+              extra: Sequence[str] = ()) -> str:
     """POSIX shell form: header, then ``export NAME='value'`` sorted by name, then the marker
-    ``applied`` (publish.applied: which set, which variables the file sets) when given.
+    ``applied`` (publish.applied: which set, which variables the file sets) when given. ``scope``
+    is a label of SCOPE_APPLIES_TO, or a whole ``# scope:`` line; ``extra``: header lines after it.
 
     Raises:
         InputError: see validate_env.
     """
     # Single quotes are belt and braces: the safe set needs no quoting at all.
-    return _render_lines(env, prov, generation, SH_LINE, scope, applied)
+    return _render_lines(env, prov, generation, SH_LINE, scope, applied, extra)
 
 
 def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
-               scope: str | None = None, applied: Applied | None = None) -> str:
+               scope: str | None = None, applied: Applied | None = None,
+               extra: Sequence[str] = ()) -> str:
     """``NAME=value`` form for systemd ``EnvironmentFile=`` and ``docker --env-file``, with the
     marker ``applied`` last, as render_sh.
 
@@ -166,11 +201,11 @@ def render_env(env: Mapping[str, str], prov: Provenance, *, generation: int | No
     Raises:
         InputError: see validate_env.
     """
-    return _render_lines(env, prov, generation, ENV_LINE, scope, applied)
+    return _render_lines(env, prov, generation, ENV_LINE, scope, applied, extra)
 
 
 def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | None, line: str,
-                  scope: str | None = None, applied: Applied | None = None) -> str:
+                  scope: str | None = None, applied: Applied | None = None, extra: Sequence[str] = ()) -> str:
     """Header, then one line per variable (sorted), after validating names, values and provenance,
     then the marker."""
     clean = validate_env(env)
@@ -178,43 +213,56 @@ def _render_lines(env: Mapping[str, str], prov: Provenance, generation: int | No
     body = [line.format(name=name, value=value) for name, value in clean.items()]
     if applied is not None:
         body.append(line.format(name=APPLIED_VAR, value=applied.value))
-    scope_lines = [_scope_line(scope)] if scope is not None else []
-    return "\n".join([*header_lines(prov, generation), *scope_lines, *body]) + "\n"
+    scope_lines = [] if scope is None else [scope if scope.startswith("# scope: ") else _scope_line(scope)]
+    return "\n".join([*header_lines(prov, generation), *scope_lines, *extra, *body]) + "\n"
 
 
 def render_json(env: Mapping[str, str], prov: Provenance, *, generation: int | None = None,
-                single_node_env: Mapping[str, str] | None = None) -> str:
+                single_node_env: Mapping[str, str] | None = None,
+                nodes_env: Mapping[int, Mapping[str, str]] | None = None) -> str:
     """One JSON document: ``{"schema_version": 1, "provenance": {...}, "env": {...},
-    "single_node_env": {...}, "scopes": {"every_job": ..., "single_node": ...}}``.
+    "single_node_env": {...}, "nodes_env": {"2": {...}, ...}, "scopes": {"every_job": ...,
+    "single_node": ..., "nodes_2": ...}}``.
 
     ``env`` is the part for every job (what readers of older sets know), ``single_node_env`` the
-    part for single-node jobs only; ``scopes`` labels both with the jobs that get them and the
-    files that carry them. ``generation``, when given, is recorded inside ``provenance``.
+    part for single-node jobs only, ``nodes_env`` the parts by node count (2 or more; the key
+    only where there is one, so a set without them is as it always was); ``scopes`` labels each
+    with the jobs that get it and the files that carry it. ``generation``, when given, is
+    recorded inside ``provenance``.
 
     Raises:
         InputError: see validate_env.
     """
     clean = validate_env(env)
     single = validate_env(single_node_env or {}, source="single-node environment")
+    nodes = {count: validate_env(part, source=f"{count}-node environment")
+             for count, part in sorted((nodes_env or {}).items())}
     check_provenance(prov)
     parts = {EVERY_JOB: clean, SINGLE_NODE: single}
-    scopes = {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label]), "env": part}
-              for label, part in parts.items()}
+    scopes: dict[str, Any] = {label: {"applies_to": SCOPE_APPLIES_TO[label], "files": list(SCOPE_FILES[label]),
+                                      "env": part} for label, part in parts.items()}
+    for count, part in nodes.items():
+        scopes[nodes_scope(count)] = {"applies_to": nodes_applies_to(count, nodes), "files": list(nodes_files(count)),
+                                      "nnodes": count, "env": part}
     # Its kind names its schema, schemas/env.schema.json (`nccltune env --json` prints this file).
-    doc = {"kind": "env", "schema_version": SCHEMA_VERSION, "provenance": _provenance_dict(prov, generation),
-           "env": clean, "single_node_env": single, "scopes": scopes}
+    doc: dict[str, Any] = {"kind": "env", "schema_version": SCHEMA_VERSION,
+                           "provenance": _provenance_dict(prov, generation), "env": clean, "single_node_env": single,
+                           "scopes": scopes}
+    if nodes:
+        doc["nodes_env"] = {str(count): part for count, part in nodes.items()}
     return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def _scope_line(label: str) -> str:
-    """The header line of nccl.sh/.env and their single-node twins: which jobs get the file."""
-    return f"# scope: {label}: {SCOPE_APPLIES_TO[label]}"
+def _scope_line(label: str, applies_to: str | None = None) -> str:
+    """The header line of nccl.sh/.env and their twins: which jobs get the file."""
+    return f"# scope: {label}: {applies_to if applies_to is not None else SCOPE_APPLIES_TO[label]}"
 
 
 def markers(generation: int, digest: str, every_job: Mapping[str, str],
             single_node: Mapping[str, str]) -> tuple[Applied, Applied]:
     """The markers (publish.applied) of a set's files: the every-job files name their part; the
-    single-node files, loaded after them, both parts, the every-job one first, each sorted."""
+    single-node files, loaded after them, both parts, the every-job one first, each sorted (the
+    files of a part by node count likewise: ``markers(..., every_job, part)[1]``)."""
     every = Applied(generation, digest, tuple(sorted(every_job)))
     return every, Applied(generation, digest, (*every.names, *sorted(single_node)))
 
@@ -252,16 +300,28 @@ def render_set(setting: Setting, directory: Path, generation: int) -> tuple[dict
         files.append((CLASS_PROFILE_NAME, setting.class_profile))
     every_job = validate_env({**setting.every_job_env, **own}, source=f"{setting.where}: every-job environment")
     single = validate_env(setting.single_node_env, source=f"{setting.where}: single-node environment")
-    json_text = render_json(every_job, prov, generation=generation, single_node_env=single)
-    every_marker, single_marker = markers(generation, set_digest(json_text.encode("utf-8")), every_job, single)
+    nodes = {count: validate_env(part, source=f"{setting.where}: {count}-node environment")
+             for count, part in sorted(setting.nodes_env.items())}
+    json_text = render_json(every_job, prov, generation=generation, single_node_env=single, nodes_env=nodes)
+    digest = set_digest(json_text.encode("utf-8"))
+    every_marker, single_marker = markers(generation, digest, every_job, single)
+    counts = [node_counts_line(nodes)] if nodes else []
     sets = [
-        (SH_NAME, render_sh(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker)),
-        (ENV_NAME, render_env(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker)),
+        (SH_NAME, render_sh(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker,
+                            extra=counts)),
+        (ENV_NAME, render_env(every_job, prov, generation=generation, scope=EVERY_JOB, applied=every_marker,
+                              extra=counts)),
         (SINGLE_SH_NAME, render_sh(single, prov, generation=generation, scope=SINGLE_NODE, applied=single_marker)),
         (SINGLE_ENV_NAME, render_env(single, prov, generation=generation, scope=SINGLE_NODE,
                                      applied=single_marker)),
-        (JSON_NAME, json_text),
     ]
+    for count, part in nodes.items():
+        scope = _scope_line(nodes_scope(count), nodes_applies_to(count, nodes))
+        marker = markers(generation, digest, every_job, part)[1]
+        sh_name, env_name = nodes_files(count)
+        sets.append((sh_name, render_sh(part, prov, generation=generation, scope=scope, applied=marker)))
+        sets.append((env_name, render_env(part, prov, generation=generation, scope=scope, applied=marker)))
+    sets.append((JSON_NAME, json_text))
     for name, text in sets:
         data = text.encode("utf-8")
         if len(data) > MAX_PUBLISHED_BYTES:

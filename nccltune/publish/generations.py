@@ -10,13 +10,18 @@ Layout (DESIGN.md section 3), one *set* per publish, in the publish directory::
                                                    every job
     <publish_dir>/generations/<N>/nccl-single-node.sh   the same two forms of the part measured for
     <publish_dir>/generations/<N>/nccl-single-node.env  single-node jobs only (may hold no variable)
+    <publish_dir>/generations/<N>/nccl-nodes-<C>.sh     the same two forms of each part by node count
+    <publish_dir>/generations/<N>/nccl-nodes-<C>.env    (C = 2, 4, ...: jobs of C nodes up to the next
+                                                   count; listed in nccl.sh's "# node counts:" line)
     <publish_dir>/generations/<N>/nccl.json        both parts, labelled, with their provenance
     <publish_dir>/generations/<N>/ncclTopology.xml when a topology is published with the set
     <publish_dir>/generations/<N>/libnccl-tuner-nccltune.so, tuner-table.txt   when a tuner is published
     <publish_dir>/generations/<N>/class-profile.json   the class profile the set comes from, if any
     <publish_dir>/generations/last                 the last generation number handed out
     <publish_dir>/current -> generations/<N>       the one switch
-    <publish_dir>/nccl.sh -> current/nccl.sh       (and the other four): the paths users know
+    <publish_dir>/nccl.sh -> current/nccl.sh       (and the other four): the paths users know; the
+                                                   nccl-nodes-<C> files have no such link (the counts
+                                                   differ between sets): current/nccl-nodes-<C>.sh
 
 Under the publish lock (an flock on the publish directory itself, so two publishers never
 interleave) a publish takes the next generation number and records it in ``generations/last``
@@ -96,6 +101,7 @@ class PublishedFiles:
     env: dict[str, str] = field(default_factory=dict)
     single_node_env: dict[str, str] = field(default_factory=dict)
     digest: str = ""  # of the generation's nccl.json: with the generation, the set's name in the marker
+    nodes_env: dict[int, dict[str, str]] = field(default_factory=dict)  # the parts by node count
 
     @property
     def set_id(self) -> str:
@@ -306,8 +312,9 @@ def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
         _prune(out_dir, KEEP_GENERATIONS, generation)
 
     single = dict(setting.single_node_env)
-    log.info("published generation %d (%d variables for every job, %d for single-node jobs) into %s",
-             generation, len(every_job), len(single), out_dir)
+    counts = "".join(f", {len(part)} for jobs of {count}+ nodes" for count, part in sorted(setting.nodes_env.items()))
+    log.info("published generation %d (%d variables for every job, %d for single-node jobs%s) into %s",
+             generation, len(every_job), len(single), counts, out_dir)
     tuned = setting.tuner is not None
     return PublishedFiles(sh_path=out_dir / SH_NAME, env_path=out_dir / ENV_NAME, json_path=out_dir / JSON_NAME,
                           generation=generation,
@@ -315,5 +322,6 @@ def publish_generation(out_dir: Path, setting: Setting) -> PublishedFiles:
                           single_sh_path=out_dir / SINGLE_SH_NAME, single_env_path=out_dir / SINGLE_ENV_NAME,
                           tuner_plugin_path=final / TUNER_PLUGIN_NAME if tuned else None,
                           tuner_table_path=final / TUNER_TABLE_NAME if tuned else None,
-                          env=every_job, single_node_env=single, digest=set_digest(dict(files)[JSON_NAME]))
+                          env=every_job, single_node_env=single, digest=set_digest(dict(files)[JSON_NAME]),
+                          nodes_env={count: dict(part) for count, part in sorted(setting.nodes_env.items())})
 

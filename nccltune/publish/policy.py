@@ -26,7 +26,7 @@ Rules that keep a launcher from ever sourcing something wrong:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..errors import InputError
@@ -58,7 +58,12 @@ ENV_TABLE_VAR = "NCCLTUNE_ENV_TABLE"
 # Bounds of one published set. A tuned setting holds a few dozen variables and a provenance of a
 # few hundred bytes; these leave ample room and keep every published file far below what readers
 # accept (formats.MAX_PUBLISHED_BYTES).
-MAX_VARIABLES = 256  # per part (every job, single node)
+MAX_VARIABLES = 256  # per part (every job, single node, each node count)
+# Parts by node count beside the single-node part, and the largest node count one is for: far
+# beyond any cluster nccltune tunes, small enough for a shell's arithmetic (the launchers compare
+# counts with `[ -le ]`).
+MAX_NODE_PARTS = 64
+MAX_NODE_COUNT = 100000
 MAX_PROVENANCE_TEXT = 8192  # characters of one provenance text (note, profile, class profile fields)
 MAX_GAINS = 512  # size buckets with a measured gain
 MAX_CLASS_PROFILE_FIELDS = 32
@@ -152,9 +157,12 @@ def check_text(value: str, source: str, field: str, limit: int = MAX_PROVENANCE_
                          hint="every published text is UTF-8") from None
 
 
-def check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) -> None:
-    """The single-node part names no file and repeats no every-job variable (a launcher applies
-    it after the every-job part, so a repeat would silently change what every job gets).
+def check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str],
+                 part: str = "single-node environment") -> None:
+    """A part for one job shape (the single-node part, or the part of a node count, named `part`)
+    names no file and repeats no every-job variable (a launcher applies it after the every-job
+    part, so a repeat would silently change what every job gets). A name in two shape parts is
+    allowed: a job gets one of them at most (shapes.part_for_shape).
 
     Raises:
         InputError: naming the variable (exit 78).
@@ -163,11 +171,26 @@ def check_scopes(every_job: Mapping[str, str], single_node: Mapping[str, str]) -
         raise InputError("environment", f"{JOB_NNODES_VAR}: says what shape a job has; only its launcher may set it")
     for name in sorted(single_node):
         if name in PATH_VARIABLES or name in (TUNER_FINGERPRINT_VAR, JOB_NNODES_VAR):
-            raise InputError("single-node environment", f"{name}: files, plugins and the job's shape belong to "
-                             "the part for every job")
+            raise InputError(part, f"{name}: files, plugins and the job's shape belong to the part for every job")
         if name in every_job:
-            raise InputError("single-node environment", f"{name}: also in the part for every job",
+            raise InputError(part, f"{name}: also in the part for every job",
                              hint="publish each variable in one part only")
+
+
+def check_node_counts(counts: Iterable[object], source: str) -> None:
+    """The node counts a set has parts for beside the single-node part: whole numbers from 2 to
+    MAX_NODE_COUNT, at most MAX_NODE_PARTS of them.
+
+    Raises:
+        InputError: naming ``source`` and the count (exit 78).
+    """
+    counts = list(counts)
+    if len(counts) > MAX_NODE_PARTS:
+        raise InputError(source, f"{len(counts)} parts by node count; a set holds at most {MAX_NODE_PARTS}")
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= MAX_NODE_COUNT:
+            raise InputError(source, f"node count {count!r}: a part by node count is for 2 to {MAX_NODE_COUNT} "
+                             "nodes (one node's part is the single-node part)")
 
 
 # -- before the first trial ------------------------------------------------------------------

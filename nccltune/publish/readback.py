@@ -26,6 +26,7 @@ from .formats import (
     ENV_TABLE_NAME,
     JSON_NAME,
     MAX_PUBLISHED_BYTES,
+    NODE_COUNTS_LINE,
     SCHEMA_VERSION,
     SH_NAME,
     SINGLE_ENV_NAME,
@@ -33,6 +34,8 @@ from .formats import (
     TUNER_PLUGIN_NAME,
     TUNER_TABLE_NAME,
     markers,
+    node_counts_line,
+    nodes_files,
 )
 from .generations import CURRENT_NAME, GENERATIONS_DIR, current_generation
 from .policy import (
@@ -41,6 +44,7 @@ from .policy import (
     JOB_NNODES_VAR,
     TUNER_PLUGIN_VAR,
     TUNER_TABLE_VAR,
+    check_node_counts,
     check_scopes,
     validate_env,
 )
@@ -59,6 +63,14 @@ class PublishedSet:
     texts: dict[str, str]
     single_node_env: dict[str, str] = field(default_factory=dict)  # only for jobs known to be single-node
     digest: str = ""  # of its nccl.json (publish.applied.set_digest)
+    # The parts by node count (2 or more): node count -> variables; none in a set without them.
+    nodes_env: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> dict[int, dict[str, str]]:
+        """Every part for a job shape, by node count (1: the single-node part): what
+        shapes.part_for_shape takes beside the every-job part."""
+        return {1: self.single_node_env, **self.nodes_env}
 
     @property
     def set_id(self) -> str:
@@ -88,8 +100,18 @@ def _read_trusted(path: Path, what: str) -> bytes:
     return data
 
 
-def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str] | None]:
-    """(every-job env, provenance, single-node env or None for a set written before the parts)."""
+@dataclass(frozen=True)
+class _JsonDoc:
+    """nccl.json as read: the every-job part, the provenance, the single-node part (None for a set
+    written before the parts) and the parts by node count."""
+
+    env: dict[str, str]
+    provenance: dict[str, Any]
+    single: dict[str, str] | None
+    nodes: dict[int, dict[str, str]]
+
+
+def _parse_json_doc(raw: bytes, where: str) -> _JsonDoc:
     doc = parse_json(raw, where)
     if not isinstance(doc, dict):
         raise InputError(where, "expected a JSON object")
@@ -113,7 +135,38 @@ def _parse_json_doc(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, A
     single_clean = None if single is None else validate_env(single, source=f"{where}: single_node_env")
     if single_clean is not None:
         check_scopes(clean, single_clean)
-    return clean, prov, single_clean
+    return _JsonDoc(clean, prov, single_clean, _parse_nodes(doc.get("nodes_env", {}), clean, where))
+
+
+def _parse_nodes(nodes: object, every_job: Mapping[str, str], where: str) -> dict[int, dict[str, str]]:
+    """nccl.json's ``nodes_env``: node count (a decimal key, 2 or more) -> its part.
+
+    Raises:
+        InputError: naming the count or variable (exit 78).
+    """
+    if not isinstance(nodes, dict):
+        raise InputError(where, "'nodes_env' must be an object of node count: {NAME: value}")
+    parts: dict[int, dict[str, str]] = {}
+    for key, part in nodes.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[1-9][0-9]{0,8}", key):
+            raise InputError(where, f"nodes_env: {key!r} is not a node count")
+        if not isinstance(part, dict):
+            raise InputError(where, f"nodes_env[{key}] must be an object of NAME: value")
+        source = f"{where}: nodes_env[{key}]"
+        parts[int(key)] = validate_env(part, source=source)
+        check_scopes(every_job, parts[int(key)], source)
+    check_node_counts(parts, f"{where}: nodes_env")
+    return dict(sorted(parts.items()))
+
+
+def node_counts(text: str) -> tuple[int, ...] | None:
+    """The node counts an every-job file's header lists (``# node counts: 2 4``), or None when it
+    lists none (a set without parts by node count, or written before them)."""
+    for line in text.split("\n"):
+        if line.startswith(NODE_COUNTS_LINE):
+            words = line[len(NODE_COUNTS_LINE):].split(" ")
+            return tuple(int(word) for word in words) if all(w.isdigit() for w in words) else ()
+    return None
 
 
 _SH_LINE = re.compile(r"export ([A-Z0-9_]+)='([^']*)'")
@@ -200,7 +253,8 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         if number is None and exc.errno == errno.ENOENT:
             return None
         raise
-    env, prov, single = _parse_json_doc(raw, str(json_path))
+    doc = _parse_json_doc(raw, str(json_path))
+    env, prov, single = doc.env, doc.provenance, doc.single
     _check_own_files(env, directory, number, str(json_path))
     generation = prov.get("generation")
     if isinstance(generation, bool) or not isinstance(generation, int):
@@ -214,6 +268,10 @@ def read_set(out_dir: Path) -> PublishedSet | None:
     parts = [(SH_NAME, "sh", env, every_marker), (ENV_NAME, "env", env, every_marker)]
     if single is not None:
         parts += [(SINGLE_SH_NAME, "sh", single, single_marker), (SINGLE_ENV_NAME, "env", single, single_marker)]
+    for count, part in doc.nodes.items():
+        part_marker = markers(generation or 0, digest, env, part)[1]
+        sh_name, env_name = nodes_files(count)
+        parts += [(sh_name, "sh", part, part_marker), (env_name, "env", part, part_marker)]
     for name, kind, expected, expected_marker in parts:
         path = directory / name
         if number is None and not expected and name in (SINGLE_SH_NAME, SINGLE_ENV_NAME) \
@@ -234,9 +292,14 @@ def read_set(out_dir: Path) -> PublishedSet | None:
         if marker is not None and marker != expected_marker.value:
             raise InputError(str(path), f"its {APPLIED_VAR} is not the marker of this set and file: a mixed or "
                              "edited set", hint="re-run nccltune sweep")
+        if name in (SH_NAME, ENV_NAME) and node_counts(text) != (tuple(doc.nodes) or None):
+            # The shell launchers take the parts a set holds from this line: it is nccl.json's.
+            listed = node_counts_line(doc.nodes) if doc.nodes else "no such line"
+            raise InputError(str(path), f"the parts by node count it lists are not {json_path.name}'s ({listed}): "
+                             "a mixed or edited set", hint="re-run nccltune sweep")
         texts[name] = text
     return PublishedSet(directory=directory, generation=generation or 0, env=env, provenance=prov, texts=texts,
-                        single_node_env=single or {}, digest=digest)
+                        single_node_env=single or {}, digest=digest, nodes_env=doc.nodes)
 
 
 def _check_own_files(env: Mapping[str, str], directory: Path, number: int | None, where: str) -> None:
@@ -265,10 +328,15 @@ def read_published(out_dir: Path) -> tuple[dict[str, str], dict[str, Any]] | Non
 
 
 def job_env(published: PublishedSet, nnodes: int | None) -> dict[str, str]:
-    """What a job gets from a published set: the every-job part, plus the single-node part only
-    when the job is known to span exactly one node (``nnodes == 1``). A job that does not say
-    (None) or spans more nodes never receives values measured between one node's GPUs."""
-    return part_for_shape(published.env, {1: published.single_node_env}, nnodes)
+    """What a job of `nnodes` nodes (None: it does not say) gets from a published set:
+    shapes.part_for_shape over the every-job part and every part by shape (the single-node part
+    only for one node, else the part of the largest measured count <= the job's)."""
+    return part_for_shape(published.env, published.parts, nnodes)
+
+
+def part_files(count: int) -> tuple[str, str]:
+    """The (sh, env) files of the part for jobs of `count` nodes (1: the single-node part)."""
+    return (SINGLE_SH_NAME, SINGLE_ENV_NAME) if count == 1 else nodes_files(count)
 
 
 def job_nnodes(environ: Mapping[str, str]) -> int | None:

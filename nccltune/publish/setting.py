@@ -2,7 +2,8 @@
 
 Every decider returns a Setting and hands it to ``publish_setting`` (publisher.py): the sweep, the
 one-GPU node, a class profile (``nccltune apply``, the daemon's ``profile.path``) and the daemon's
-safe republish. A Setting holds the every-job part, the single-node part, the topology XML (the
+safe republish. A Setting holds the every-job part, the single-node part, the parts by node count
+(a class profile's parts measured on 2, 4, ... nodes; shapes.py says which a job gets), the topology XML (the
 generation's own copy is what NCCL_TOPO_FILE names), the tuner plugin and table, the provenance,
 and, for a class profile, the profile document that is in force once the Setting is published.
 ``Setting.check`` applies the whole value policy (policy.py) and the bounds, so a Setting that
@@ -28,6 +29,7 @@ from .policy import (
     TUNER_TABLE_VAR,
     check_count,
     check_names,
+    check_node_counts,
     check_path_variables,
     check_scopes,
     check_text,
@@ -143,12 +145,16 @@ class Setting:
     class_profile: bytes | None = None
     # What a refusal names: the profile file, "sweep", "safe republish".
     where: str = "published setting"
+    # The parts by node count (2 or more) beside the single-node part: node count -> variables.
+    nodes_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owned = self.owned_variables()
         every_job = {name: value for name, value in dict(self.every_job_env).items() if name not in owned}
         object.__setattr__(self, "every_job_env", MappingProxyType(every_job))
         object.__setattr__(self, "single_node_env", MappingProxyType(dict(self.single_node_env)))
+        object.__setattr__(self, "nodes_env", MappingProxyType({count: MappingProxyType(dict(part))
+                                                                for count, part in dict(self.nodes_env).items()}))
 
     def owned_variables(self) -> frozenset[str]:
         """The variables the publisher sets to the generation's own files."""
@@ -176,6 +182,13 @@ class Setting:
         check_count(single, f"{self.where}: single-node environment")
         check_path_variables(every_job, default_where=f"{self.where}: every-job environment")
         check_scopes(every_job, single)
+        check_node_counts(self.nodes_env, f"{self.where}: parts by node count")
+        for count, part in sorted(self.nodes_env.items()):
+            source = f"{self.where}: {count}-node environment"
+            clean = validate_env(part, source=source)
+            check_names(clean, source)
+            check_count(clean, source)
+            check_scopes(every_job, clean, source)
         check_provenance(self.provenance, self.where)
         if self.tuner is not None:
             size = len(self.tuner.table_text.encode("utf-8"))

@@ -10,8 +10,14 @@ the NICs between nodes from 2 up), while values measured on more nodes were tune
 trees the job does not form. A job of unknown size (a CDI device's env, a systemd
 EnvironmentFile=, a launcher that cannot tell) gets the safe part alone.
 
-Standard library only: the shell launchers carry the same rule for the single-node part, and the
-tests compare them with `part_for_shape`.
+A name may be in several parts (the single-node part and the part for 4 nodes, say): a job gets one
+part at most, so each part's value reaches exactly the jobs `shape_key` gives that part. A name in
+the safe part is in no other (policy.check_scopes): the launchers apply a part after the safe part
+and keep what a job already has, so a repeat would not mean the same in every form.
+
+Standard library only: the shell launchers carry the same rule in sh (the largest listed count
+<= the job's, the single-node file only for one node), and the tests compare them with
+`part_for_shape`.
 """
 
 from __future__ import annotations
@@ -40,3 +46,11 @@ def part_for_shape(safe: Mapping[str, str], parts: Mapping[int, Mapping[str, str
     if key is not None:
         env.update(parts[key])
     return env
+
+
+def part_reach(measured: Iterable[int], count: int) -> tuple[int, int | None]:
+    """The node counts of the jobs that get the part measured for `count` (one of `measured`,
+    2 or more): (fewest, most), most None for no bound. What nccl.json and the files' headers say
+    of a part."""
+    larger = [other for other in measured if other > count]
+    return count, (min(larger) - 1 if larger else None)
