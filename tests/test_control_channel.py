@@ -365,42 +365,45 @@ def test_the_jobs_own_peers_keep_their_slots(key_file: Path) -> None:
         server.close()
 
 
-@pytest.mark.parametrize(("ours", "theirs"), [(None, "sha256:" + "ab" * 32), ("sha256:" + "ab" * 32, None),
-                                              ("sha256:" + "ab" * 32, "sha256:" + "cd" * 32)])
+IMAGE_A, IMAGE_B = "sha256:" + "ab" * 32, "sha256:" + "cd" * 32
+
+
+def _join_with_images(key_file: Path, ours: str | None, theirs: str | None,
+                      wait_s: float) -> tuple[ControlServer, Any, list[Any]]:
+    """A coordinator measuring in `ours` and one joiner in `theirs` through the handshake: the
+    server (closed), the joiner's session or its exception, and what admit() gave."""
+    port = port_pair()
+    server = ControlServer("127.0.0.1", port + 1, key=load_key(key_file), joiners=1, nproc_per_node=1,
+                           join_wait_s=wait_s, image=ours)
+    try:
+        thread, box = _in_thread(server.admit)
+        sock = socket.create_connection(("127.0.0.1", port + 1), timeout=10)
+        try:
+            got: Any = join_session(sock, "the coordinator", server.key, str(key_file), image=theirs)
+        except UnavailableError as exc:
+            got = exc
+        thread.join(30)
+        return server, got, box
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(None, IMAGE_A), (IMAGE_A, None), (IMAGE_A, IMAGE_B)])
 def test_a_joiner_measuring_in_another_image_is_refused_before_any_trial(
         key_file: Path, ours: str | None, theirs: str | None) -> None:
     """One job, one NCCL: the coordinator refuses a joiner whose bench.image (digest, or none: its
     host) is not its own, after both proved the key, naming both."""
-    port = port_pair()
-    server = ControlServer("127.0.0.1", port + 1, key=load_key(key_file), joiners=1, nproc_per_node=1,
-                           join_wait_s=2, image=ours)
-    try:
-        thread, _box = _in_thread(server.admit)
-        sock = socket.create_connection(("127.0.0.1", port + 1), timeout=10)
-        with pytest.raises(UnavailableError) as got:
-            join_session(sock, "the coordinator", server.key, str(key_file), image=theirs)
-        thread.join(30)
-        assert not server.peers
-        said = str(got.value)
-        assert "refused this node: the coordinator measures" in said and "give every node the same bench.image" in said
-        assert (ours or "on its host") in said and (theirs or "on its host") in said
-    finally:
-        server.close()
+    server, got, _box = _join_with_images(key_file, ours, theirs, wait_s=2)
+    assert isinstance(got, UnavailableError) and not server.peers
+    said = str(got)
+    assert "refused this node: the coordinator measures" in said and "give every node the same bench.image" in said
+    assert (ours or "on its host") in said and (theirs or "on its host") in said
 
 
 def test_a_joiner_in_the_coordinators_image_is_admitted(key_file: Path) -> None:
-    image = "sha256:" + "ab" * 32
-    port = port_pair()
-    server = ControlServer("127.0.0.1", port + 1, key=load_key(key_file), joiners=1, nproc_per_node=1,
-                           join_wait_s=30, image=image)
-    try:
-        thread, box = _in_thread(server.admit)
-        sock = socket.create_connection(("127.0.0.1", port + 1), timeout=10)
-        peer, _, _ = join_session(sock, "the coordinator", server.key, str(key_file), image=image)
-        thread.join(30)
-        assert box == [None] and len(server.peers) == 1 and not peer.closed
-    finally:
-        server.close()
+    server, got, box = _join_with_images(key_file, IMAGE_A, IMAGE_A, wait_s=30)
+    peer, _, _ = got
+    assert box == [None] and len(server.peers) == 1 and not peer.closed
 
 
 def test_a_connection_that_says_nothing_is_closed_at_the_pre_auth_deadline(coordinator: tuple[ControlServer, int]
