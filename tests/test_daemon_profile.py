@@ -29,6 +29,7 @@ from nccltune.daemon import Daemon, actions, scheduler
 from nccltune.daemon import profile as safe
 from nccltune.daemon.actions import Node
 from nccltune.daemon.scheduler import Action
+from nccltune.errors import BusyError
 from nccltune.fleet.apply import PROFILE_IN_FORCE
 from nccltune.fleet.upgrade import SAFE_AFTER_UPGRADE, SAFE_PART
 from nccltune.store import Store
@@ -198,6 +199,42 @@ def test_a_bad_profile_is_refused_and_the_node_keeps_what_it_had(
     s = metric_samples(state)
     assert {x.labels["state"]: x.value for x in s["nccltune_profile_state"]}["refused"] == 1.0
     assert [x.labels["reason"] for x in s["nccltune_profile_refused_info"]] == [code]
+
+
+def _busy(*args: Any, **kwargs: Any) -> None:
+    raise BusyError("another publisher holds the publish lock")
+
+
+@pytest.mark.parametrize(("what", "change", "publisher", "served"), [
+    ("the class profile", lambda p: p["provenance"].update(created_at="2026-12-02T00:00:00+00:00"),
+     (actions, "publish_class_profile"), "in_force"),
+    ("the safe part of", _stale, (safe, "publish_safe_part"), "safe_part"),
+])
+def test_a_publish_that_cannot_happen_now_keeps_what_is_published_and_the_next_poll_tries_again(
+        harness: Harness, seeded: Path, tmp_path: Path, profile: dict[str, Any], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, what: str, change: Callable[[dict[str, Any]], None],
+        publisher: tuple[Any, str], served: str) -> None:
+    """A busy publish of a new profile (or of a stale one's safe part) changes nothing and is not a
+    refusal; the file is read again at the next poll although it did not change again."""
+    d, cm = start_with_profile(harness, seeded, tmp_path, dumps(profile))
+    state = tmp_path / "state"
+    before, kept = published_bytes(state), d.profile_in_force
+    changed = copy.deepcopy(profile)
+    change(changed)
+    monkeypatch.setattr(*publisher, _busy)
+    with caplog.at_level(logging.INFO, logger="nccltune.daemon"):
+        cm.update(dumps(changed))
+        d.poll()
+    assert published_bytes(state) == before and d.profile_in_force is kept and d.profile.state == "in_force"
+    busy = [r for r in caplog.records if "cannot publish" in r.getMessage()]
+    assert len(busy) == 1 and busy[0].levelno == logging.ERROR
+    assert busy[0].getMessage().startswith(f"cannot publish {what} ")
+    assert busy[0].getMessage().endswith("now: another publisher holds the publish lock; keeping what is published")
+    assert not [r for r in caplog.records if "class profile refused" in r.getMessage()]
+    monkeypatch.undo()
+    d.poll()
+    assert d.profile.state == served
+    assert provenance(state)["class_profile"]["sha256"] == hashlib.sha256(dumps(changed).encode()).hexdigest()
 
 
 def _upgrade_series(state: Path) -> dict[str, dict[str, float]]:

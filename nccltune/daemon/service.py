@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import __version__
 from ..errors import BusyError, InputError, NccltuneError
@@ -77,6 +77,16 @@ HEARTBEAT_EVERY_S = 30.0
 
 NodeLoader = Callable[[Config, str | bool | None], Node]
 NcclProbe = Callable[[Config, str | None], NcclInfo]
+# What a publish of the class profile or of its safe part answers (its generation).
+_Generation = TypeVar("_Generation")
+
+
+@dataclass(frozen=True)
+class _NotPublished:
+    """A publish that could not happen now: `answer` is what the look at profile.path returns
+    (True: a profile, or its safe part, is in force)."""
+
+    answer: bool
 
 
 @dataclass
@@ -408,20 +418,31 @@ class Daemon:
         published = actions.read_published_state(self.cfg.publish_dir)
         if not (published.class_profile_sha256 == loaded.sha256 and published.tuning_fingerprint == self.tuning_fp
                 and published.topology_fingerprint == node.fingerprint and published.decided):
-            try:
-                generation = actions.publish_class_profile(self.cfg, node, nccl, loaded, self.wall_clock())
-            except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
-                self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
-                return self._profile_settled(was)
-            except NccltuneError as exc:  # busy or a full disk: the next poll tries again
-                log.error("cannot publish the class profile %s now: %s; keeping what is published", loaded.path, exc)
-                self._profile_stamp = None
-                return self.profile_in_force is not None
+            generation = self._publish_or_wait(
+                path, f"the class profile {loaded.path}", was, self.profile_in_force is not None,
+                lambda: actions.publish_class_profile(self.cfg, node, nccl, loaded, self.wall_clock()))
+            if isinstance(generation, _NotPublished):
+                return generation.answer
             log.info("applied %s: generation %d", loaded.note, generation)
         self.profile = ProfileStatus("in_force", str(loaded.path))
         self.profile_in_force, self.safe_part = loaded, None
         self._profile_logged = None
         return self._profile_settled(was)
+
+    def _publish_or_wait(self, path: Path, what: str, was: LoadedProfile | None, in_force: bool,
+                         publish: Callable[[], _Generation]) -> _Generation | _NotPublished:
+        """`publish()`'s answer, or what this look at profile.path answers when it cannot publish
+        `what` (the profile at `path`, or its safe part) now. `was`: what was in force before the
+        look; `in_force`: whether something of the profile is in force now."""
+        try:
+            return publish()
+        except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
+            self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
+            return _NotPublished(self._profile_settled(was))
+        except NccltuneError as exc:  # busy or a full disk: the next poll tries again
+            log.error("cannot publish %s now: %s; keeping what is published", what, exc)
+            self._profile_stamp = None
+            return _NotPublished(in_force)
 
     # -- after an upgrade: the safe part, the canary ----------------------------------------------
 
@@ -437,15 +458,11 @@ class Daemon:
         """Publish `part`'s safe part (unless published) and tell the scheduler; True: it is served."""
         was, node, nccl = self.profile_in_force, self.watcher.node, self.watcher.nccl
         changes = "; ".join(part.upgraded.changes)
-        try:
-            generation = safe.publish_safe_part(self.cfg, node, nccl, part, self.wall_clock())
-        except InputError as exc:  # a config pin that cannot go with it: refused, as apply refuses it
-            self._profile_refused(path, ProfileRefused.wrapping(exc, "unsafe"))
-            return self._profile_settled(was)
-        except NccltuneError as exc:  # busy or a full disk: the next poll tries again
-            log.error("cannot publish the safe part of %s now: %s; keeping what is published", part.name, exc)
-            self._profile_stamp = None
-            return self.safe_part is not None
+        generation = self._publish_or_wait(
+            path, f"the safe part of {part.name}", was, self.safe_part is not None,
+            lambda: safe.publish_safe_part(self.cfg, node, nccl, part, self.wall_clock()))
+        if isinstance(generation, _NotPublished):
+            return generation.answer
         if generation is not None:
             role = ("this node is the class's canary: it re-measures the profile's values under the new versions"
                     if part.canary else f"the class's canary {part.upgraded.canary or '(none in the profile)'} "
