@@ -18,7 +18,16 @@ import pytest
 from nccltune.errors import CheckFailed, UsageError
 from nccltune.sweep.plan import Plan
 from nccltune.sweep.select import MiB, profile_weights
-from nccltune.sweep.strategy import TOPO_ONLY, Search, SearchResult, Settings, label_of, rank_screened
+from nccltune.sweep.strategy import (
+    TOPO_ONLY,
+    Finalist,
+    Search,
+    SearchResult,
+    Settings,
+    label_of,
+    rank_screened,
+    round_measure,
+)
 
 SIZES = [4096, 65536, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 SMALL = [4096, 65536, MiB]
@@ -175,6 +184,25 @@ def test_failed_finalist_and_baseline_runs_are_left_out() -> None:
     # Trials keep distinct labels in the history even after a failure.
     labels = [label for _env, phase, label in bench.calls if phase == "baseline"]
     assert labels == [f"defaults #{i}" for i in range(1, 7)]
+
+
+def test_a_final_rounds_defaults_join_the_baseline_runs_and_a_failed_one_does_not() -> None:
+    calls: list[tuple[dict[str, str], str, str]] = []
+    earlier = [{("all_reduce", 4096): 1.0}]
+
+    def trial(env: dict[str, str], phase: str, label: str) -> dict[tuple[str, int], float] | None:
+        calls.append((env, phase, label))
+        return None if label == "base 2" else {("all_reduce", 4096): float(len(calls))}
+
+    measure = round_measure(trial, earlier, lambda r: f"base {r + 1}")
+    tree = Finalist({"NCCL_ALGO": "Tree"}, "NCCL_ALGO=Tree")
+    assert measure(tree, 0) == {("all_reduce", 4096): 1.0}
+    assert measure(None, 0) == {("all_reduce", 4096): 2.0}
+    assert measure(None, 1) is None
+    assert calls == [({"NCCL_ALGO": "Tree"}, "final", "NCCL_ALGO=Tree #1"), ({}, "baseline", "base 1"),
+                     ({}, "baseline", "base 2")]
+    # The finalist's run is its own; the defaults' that worked follow the runs measured before.
+    assert earlier == [{("all_reduce", 4096): 1.0}, {("all_reduce", 4096): 2.0}]
 
 
 def test_channel_values_are_pruned_after_the_first_baseline_that_worked() -> None:

@@ -53,7 +53,15 @@ from ..sweep.pertable import (
 )
 from ..sweep.plan import Plan
 from ..sweep.select import Key
-from ..sweep.strategy import FinalCheck, Finalist, SearchResult, final_check, label_of, rank_screened
+from ..sweep.strategy import (
+    FinalCheck,
+    Finalist,
+    SearchResult,
+    final_check,
+    label_of,
+    rank_screened,
+    round_measure,
+)
 from ..trials.session import TrialSession
 from ..tuner.build import BuildResult, build_plugin
 from ..tuner.table import TunerTable, nccl_version_code, render_table
@@ -146,6 +154,10 @@ class TableStage:
             return None
         return result
 
+    def _busbw(self, env: Mapping[str, str], phase: Phase, label: str) -> dict[Key, float] | None:
+        got = self._trial(env, phase, label)
+        return None if got is None else got.busbw_by_key()
+
     def run(self, result: SearchResult) -> TableOutcome:
         ps = self.plan.per_size
         if ps is None or not ps.active:
@@ -230,16 +242,7 @@ class TableStage:
         profile by the one decision rule, rounds added while a finalist is undecided
         (sweep.strategy.final_check)."""
         base_runs = list(result.baseline_runs)
-
-        def measure(f: Finalist | None, r: int) -> dict[Key, float] | None:
-            got = (self._trial(f.env, "final", f"{f.label} #{r + 1}") if f is not None else
-                   self._trial({}, "baseline", f"defaults (final check) #{r + 1}"))
-            if got is None:
-                return None
-            if f is None:
-                base_runs.append(got.busbw_by_key())
-            return got.busbw_by_key()
-
+        measure = round_measure(self._busbw, base_runs, lambda r: f"defaults (final check) #{r + 1}")
         s = self.cfg.sweep
         self.final = final_check(finalists, measure, result.weights,
                                  decision.Rule(s.min_gain_pct, s.max_regression_pct),

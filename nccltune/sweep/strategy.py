@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from . import decision
 from .decision import Verdict
@@ -68,6 +68,28 @@ class FinalCheck:
     rounds: int = 0
     trials: int = 0
     looks: list[int] = field(default_factory=list)
+
+
+# What a final check measures: a finalist's round, or the defaults' run of the round.
+RoundPhase = Literal["final", "baseline"]
+
+
+def round_measure(trial: Callable[[Env, RoundPhase, str], dict[Key, float] | None], base_runs: list[dict[Key, float]],
+                  defaults_label: Callable[[int], str]) -> Callable[[Finalist | None, int], dict[Key, float] | None]:
+    """`final_check`'s `measure` over `trial(env, phase, label)` (busbw per key, None for a failed
+    trial): a finalist's round is a "final" trial labelled with its round, the defaults' a "baseline"
+    trial labelled `defaults_label(round)`, whose runs also join `base_runs`, the runs of the defaults
+    the search measured before: the defaults' medians are those of every run of the defaults."""
+
+    def measure(f: Finalist | None, r: int) -> dict[Key, float] | None:
+        if f is not None:
+            return trial(f.env, "final", f"{f.label} #{r + 1}")
+        got = trial({}, "baseline", defaults_label(r))
+        if got is not None:
+            base_runs.append(got)
+        return got
+
+    return measure
 
 
 def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, int], dict[Key, float] | None],
@@ -295,16 +317,7 @@ class Search:
         # Finalists and the defaults again, round-robin, so slow drift affects both alike and
         # each finalist's run pairs with the defaults' run of its round.
         first_round = baseline_trials
-
-        def measure(f: Finalist | None, r: int) -> dict[Key, float] | None:
-            got = (self.measure(f.env, "final", f"{f.label} #{r + 1}") if f is not None else
-                   self.measure({}, "baseline", f"defaults #{first_round + r + 1}"))
-            if got is None:
-                return None
-            if f is None:
-                base_runs.append(got[0])
-            return got[0]
-
+        measure = round_measure(self._busbw, base_runs, lambda r: f"defaults #{first_round + r + 1}")
         check = final_check(finalists, measure, self.weights, self.rule, first=self.s.finalist_repeats,
                             last=max(self.s.finalist_repeats, self.s.max_finalist_repeats),
                             max_trials=self.s.max_final_trials)
@@ -322,6 +335,10 @@ class Search:
             chosen = max(eligible, key=lambda f: f.verdict.gain_pct if f.verdict else 0.0)
         return SearchResult(base_runs, baseline, screened, finalists, chosen, topo_only, self.weights,
                             self.notes, check, dict(self.worst_pct))
+
+    def _busbw(self, env: Env, phase: str, label: str) -> dict[Key, float] | None:
+        got = self.measure(env, phase, label)
+        return None if got is None else got[0]
 
     def _note(self, text: str) -> None:
         log.warning("%s", text)
