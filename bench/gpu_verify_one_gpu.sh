@@ -14,17 +14,19 @@
 #  3. The published table made stale (its fingerprint line) and malformed (a line after 'end') in
 #     place: verify must fail with table_stale and table_malformed.
 #
-# The ranks TIME-SHARE ONE GPU: every number here is an artifact of that (never a performance result,
-# never to be published on a real node), and every line of the summary says so.
+# The sweep's ranks run under the CUDA MPS control daemon this script starts (bench/gpu_env.sh
+# mps_start; where it is refused they time-slice); verify starts its own for its check ranks
+# (trials/mps.py) after this one is stopped, and its JSON says which it got (one_gpu.gpu_sharing).
+# Either way these are NCCL hosts on ONE GPU over loopback: every number proves a mechanism, never a
+# node's speed (never to be published on a real node), and every line of the summary says so, as
+# does every file name (SUFFIX: mps-one-gpu, or ranks-time-sharing-one-gpu where MPS was refused).
 #
 #   OUT=/tmp/x bash bench/gpu_verify_one_gpu.sh [--demo]
 # --demo: the same commands on the CPU (gloo, the recorded 1x H200 VM, the interpreter on PATH): no
 # NCCL log and no table published there, so it checks the script, never NCCL.
-# $OUT receives (flat, 8 files at most): summary-ranks-time-sharing-one-gpu.txt,
-# plan-ranks-time-sharing-one-gpu.json, profile-ranks-time-sharing-one-gpu.json,
-# verify-ranks-time-sharing-one-gpu.json, verify-quick-ranks-time-sharing-one-gpu.json,
-# verify-stale-ranks-time-sharing-one-gpu.json, verify-malformed-ranks-time-sharing-one-gpu.json,
-# logs-ranks-time-sharing-one-gpu.tar.gz (the sweep's and the checks' logs, rank 0's NCCL logs).
+# $OUT receives (flat, 8 files at most): summary-SUFFIX.txt, plan-SUFFIX.json, profile-SUFFIX.json,
+# verify-SUFFIX.json, verify-quick-SUFFIX.json, verify-stale-SUFFIX.json, verify-malformed-SUFFIX.json,
+# logs-SUFFIX.tar.gz (the sweep's and the checks' logs, rank 0's NCCL logs).
 # Exit 0 when every step did what it must.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,7 +42,7 @@ mkdir -p "$OUT"
 if [ "$DEMO" = 1 ]; then
   PY=${PY:-$(command -v python3)} DEMO_ARGS=(--demo "$PWD/tests/fixtures/h200x1-vm.json")
 else
-  PY=${PY:-/opt/torch/.venv/bin/python3} DEMO_ARGS=()
+  PY=${PY:-$(command -v python3)} DEMO_ARGS=()
 fi
 # The checkout is not installed on the device: nccltune and its dependencies from here.
 export PYTHONPATH=$PWD:$PWD/.devdeps
@@ -49,9 +51,17 @@ unset NCCL_HOSTID  # each process below gets its own; verify sets its check rank
 W=$(mktemp -d /tmp/nccltune-verify1.XXXXXX)
 LOGS=$W/logs
 mkdir -p "$LOGS"
+SUFFIX=ranks-time-sharing-one-gpu
 TAG="[ranks time-sharing ONE GPU: numbers prove mechanisms, never speed]"
-[ "$DEMO" = 1 ] && TAG="[CPU demo, gloo: ranks time-sharing the CPU, numbers prove nothing about NCCL]"
-exec > >(sed -u "s/\$/  $TAG/" | tee "$OUT/summary-ranks-time-sharing-one-gpu.txt") 2>&1
+if [ "$DEMO" = 1 ]; then
+  TAG="[CPU demo, gloo: ranks time-sharing the CPU, numbers prove nothing about NCCL]"
+elif mps_start "$W/mps"; then
+  SUFFIX=mps-one-gpu
+  TAG="[NCCL hosts on ONE GPU under CUDA MPS, loopback: numbers prove mechanisms, never a node's speed]"
+fi
+trap mps_stop EXIT  # an MPS server left running holds the GPU
+exec > >(sed -u "s|\$|  $TAG|" | tee "$OUT/summary-$SUFFIX.txt") 2>&1
+echo "the sweep's ranks: $SHARING"
 status=0
 fail() { echo "FAILED: $*"; status=1; }
 now() { date +%s.%N; }
@@ -95,9 +105,9 @@ step "sweep --plan for 2 NCCL hosts, then the 2-host sweep (coordinator host0, j
 P=$(port)
 SWEEP_ARGS=("${DEMO_ARGS[@]}" --nodes 2 --launcher torchrun --rdzv-endpoint 127.0.0.1:$P --config "$CFG" --python "$PY")
 NCCL_HOSTID=rig-host0 nt sweep --plan --json "${SWEEP_ARGS[@]}" --state-dir "$W/host0" \
-  > "$OUT/plan-ranks-time-sharing-one-gpu.json" 2> "$LOGS/plan.err" || fail "sweep --plan"
+  > "$OUT/plan-$SUFFIX.json" 2> "$LOGS/plan.err" || fail "sweep --plan"
 ETA=$("$PY" -c 'import json, sys; e = json.load(open(sys.argv[1]))["estimate"]; print(e["seconds"], e["trials"])' \
-  "$OUT/plan-ranks-time-sharing-one-gpu.json" 2>/dev/null) || ETA="? ?"
+  "$OUT/plan-$SUFFIX.json" 2>/dev/null) || ETA="? ?"
 NCCL_HOSTID=rig-host1 LIMIT=600 nt sweep --join 127.0.0.1:$P "${DEMO_ARGS[@]}" --config "$CFG" --state-dir "$W/host1" --python "$PY" \
   > "$LOGS/join-host1.out" 2> "$LOGS/join-host1.err" &
 jpid=$!
@@ -139,7 +149,7 @@ for e in p["tuner_table"]:
     print("  entry:", {k: e[k] for k in ("collective", "min_bytes", "max_bytes", "nnodes", "ranks_per_node",
                                          "algo", "proto")})
 EOF
-cp "$W/profile.json" "$OUT/profile-ranks-time-sharing-one-gpu.json"
+cp "$W/profile.json" "$OUT/profile-$SUFFIX.json"
 
 step "apply the profile into a fresh state directory"
 APPLIED=$W/applied
@@ -176,16 +186,18 @@ verify_run() {
 code() { "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["code"], "|", d["reason"])' "$1" \
   2>/dev/null || echo "no verify document"; }
 
+# verify starts its own MPS daemon for its check ranks, as it does on a node: this one goes first.
+[ "$DEMO" = 1 ] || mps_stop
 step "nccltune verify (full), then verify --quick, on the applied state"
 verify_run verify 0
 cat "$LOGS/verify.out"
 verify_run verify-quick 0 --quick
 cat "$LOGS/verify-quick.out"
 verify_run verify-json 0 --json
-cp "$LOGS/verify-json.out" "$OUT/verify-ranks-time-sharing-one-gpu.json"
+cp "$LOGS/verify-json.out" "$OUT/verify-$SUFFIX.json"
 echo "verify --json: $(code "$LOGS/verify-json.out")"
 verify_run verify-quick-json 0 --quick --json
-cp "$LOGS/verify-quick-json.out" "$OUT/verify-quick-ranks-time-sharing-one-gpu.json"
+cp "$LOGS/verify-quick-json.out" "$OUT/verify-quick-$SUFFIX.json"
 echo "verify --quick --json: $(code "$LOGS/verify-quick-json.out")"
 "$PY" - "$LOGS/verify-json.out" "$LOGS/verify-quick-json.out" <<'EOF'
 import json
@@ -197,7 +209,8 @@ for path in sys.argv[1:]:
     except ValueError:
         continue
     one = d.get("one_gpu") or {}
-    print(f"{'quick' if one.get('quick') else 'full'}: {one.get('note')}; verify's own wall time {one.get('wall_s')} s")
+    print(f"{'quick' if one.get('quick') else 'full'}: {one.get('note')}; verify's own wall time {one.get('wall_s')} s; "
+          f"the check ranks: {(one.get('gpu_sharing') or {}).get('label')}")
     for s in one.get("shapes", []):
         ran = s.get("nccl_ran") or {}
         print(f"  {s['label']}: {s['status']}, sizes {s['sizes']}, tuner {ran.get('tuner')}, table {ran.get('table')}, "
@@ -211,7 +224,7 @@ cp "$TABLE" "$W/table.orig"
 step "the published table made STALE in place (its fingerprint line): verify must say table_stale"
 sed -i 's/^fingerprint .*/fingerprint 00000000deadbeef/' "$TABLE"
 verify_run verify-stale 1 --json
-cp "$LOGS/verify-stale.out" "$OUT/verify-stale-ranks-time-sharing-one-gpu.json"
+cp "$LOGS/verify-stale.out" "$OUT/verify-stale-$SUFFIX.json"
 echo "stale: $(code "$LOGS/verify-stale.out")"
 grep -q '"code": "table_stale"' "$LOGS/verify-stale.out" || fail "the stale table was not reported as table_stale"
 cp "$W/table.orig" "$TABLE"
@@ -219,7 +232,7 @@ cp "$W/table.orig" "$TABLE"
 step "the published table made MALFORMED in place (a line after 'end'): verify must say table_malformed"
 echo "allreduce zero many" >> "$TABLE"
 verify_run verify-malformed 1 --json
-cp "$LOGS/verify-malformed.out" "$OUT/verify-malformed-ranks-time-sharing-one-gpu.json"
+cp "$LOGS/verify-malformed.out" "$OUT/verify-malformed-$SUFFIX.json"
 echo "malformed: $(code "$LOGS/verify-malformed.out")"
 grep -q '"code": "table_malformed"' "$LOGS/verify-malformed.out" \
   || fail "the malformed table was not reported as table_malformed"
@@ -229,6 +242,6 @@ fi
 step "done (status $status)"
 # the checks' NCCL logs, the sweep's and every command's output, the config and the published set
 cp "$CFG" "$W/published.json" "$LOGS/" 2>/dev/null
-tar -C "$W" -czf "$OUT/logs-ranks-time-sharing-one-gpu.tar.gz" logs || fail "the logs' archive"
+tar -C "$W" -czf "$OUT/logs-$SUFFIX.tar.gz" logs || fail "the logs' archive"
 ls "$OUT"
 exit $status
