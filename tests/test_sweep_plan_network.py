@@ -7,16 +7,20 @@ whether any path is PXN, how many NICs there are, and whether they are RDMA NICs
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from nccltune.sweep.plan import SINGLE_NODE_NET_REASON, JobShape, Plan, build_plan
+from nccltune.hw.types import PciDevice
+from nccltune.sweep.plan import SINGLE_NODE_NET_REASON, JobShape, Plan, build_plan, socket_auto_threads
 from nccltune.sweep.space import CATALOGUE, validate_value
+from nccltune.topology.model import Topology
 from nccltune.topology.paths import compute_paths
 from nccltune.topology.source import load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[1] / "topologies"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NET_KNOBS = [n for n, t in CATALOGUE.items() if t.scope == "net"]
 DEFAULT_GDR = "same GPU-NIC pairs use GDR as with NCCL's default on this topology"
 SAME_AS_LOC = "same effect as NCCL_NET_GDR_LEVEL=LOC on this topology"
@@ -146,3 +150,31 @@ def test_c2c_and_p2c_gdr_levels_match_the_default_on_grace() -> None:
     # P2C likewise. LOC: none.
     assert plan.variables["NCCL_NET_GDR_LEVEL"] == ["LOC"]
     assert _pruned(plan, "NCCL_NET_GDR_LEVEL") == {"C2C": DEFAULT_GDR, "P2C": DEFAULT_GDR}
+
+
+def _with_nic_vendor(vendor: str | None) -> Topology:
+    """The recorded one-GPU VM (its eth0 a virtio device, no PCI function of its own), or the
+    same node with eth0 a PCI function of `vendor`."""
+    topo = load_topology(str(FIXTURES / "h200x1-vm.json"))
+    snap = topo.snapshot
+    assert snap is not None
+    if vendor is None:
+        return topo
+    bus = "0000:00:05.0"
+    nics = tuple(dataclasses.replace(n, bus_id=bus) if n.name == "eth0" else n for n in snap.sysfs.nics)
+    pci = (*snap.sysfs.pci, PciDevice(bus_id=bus, class_code="0x020000", path=("pci0000:00", bus), vendor=vendor))
+    sysfs = dataclasses.replace(snap.sysfs, nics=nics, pci=pci)
+    return dataclasses.replace(topo, snapshot=dataclasses.replace(snap, sysfs=sysfs))
+
+
+@pytest.mark.parametrize(("vendor", "auto"), [(None, False), ("0x15b3", False), ("0x1d0f", True), ("0x1ae0", True)])
+def test_nccl_starts_socket_helper_threads_of_its_own_choice_only_on_aws_and_gcp_nics(
+        vendor: str | None, auto: bool) -> None:
+    # net_socket.cc: 2 x 8 on AWS ENA (0x1d0f), 4 x 1 on gVNIC (0x1ae0), no helper thread elsewhere
+    # (the VM's virtio eth0, a Mellanox NIC as Ethernet).
+    assert socket_auto_threads(_with_nic_vendor(vendor)) is auto
+
+
+def test_a_topology_without_a_sysfs_reading_does_not_say_whether_nccl_starts_helper_threads() -> None:
+    assert socket_auto_threads(load_topology(str(TOPOLOGIES / "azure-ndv5-h100-vm.xml"))) is None
+    assert _plan("azure-ndv5-h100-vm.xml", TWO_NODES).socket_auto_threads is None

@@ -430,6 +430,42 @@ def test_sockets_per_thread_are_screened_with_the_best_number_of_threads() -> No
     assert len(envs) == len(set(envs))
 
 
+class SlowThreadsBench(SocketBench):
+    """Helper threads slower than the defaults at every size: no number of threads helps."""
+
+    def __call__(self, env: dict[str, str], phase: str, label: str) -> tuple[dict[int, float], dict[str, Any]] | None:
+        self.calls.append((dict(env), phase, label))
+        factor = 0.7 if "NCCL_SOCKET_NTHREADS" in env else 1.0
+        return ({size: base_busbw(size) * factor * (1.0 + self.rng.uniform(-0.002, 0.002)) for size in SIZES},
+                {"coll_channels": self.channels})
+
+
+def _screened(plan_auto: bool | None) -> tuple[list[str], Search]:
+    bench = SlowThreadsBench()
+    s = search(SOCKETS, bench, max_finalists=1)
+    s.plan.socket_auto_threads = plan_auto
+    s.run()
+    return [label for _env, phase, label in bench.calls if phase == "screen"], s
+
+
+def test_sockets_per_thread_alone_are_not_screened_where_nccl_starts_no_helper_thread() -> None:
+    # No threads value helped, and on these NICs NCCL's own choice is no helper thread: sockets
+    # per thread alone would measure the defaults again.
+    screens, s = _screened(False)
+    assert not any(label.startswith("NCCL_NSOCKS_PERTHREAD=") for label in screens)
+    assert any(n.startswith("NCCL_NSOCKS_PERTHREAD=1,2 not screened: no value of NCCL_SOCKET_NTHREADS helped")
+               for n in s.notes)
+
+
+@pytest.mark.parametrize("auto", [True, None])
+def test_sockets_per_thread_alone_are_screened_where_nccl_may_start_helper_threads(auto: bool | None) -> None:
+    # AWS and GCP NICs (NCCL's auto has helper threads there), or NICs not read: screened alone.
+    screens, s = _screened(auto)
+    assert {label for label in screens if label.startswith("NCCL_NSOCKS_PERTHREAD=")} == {
+        "NCCL_NSOCKS_PERTHREAD=1", "NCCL_NSOCKS_PERTHREAD=2"}
+    assert not any("not screened" in n for n in s.notes)
+
+
 def test_the_one_finalist_is_the_setting_no_slower_anywhere() -> None:
     # Threads alone double the large sizes (the larger weighted gain in screening at sizes where
     # the defaults are quiet) but lose 20% at the small ones: the final check would refuse it.

@@ -79,6 +79,10 @@ SINGLE_NODE_NET_REASON = ("single-node sweep: all-reduce between local GPUs neve
                           "settings cannot change the result")
 EXCLUDED = Why("excluded-by-config", "excluded by config (sweep.exclude)")
 SOCKET_KNOBS = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")
+# NCCL's socket transport opens helper threads by its own choice only on these NICs' PCI vendors
+# (AWS ENA 2 x 8, Google gVNIC 4 x 1: net_socket.cc ncclNetSocketGetNsockNthread); elsewhere its
+# auto is no helper thread, and NCCL_NSOCKS_PERTHREAD without NCCL_SOCKET_NTHREADS opens none.
+SOCKET_AUTO_THREAD_VENDORS = ("0x1d0f", "0x1ae0")
 CHANNEL_NOTE = ("Channel values that cannot change NCCL's channel count are dropped once the baseline shows how "
                 "many channels NCCL uses.")
 
@@ -154,12 +158,26 @@ class Plan:
     # swept as if unset; the set's generation.
     from_published: dict[str, str] = field(default_factory=dict)
     published_generation: int | None = None
+    # Whether NCCL's own choice opens socket helper threads on this node's NICs (None: not known,
+    # no sysfs reading of them): where it does not, a sockets-per-thread value alone is the defaults.
+    socket_auto_threads: bool | None = None
 
     def screening_count(self) -> int:
         return sum(len(v) for v in self.variables.values())
 
     def candidates(self) -> list[tuple[str, str]]:
         return [(n, v) for n, vals in self.variables.items() for v in vals]
+
+
+def socket_auto_threads(topo: Topology) -> bool | None:
+    """Whether NCCL's socket transport starts helper threads of its own choice here: an Ethernet NIC
+    that is a PCI function of a vendor it gives them to (SOCKET_AUTO_THREAD_VENDORS). None where no
+    sysfs reading of the NICs is at hand (a topology from an XML file)."""
+    if topo.snapshot is None:
+        return None
+    vendors = {d.bus_id: d.vendor for d in topo.snapshot.sysfs.pci}
+    return any(n.kind == "eth" and n.bus_id is not None and vendors.get(n.bus_id) in SOCKET_AUTO_THREAD_VENDORS
+               for n in topo.snapshot.sysfs.nics)
 
 
 def default_p2p_level(topo: Topology) -> str:
@@ -247,7 +265,7 @@ def build_plan(
 
     plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
                 backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo),
-                shape=shape or JobShape())
+                shape=shape or JobShape(), socket_auto_threads=socket_auto_threads(topo))
     plan.from_published = {name: value for name, value in (published or {}).items()
                            if name not in pinned and _environment_pin(name, value, unpin) is not None}
     if backend == "gloo":
