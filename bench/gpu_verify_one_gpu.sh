@@ -21,7 +21,7 @@
 # node's speed (never to be published on a real node), and every line of the summary says so, as
 # does every file name (SUFFIX: mps-one-gpu, or ranks-time-sharing-one-gpu where MPS was refused).
 #
-#   OUT=/tmp/x bash bench/gpu_verify_one_gpu.sh [--demo]
+#   OUT=/tmp/x [JSON_ONLY=1] bash bench/gpu_verify_one_gpu.sh [--demo]
 # --demo: the same commands on the CPU (gloo, the recorded 1x H200 VM, the interpreter on PATH): no
 # NCCL log and no table published there, so it checks the script, never NCCL.
 # $OUT receives (flat, 8 files at most): summary-SUFFIX.txt, plan-SUFFIX.json, profile-SUFFIX.json,
@@ -189,10 +189,12 @@ code() { "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["
 # verify starts its own MPS daemon for its check ranks, as it does on a node: this one goes first.
 [ "$DEMO" = 1 ] || mps_stop
 step "nccltune verify (full), then verify --quick, on the applied state"
-verify_run verify 0
-cat "$LOGS/verify.out"
-verify_run verify-quick 0 --quick
-cat "$LOGS/verify-quick.out"
+if [ -z "${JSON_ONLY:-}" ]; then  # JSON_ONLY=1: the two --json runs alone (the same checks, less device time)
+  verify_run verify 0
+  cat "$LOGS/verify.out"
+  verify_run verify-quick 0 --quick
+  cat "$LOGS/verify-quick.out"
+fi
 verify_run verify-json 0 --json
 cp "$LOGS/verify-json.out" "$OUT/verify-$SUFFIX.json"
 echo "verify --json: $(code "$LOGS/verify-json.out")"
