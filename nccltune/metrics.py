@@ -206,13 +206,13 @@ def env_digest(env: Mapping[str, str], single_node_env: Mapping[str, str] | None
 def verify_failures_in_a_row(store: Store, fingerprint: str) -> int | None:
     """How many of this node's newest finished verifies failed in a row (0 when the latest passed;
     None without any); an interrupted verify (a job took the GPUs) neither passes nor fails."""
-    runs = [r for r in store.runs(limit=VERIFY_FAILURES_SCAN, kind="verify")
-            if r.fingerprint == fingerprint and r.finished_at is not None and r.status in ("ok", "failed")]
-    if not runs:
+    statuses = [status for fp, status, finished in store.run_outcomes("verify", VERIFY_FAILURES_SCAN)
+                if fp == fingerprint and finished and status in ("ok", "failed")]
+    if not statuses:
         return None
     failed = 0
-    for run in runs:
-        if run.status == "ok":
+    for status in statuses:
+        if status == "ok":
             break
         failed += 1
     return failed
@@ -253,7 +253,7 @@ def snapshot_from_store(store: Store, *, fingerprint: str, node_class: str | Non
     """The textfile's content for this node (`fingerprint`) from its history, plus `live` values."""
     snap = Snapshot(node_class=node_class or "", fingerprint=fingerprint, live=live,
                     degraded=live.degraded if live is not None else False)
-    snap.sweeps_total = len(store.runs(limit=None, kind="sweep"))
+    snap.sweeps_total = store.run_count("sweep")
     last = _latest_finished(store, fingerprint, "sweep", ("ok", "failed", "interrupted"))
     if last is not None:
         snap.last_sweep_ts = _unix(last.finished_at)

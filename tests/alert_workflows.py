@@ -10,6 +10,7 @@ expectations) and runs `promtool test rules` on it. Time starts at 0, as promtoo
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -134,12 +135,19 @@ class SimNode:
             path = self.root / "metrics" / name
             if not path.exists():
                 continue
-            for fam in text_string_to_metric_families(path.read_text()):
-                for s in fam.samples:
-                    labels = {**s.labels, "instance": self.instance, "job": "node"}
-                    text = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                    out[f"{s.name}{{{text}}}"] = float(s.value)
+            for name, sample_labels, value in _parsed(path.read_text()):
+                labels = {**sample_labels, "instance": self.instance, "job": "node"}
+                text = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                out[f"{name}{{{text}}}"] = value
         return out
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> tuple[tuple[str, dict[str, str], float], ...]:
+    """A textfile's samples as (name, labels, value), parsed once per text: a file no event
+    changed reads the same at every scrape (callers copy the labels, never change them)."""
+    return tuple((s.name, s.labels, float(s.value)) for fam in text_string_to_metric_families(text)
+                 for s in fam.samples)
 
 
 Event = tuple[float, Callable[[], None]]

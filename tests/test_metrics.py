@@ -269,6 +269,19 @@ def values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(sorted(x.labels.items())): x.value for x in samples(text).get(name, [])}
 
 
+def test_the_failures_in_a_row_are_this_nodes_finished_verifies_since_its_last_pass(
+        tmp_path: Path, store: Store, clock: Clock) -> None:
+    add_sweep(store, clock)
+    for passed in (False, True, False, False):
+        add_verify(store, clock, passed=passed)
+    other = store.start_run(kind="verify", fingerprint="another-node", topology={}, **RUN_META)
+    store.finish_run(other, status="ok", summary={"passed": True})
+    store.start_run(kind="verify", fingerprint=FP, topology={}, **RUN_META)  # still running
+    assert list(values(write(tmp_path, store), "nccltune_verify_consecutive_failures").values()) == [2.0]
+    add_verify(store, clock, passed=True)
+    assert list(values(write(tmp_path, store), "nccltune_verify_consecutive_failures").values()) == [0.0]
+
+
 def test_every_series_comes_from_the_history(tmp_path: Path, store: Store, clock: Clock) -> None:
     add_sweep(store, clock, wall_s=812.0)
     sweep_end = clock.now.timestamp()

@@ -109,6 +109,25 @@ def test_a_marker_that_is_not_the_sets_own_is_an_edited_set(tmp_path: Path, edit
         read_set(state)
 
 
+@pytest.mark.parametrize("char", ["\t", "\x1b", "\x7f", "\u200b", "\u202e", "\ue000"])
+def test_a_comment_with_a_control_or_format_character_is_an_edited_set(tmp_path: Path, char: str) -> None:
+    state = tmp_path / "state"
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
+    sh = state / "generations" / "1" / "nccl.sh"
+    sh.write_text(f"# réglé\u00a0à la main{char}\n" + sh.read_text())
+    with pytest.raises(InputError, match="a comment holds a control character"):
+        read_set(state)
+
+
+def test_a_comment_of_printable_characters_and_spaces_of_any_script_is_read(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    publish_set(state, {"NCCL_ALGO": "Ring"}, prov())
+    sh = state / "generations" / "1" / "nccl.sh"
+    sh.write_text("# réglé\u00a0à la main\u3000調整済み\n" + sh.read_text())
+    got = read_set(state)
+    assert got is not None and got.env == {"NCCL_ALGO": "Ring"}
+
+
 def test_a_set_without_markers_is_read_as_it_was(tmp_path: Path) -> None:
     """A set published before the marker existed has none: read as it was, no marker to check."""
     state = tmp_path / "state"

@@ -144,6 +144,22 @@ def test_runs_lists_newest_first_and_filters_kind(store: Store) -> None:
     assert [r.id for r in store.runs(limit=2)] == [d, c]  # no kind named: every kind
 
 
+def test_run_count_and_outcomes_read_what_runs_gives(store: Store) -> None:
+    """The daemon's metrics count the sweeps and read the newest verifies' outcomes without their
+    records: the same runs, in the same order, as runs() gives them."""
+    verifies = [_start(store, fingerprint=fp, kind="verify") for fp in ("fp-a", "fp-b", "fp-a", "fp-a")]
+    store.finish_run(verifies[0], status="ok", summary={})
+    store.finish_run(verifies[1], status="failed", summary={})
+    store.finish_run(verifies[2], status="failed", summary={})
+    _start(store)
+    assert store.run_count("sweep") == 1 and store.run_count("verify") == 4 and store.run_count("import") == 0
+    for limit in (1, 3, 10):
+        assert store.run_outcomes("verify", limit) == [
+            (r.fingerprint, r.status, r.finished_at is not None) for r in store.runs(limit=limit, kind="verify")]
+    assert store.run_outcomes("verify", 10) == [("fp-a", "running", False), ("fp-a", "failed", True),
+                                                 ("fp-b", "failed", True), ("fp-a", "ok", True)]
+
+
 def test_latest_run_by_fingerprint_and_status(store: Store) -> None:
     assert store.latest_run("fp-a") is None
     ok_a = _start(store, "fp-a")

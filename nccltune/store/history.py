@@ -269,6 +269,17 @@ class Store:
         params.append(-1 if limit is None else limit)
         return [self._run_record(row) for row in self._db.conn.execute(sql, params).fetchall()]
 
+    def run_count(self, kind: RunKind) -> int:
+        """How many runs of `kind` the history holds, counted without reading them."""
+        return int(self._db.conn.execute("SELECT COUNT(*) FROM runs WHERE kind = ?", (kind,)).fetchone()[0])
+
+    def run_outcomes(self, kind: RunKind, limit: int) -> list[tuple[str, RunStatus, bool]]:
+        """The newest `limit` runs of `kind`, in runs()' order, each as (fingerprint, status,
+        finished): those columns alone, no record decoded (the daemon's metrics ask at every poll)."""
+        rows = self._db.conn.execute("SELECT fingerprint, status, finished_at FROM runs WHERE kind = ? "
+                                     "ORDER BY started_at DESC, id DESC LIMIT ?", (kind, limit))
+        return [(str(r["fingerprint"]), r["status"], r["finished_at"] is not None) for r in rows]
+
     def run(self, run_id: int) -> RunRecord | None:
         row = self._db.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else self._run_record(row)
