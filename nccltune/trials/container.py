@@ -171,8 +171,14 @@ class Container:
     def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
         # enroot runs the container as the calling user (remapped root only with --root): the runner
         # switches to bench.user before it execs enroot, as for a rank on the host.
-        out = [self.command, "start", *self._worker_mounts("--mount", ":none,bind,ro"),
-               *self._trial_mount("--mount", trial_dir, ":none,bind,rw")]
+        # enroot-mount fails on a mount point the image lacks ("No such file or directory") where
+        # podman makes one: x-create makes it in the container's tree first (the trial's directory
+        # is never in the image, nor /opt/nccltune in an image of someone else's).
+        collectives = self.worker_dir.parent / "collectives.py"
+        out = [self.command, "start",
+               "--mount", f"{self.worker_dir}:{WORKER_MOUNT}:none,x-create=dir,bind,ro",
+               "--mount", f"{collectives}:{COLLECTIVES_MOUNT}:none,x-create=file,bind,ro",
+               *self._trial_mount("--mount", trial_dir, ":none,x-create=dir,bind,rw")]
         for name in sorted(env):
             out += ["--env", name]
         return [*out, self.image.enroot_name, "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd), *inner]
