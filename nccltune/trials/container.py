@@ -61,6 +61,7 @@ PROBE_ERR_TAIL_BYTES = 64 << 10
 PROBE_SAID_CHARS = 300
 REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
+ENROOT_NO_LOGIN = {"ENROOT_LOGIN_SHELL": "false"}
 
 
 def pick_runtime(configured: str, *, rootfs: bool = False) -> str:
@@ -186,8 +187,14 @@ class Container:
     def runtime_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The runtime's own environment: the trial's (which it hands on by name) and the caller's
         settings of the runtime itself (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF, ENROOT_*), which
-        the trial's allow-list leaves out and which do not reach the container."""
+        the trial's allow-list leaves out and which do not reach the container; for enroot, no
+        login shell (ENROOT_LOGIN_SHELL), whatever the caller's settings say."""
         own = {k: v for k, v in os.environ.items() if k.startswith(RUNTIME_VARS)}
+        if self.runtime == "enroot":
+            # enroot starts the command through the user's login shell of the host's passwd by
+            # default: bench.user's is nologin ("This account is currently not available."), and
+            # any other's profile would rewrite the trial's environment.
+            return {**own, **env, **ENROOT_NO_LOGIN}
         return {**own, **env}
 
     def remove(self, names: Sequence[str]) -> None:
