@@ -230,7 +230,12 @@ class Container:
                 than a JSON object on its last line (exit 78)."""
         # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
         name = f"nccltune-probe-{os.getpid()}-{secrets.token_hex(4)}"
-        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"), name)
+        # enroot, without a login shell, gives the command no PATH but one the image's
+        # /etc/environment sets (enroot import writes the image's there; a tree made otherwise
+        # has none), and python3 found by sh's default PATH as /bin/python3 takes / for its prefix
+        # and misses /usr/local's packages: the probe gets PATH by name, as every rank does.
+        inner_env = {"PATH": env["PATH"]} if self.runtime == "enroot" and "PATH" in env else {}
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), inner_env, None, Path("/"), name)
         what = f"{self.image.ref} ({self.runtime})"
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
