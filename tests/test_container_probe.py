@@ -138,3 +138,13 @@ def test_a_stopped_reader_leaves_no_program_and_no_probe_container(tmp_path: Pat
         _probe(tmp_path, "exec sleep 30")
     run, rm = (tmp_path / "calls").read_text().splitlines()
     assert rm == f"rm -f {run.split('--name ', 1)[1].split()[0]}"
+
+
+def test_enroots_probe_runs_with_the_path_every_rank_gets(tmp_path: Path) -> None:
+    """Without a login shell enroot gives the command no PATH of the image's: the probe hands on
+    its own by name, as the ranks' trial environment does, so that it runs the python they run."""
+    c = Container("enroot", parse_image(IMAGE), REPO / "nccltune" / "trials", gpus=False,
+                  executable=str(_fake(tmp_path, "enroot", """echo '{"event": "probe", "python": "3.11.2"}'""")))
+    assert c.probe({"PATH": "/usr/bin:/bin"}) == {"python": "3.11.2"}
+    (call,) = (tmp_path / "calls").read_text().splitlines()
+    assert call.startswith("start ") and " --env PATH nccltune-" + "ab" * 16 + " sh -c " in call

@@ -160,6 +160,35 @@ def test_enroot_starts_the_container_made_of_the_digest(tmp_path: Path) -> None:
     assert not c.switches_user  # enroot runs as its caller: the runner becomes bench.user first
 
 
+def test_enroot_makes_each_mount_point_the_image_lacks(tmp_path: Path) -> None:
+    """enroot-mount refuses a mount point missing from the container's tree, and the trial's
+    directory never is in it: every mount creates its own (x-create), a directory or a file as
+    its source is."""
+    worker = REPO / "nccltune" / "trials"
+    c = Container("enroot", parse_image(f"img@{DIGEST}"), worker, gpus=False)
+    argv = c.argv(["python3", "-V"], {}, tmp_path, tmp_path / "rank")
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"] == [
+        f"{worker}:{WORKER_MOUNT}:none,x-create=dir,bind,ro",
+        f"{worker.parent / 'collectives.py'}:{COLLECTIVES_MOUNT}:none,x-create=file,bind,ro",
+        f"{tmp_path}:{tmp_path}:none,x-create=dir,bind,rw"]
+    probe = c.argv(c.worker_argv(["--probe"]), {}, None, Path("/"))
+    assert [probe[i + 1].rsplit(":", 1)[1] for i, a in enumerate(probe) if a == "--mount"] == [
+        "none,x-create=dir,bind,ro", "none,x-create=file,bind,ro"]
+
+
+def test_enroot_runs_the_rank_without_a_login_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """enroot's default runs the command through the user's login shell, and bench.user's is
+    nologin: enroot's environment turns it off, over the caller's own setting; podman's has none."""
+    monkeypatch.setenv("ENROOT_LOGIN_SHELL", "true")
+    monkeypatch.setenv("ENROOT_DATA_PATH", "/var/lib/enroot/data")
+    worker = REPO / "nccltune" / "trials"
+    got = Container("enroot", parse_image(f"img@{DIGEST}"), worker).runtime_env({"NCCL_ALGO": "Ring"})
+    assert got["ENROOT_LOGIN_SHELL"] == "false" and got["ENROOT_DATA_PATH"] == "/var/lib/enroot/data"
+    assert got["NCCL_ALGO"] == "Ring"
+    podman = Container("podman", parse_image(f"img@{DIGEST}"), worker).runtime_env({"NCCL_ALGO": "Ring"})
+    assert podman["ENROOT_LOGIN_SHELL"] == "true"  # the caller's, which podman ignores
+
+
 def test_the_image_is_a_fact_of_the_class() -> None:
     topo = load_topology(str(SNAPSHOT))
     host = node_class(topo, nccl_version="2.28.9")

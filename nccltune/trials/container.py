@@ -61,6 +61,7 @@ PROBE_ERR_TAIL_BYTES = 64 << 10
 PROBE_SAID_CHARS = 300
 REMOVE_TIMEOUT_S = 60.0
 RUNTIME_VARS = ("CONTAINERS_", "ENROOT_", "DOCKER_HOST", "XDG_RUNTIME_DIR")
+ENROOT_NO_LOGIN = {"ENROOT_LOGIN_SHELL": "false"}
 
 
 def pick_runtime(configured: str, *, rootfs: bool = False) -> str:
@@ -171,8 +172,14 @@ class Container:
     def _enroot(self, inner: Sequence[str], env: Mapping[str, str], trial_dir: Path | None, cwd: Path) -> list[str]:
         # enroot runs the container as the calling user (remapped root only with --root): the runner
         # switches to bench.user before it execs enroot, as for a rank on the host.
-        out = [self.command, "start", *self._worker_mounts("--mount", ":none,bind,ro"),
-               *self._trial_mount("--mount", trial_dir, ":none,bind,rw")]
+        # enroot-mount fails on a mount point the image lacks ("No such file or directory") where
+        # podman makes one: x-create makes it in the container's tree first (the trial's directory
+        # is never in the image, nor /opt/nccltune in an image of someone else's).
+        collectives = self.worker_dir.parent / "collectives.py"
+        out = [self.command, "start",
+               "--mount", f"{self.worker_dir}:{WORKER_MOUNT}:none,x-create=dir,bind,ro",
+               "--mount", f"{collectives}:{COLLECTIVES_MOUNT}:none,x-create=file,bind,ro",
+               *self._trial_mount("--mount", trial_dir, ":none,x-create=dir,bind,rw")]
         for name in sorted(env):
             out += ["--env", name]
         return [*out, self.image.enroot_name, "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd), *inner]
@@ -180,8 +187,14 @@ class Container:
     def runtime_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The runtime's own environment: the trial's (which it hands on by name) and the caller's
         settings of the runtime itself (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF, ENROOT_*), which
-        the trial's allow-list leaves out and which do not reach the container."""
+        the trial's allow-list leaves out and which do not reach the container; for enroot, no
+        login shell (ENROOT_LOGIN_SHELL), whatever the caller's settings say."""
         own = {k: v for k, v in os.environ.items() if k.startswith(RUNTIME_VARS)}
+        if self.runtime == "enroot":
+            # enroot starts the command through the user's login shell of the host's passwd by
+            # default: bench.user's is nologin ("This account is currently not available."), and
+            # any other's profile would rewrite the trial's environment.
+            return {**own, **env, **ENROOT_NO_LOGIN}
         return {**own, **env}
 
     def remove(self, names: Sequence[str]) -> None:
@@ -217,7 +230,12 @@ class Container:
                 than a JSON object on its last line (exit 78)."""
         # No trial directory to write to: the probe's mounts are the worker's alone; no GPU either.
         name = f"nccltune-probe-{os.getpid()}-{secrets.token_hex(4)}"
-        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), {}, None, Path("/"), name)
+        # enroot, without a login shell, gives the command no PATH but one the image's
+        # /etc/environment sets (enroot import writes the image's there; a tree made otherwise
+        # has none), and python3 found by sh's default PATH as /bin/python3 takes / for its prefix
+        # and misses /usr/local's packages: the probe gets PATH by name, as every rank does.
+        inner_env = {"PATH": env["PATH"]} if self.runtime == "enroot" and "PATH" in env else {}
+        argv = replace(self, gpus=False).argv(self.worker_argv(["--probe"]), inner_env, None, Path("/"), name)
         what = f"{self.image.ref} ({self.runtime})"
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
