@@ -6,10 +6,18 @@ filesystem under podman), gloo over the loopback, two ranks per node, as bench.u
 
 Shown: both commands' exit status and time; on each node, every trial's agent ran in the image
 (the image's marker `nccltune-test-image uid=N` on the agent's stderr, N being bench.user's uid);
-the sweep's JSON names the image; no container of the sweep is left in podman's list.
+the sweep's JSON names the image; no container of the sweep is left in podman's list (enroot: no
+process in `enroot list -f` of the ranks' user).
 
     python bench/container_two_nodes.py                  # as root, podman and the test image
     python bench/container_two_nodes.py --user nccltune-test-mallory
+    python bench/container_two_nodes.py --runtime enroot [--user ...]
+
+With --runtime enroot, bench.image is the test image by its digest (NAME@sha256:HEX), and the
+container nccltune starts (images.Image.enroot_name) must have been made of the same tree by the
+ranks' user, as pyxis's users make theirs: `mksquashfs ROOTFS test-image.sqsh` and `enroot create
+--name nccltune-HEX32 test-image.sqsh`, HEX32 the digest's first 32 hex digits; the script says so
+where `enroot list` lacks it.
 
 Exit status 1 when either command failed, a trial's agent ran outside the image, or a container
 was left.
@@ -35,6 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from twonodes import end, kill_under, multinode_key, node_env, port_pair  # noqa: E402
 
+from nccltune.images import parse_image  # noqa: E402
 from nccltune.sweep.variables import CATALOGUE  # noqa: E402
 
 MARKER = "nccltune-test-image uid="
@@ -62,18 +71,63 @@ def _agents(trial_dirs: list[Path], uid: int) -> tuple[int, list[str]]:
     return len(trial_dirs) - len(outside), outside
 
 
+def _enroot(user: str | None, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`enroot ARGS` as `user` (None: root), a system user with a HOME of its own for the call:
+    enroot makes its cache under HOME, and a system user's home does not exist."""
+    if not user:
+        return subprocess.run(["enroot", *args], capture_output=True, text=True, check=False, cwd="/")
+    with tempfile.TemporaryDirectory(prefix="nccltune-enroot-home-") as home:
+        entry = pwd.getpwnam(user)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+        return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home}", "enroot", *args],
+                              capture_output=True, text=True, check=False, cwd="/")
+
+
+def _enroot_ref(rootfs_ref: str, user: str | None) -> str | None:
+    """The test image by digest as enroot runs it, or None (said why) where the ranks' user has
+    no container made of it."""
+    image = parse_image(f"nccltune-test-image@{rootfs_ref.rsplit('@', 1)[1]}")
+    got = _enroot(user, ["list"])
+    if image.enroot_name not in got.stdout.split():
+        print(f"no enroot container {image.enroot_name} of {user or 'root'}: make it of the test image first "
+              f"(mksquashfs {rootfs_ref.rsplit('@', 1)[0]} test-image.sqsh; enroot create --name "
+              f"{image.enroot_name} test-image.sqsh){got.stderr.strip() and ': ' + got.stderr.strip()}")
+        return None
+    return image.ref
+
+
+def _left(runtime: str, user: str | None, env: dict[str, str]) -> list[str]:
+    """The sweep's containers still running: podman's by name, enroot's by process."""
+    if runtime == "enroot":
+        rows = _enroot(user, ["list", "-f"]).stdout.splitlines()[1:]
+        return [f"{row.split()[0]} pid {row.split()[1]}" for row in rows if len(row.split()) > 1]
+    return subprocess.run(["podman", "ps", "-a", "--filter", "name=^nccltune-", "--format", "{{.Names}}"],
+                          capture_output=True, text=True, env=env, check=False).stdout.split()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--user", help="bench.user: the ranks' user on both nodes (default: root)")
+    ap.add_argument("--runtime", choices=("podman", "enroot"), default="podman", help="bench.runtime")
     ap.add_argument("--deadline-s", type=float, default=900.0)
     args = ap.parse_args()
     uid = pwd.getpwnam(args.user).pw_uid if args.user else 0
     env = node_env()
-    ref = _image(env)
+    ref: str | None = _image(env)
+    if args.runtime == "enroot":
+        ref = _enroot_ref(ref, args.user)
+        if ref is None:
+            return 1
     root = Path(tempfile.mkdtemp(prefix="nccltune-ctr-2n-"))
+    if args.runtime == "enroot" and args.user:
+        # enroot runs as bench.user on the host (podman's client as root): its way to the trial's
+        # directory and the ranks' cache in the state directories must be open to that user, as
+        # a state directory under /var/lib is.
+        root.chmod(0o711)
     key_file, _ = multinode_key(root)
     exclude = [name for name, t in CATALOGUE.items() if t.kind == "perf" and name != "NCCL_ALGO"]
-    bench = {"trial_timeout_s": 120, "image": [ref], "runtime": "podman", **({"user": args.user} if args.user else {})}
+    bench = {"trial_timeout_s": 120, "image": [ref], "runtime": args.runtime,
+             **({"user": args.user} if args.user else {})}
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump({
         "sweep": {"baseline_repeats": 2, "finalist_repeats": 1, "max_finalists": 1,
@@ -124,8 +178,7 @@ def main() -> int:
         image = None
     print(f"sweep --json image: {image}")
     ok = ok and bool(image) and image.get("image") == ref
-    left = subprocess.run(["podman", "ps", "-a", "--filter", "name=^nccltune-", "--format", "{{.Names}}"],
-                          capture_output=True, text=True, env=env, check=False).stdout.split()
+    left = _left(args.runtime, args.user, env)
     print(f"containers left: {left or 'none'}")
     return 0 if ok and not left else 1
 
