@@ -117,10 +117,12 @@ class Container:
     def command(self) -> str:
         return self.executable or self.runtime
 
-    def _worker_mounts(self, flag: str, how: str) -> list[str]:
-        """The worker's directory and collectives.py beside it, read-only, as `flag SRC:DST{how}`."""
+    def _worker_mounts(self, flag: str, how: str, file_how: str | None = None) -> list[str]:
+        """The worker's directory and collectives.py beside it, read-only, as `flag SRC:DST{how}`
+        (the file's `file_how` where a runtime mounts a file otherwise than a directory)."""
         collectives = self.worker_dir.parent / "collectives.py"
-        return [flag, f"{self.worker_dir}:{WORKER_MOUNT}{how}", flag, f"{collectives}:{COLLECTIVES_MOUNT}{how}"]
+        return [flag, f"{self.worker_dir}:{WORKER_MOUNT}{how}",
+                flag, f"{collectives}:{COLLECTIVES_MOUNT}{how if file_how is None else file_how}"]
 
     @staticmethod
     def _trial_mount(flag: str, trial_dir: Path | None, how: str) -> list[str]:
@@ -175,10 +177,8 @@ class Container:
         # enroot-mount fails on a mount point the image lacks ("No such file or directory") where
         # podman makes one: x-create makes it in the container's tree first (the trial's directory
         # is never in the image, nor /opt/nccltune in an image of someone else's).
-        collectives = self.worker_dir.parent / "collectives.py"
         out = [self.command, "start",
-               "--mount", f"{self.worker_dir}:{WORKER_MOUNT}:none,x-create=dir,bind,ro",
-               "--mount", f"{collectives}:{COLLECTIVES_MOUNT}:none,x-create=file,bind,ro",
+               *self._worker_mounts("--mount", ":none,x-create=dir,bind,ro", ":none,x-create=file,bind,ro"),
                *self._trial_mount("--mount", trial_dir, ":none,x-create=dir,bind,rw")]
         for name in sorted(env):
             out += ["--env", name]
