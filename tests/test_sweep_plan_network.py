@@ -177,4 +177,13 @@ def test_nccl_starts_socket_helper_threads_of_its_own_choice_only_on_aws_and_gcp
 
 def test_a_topology_without_a_sysfs_reading_does_not_say_whether_nccl_starts_helper_threads() -> None:
     assert socket_auto_threads(load_topology(str(TOPOLOGIES / "azure-ndv5-h100-vm.xml"))) is None
-    assert _plan("azure-ndv5-h100-vm.xml", TWO_NODES).socket_auto_threads is None
+    assert _plan("azure-ndv5-h100-vm.xml", TWO_NODES).inert_alone == {}
+
+
+@pytest.mark.parametrize(("vendor", "inert"), [(None, True), ("0x1d0f", False)])
+def test_the_plan_says_sockets_per_thread_alone_are_the_defaults_where_nccl_starts_no_helper_thread(
+        vendor: str | None, inert: bool) -> None:
+    topo = _with_nic_vendor(vendor)
+    plan = build_plan(topo, compute_paths(topo), env={}, config_pins={}, unpin=[], variables={}, exclude=[],
+                      policy={}, sizes=[1 << 20], backend="nccl", nranks=1, shape=TWO_NODES)
+    assert ("NCCL_NSOCKS_PERTHREAD" in plan.inert_alone) is inert

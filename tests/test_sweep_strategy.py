@@ -443,7 +443,10 @@ class SlowThreadsBench(SocketBench):
 def _screened(plan_auto: bool | None) -> tuple[list[str], Search]:
     bench = SlowThreadsBench()
     s = search(SOCKETS, bench, max_finalists=1)
-    s.plan.socket_auto_threads = plan_auto
+    # What build_plan derives from the NICs (tests/test_sweep_plan_network.py): the defaults alone
+    # only where NCCL is known to start no helper thread of its own choice.
+    if plan_auto is False:
+        s.plan.inert_alone["NCCL_NSOCKS_PERTHREAD"] = "alone it is NCCL's defaults on this node's NICs"
     s.run()
     return [label for _env, phase, label in bench.calls if phase == "screen"], s
 

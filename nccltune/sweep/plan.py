@@ -158,9 +158,11 @@ class Plan:
     # swept as if unset; the set's generation.
     from_published: dict[str, str] = field(default_factory=dict)
     published_generation: int | None = None
-    # Whether NCCL's own choice opens socket helper threads on this node's NICs (None: not known,
-    # no sysfs reading of them): where it does not, a sockets-per-thread value alone is the defaults.
-    socket_auto_threads: bool | None = None
+    # Variables that act only with another (space.Tunable.acts_with) and are, alone, NCCL's
+    # defaults on this node, with why: the search never screens them without their partner.
+    # NCCL_NSOCKS_PERTHREAD where NCCL starts no socket helper thread of its own choice
+    # (socket_auto_threads False; not known: not here).
+    inert_alone: dict[str, str] = field(default_factory=dict)
 
     def screening_count(self) -> int:
         return sum(len(v) for v in self.variables.values())
@@ -265,7 +267,10 @@ def build_plan(
 
     plan = Plan(variables={}, pruned=pruned, pinned=pinned, policy=dict(policy), sizes=list(sizes),
                 backend=backend, nranks=nranks, default_p2p_level=default_p2p_level(topo),
-                shape=shape or JobShape(), socket_auto_threads=socket_auto_threads(topo))
+                shape=shape or JobShape())
+    if socket_auto_threads(topo) is False:
+        plan.inert_alone["NCCL_NSOCKS_PERTHREAD"] = ("alone it is NCCL's defaults on this node's NICs (NCCL starts "
+                                                     "no socket helper thread of its own choice on them)")
     plan.from_published = {name: value for name, value in (published or {}).items()
                            if name not in pinned and _environment_pin(name, value, unpin) is not None}
     if backend == "gloo":

@@ -349,9 +349,8 @@ class Search:
         """Each candidate value once. A variable that acts only with another (space.Tunable.acts_with,
         swept here too) is screened after it, on top of that variable's best value that helped:
         alone it would be measured as NCCL's defaults and never combined. Where no value of the
-        partner helped, it is screened alone only where NCCL's own choice starts socket helper
-        threads (plan.socket_auto_threads, not known: screened): elsewhere those trials would
-        measure the defaults again."""
+        partner helped, it is screened alone unless the plan knows it is the defaults alone on this
+        node (plan.inert_alone): those trials would measure the defaults again."""
         later = [(n, v) for n, v in self.plan.candidates() if self._partner(n)]
         for name, value in self.plan.candidates():
             if (name, value) not in later:
@@ -360,14 +359,13 @@ class Search:
         for name, value in later:
             partner = self._partner(name)
             best = self._best_single(screened).get(partner or "")
-            if best is None and self.plan.socket_auto_threads is False:
+            if best is None and name in self.plan.inert_alone:
                 skipped.setdefault(name, []).append(value)
                 continue
             screen({**self.common, **(best[1] if best else {}), name: value})
         for name, values in skipped.items():
             self._note(f"{name}={','.join(values)} not screened: no value of {self._partner(name)} helped, and "
-                       f"alone it is NCCL's defaults on this node's NICs (NCCL starts no socket helper thread of "
-                       f"its own choice on them)")
+                       f"{self.plan.inert_alone[name]}")
 
     def _partner(self, name: str) -> str | None:
         tunable = CATALOGUE.get(name)
