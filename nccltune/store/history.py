@@ -255,6 +255,9 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------------
 
+    # The one order of "the newest runs first", for every query that lists runs.
+    NEWEST_FIRST = "ORDER BY started_at DESC, id DESC"
+
     def runs(self, limit: int | None = 20, kind: RunKind | None = None,
              kinds: Sequence[RunKind] | None = None) -> list[RunRecord]:
         """The newest runs first; `limit=None` for all of them. `kind` (or several, `kinds`)
@@ -265,7 +268,7 @@ class Store:
         if wanted:
             sql += f" WHERE kind IN ({', '.join('?' for _ in wanted)})"
             params.extend(wanted)
-        sql += " ORDER BY started_at DESC, id DESC LIMIT ?"
+        sql += f" {self.NEWEST_FIRST} LIMIT ?"
         params.append(-1 if limit is None else limit)
         return [self._run_record(row) for row in self._db.conn.execute(sql, params).fetchall()]
 
@@ -276,8 +279,8 @@ class Store:
     def run_outcomes(self, kind: RunKind, limit: int) -> list[tuple[str, RunStatus, bool]]:
         """The newest `limit` runs of `kind`, in runs()' order, each as (fingerprint, status,
         finished): those columns alone, no record decoded (the daemon's metrics ask at every poll)."""
-        rows = self._db.conn.execute("SELECT fingerprint, status, finished_at FROM runs WHERE kind = ? "
-                                     "ORDER BY started_at DESC, id DESC LIMIT ?", (kind, limit))
+        rows = self._db.conn.execute(f"SELECT fingerprint, status, finished_at FROM runs WHERE kind = ? "
+                                     f"{self.NEWEST_FIRST} LIMIT ?", (kind, limit))
         return [(str(r["fingerprint"]), r["status"], r["finished_at"] is not None) for r in rows]
 
     def run(self, run_id: int) -> RunRecord | None:
@@ -339,7 +342,7 @@ class Store:
         if status is not None:
             sql += " AND status = ?"
             params.append(status)
-        row = self._db.conn.execute(sql + " ORDER BY started_at DESC, id DESC LIMIT 1", params).fetchone()
+        row = self._db.conn.execute(f"{sql} {self.NEWEST_FIRST} LIMIT 1", params).fetchone()
         return None if row is None else self._run_record(row)
 
     def latest_published(self, fingerprint: str) -> PublishedEnv | None:
