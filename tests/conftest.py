@@ -35,15 +35,20 @@ collect_ignore = ["fixtures", "golden"]
 # one a worker starts while the other has nothing left to do. The other files follow in their own
 # order. Keep it roughly true when a file's time changes much; an outdated order costs time only.
 SLOWEST_FIRST = (
+    "test_alert_workflows.py",  # ~120: the metric writers at every scrape of simulated months, promtool
     "test_slurm_real.py",  # ~85: a Slurm cluster, two sweeps through srun
     "test_sweep_shapes.py",  # ~75: a two-node sweep with a hang waited out
     "test_multinode.py",  # ~65: trials over two torchrun agents
     "test_daemon.py",  # ~65: daemons that sweep
     "test_one_gpu_nodes.py",  # ~35: a two-node sweep of one-GPU nodes
     "test_fleet.py",  # ~35: two demo nodes swept
+    "test_killed_after_publish.py",  # ~30: demo sweeps killed and run again
     "test_forked_ranks.py",  # ~20: the rank server's trials, a hang waited out
+    "test_profile_scale.py",  # ~20: a profile of 1000 nodes
+    "test_trial_env.py",  # ~15: demo sweeps and publishes of the topology file
     "test_runner.py",  # ~15: ranks by exec, a hang waited out
     "test_collective_sweep.py",  # ~15: the every-collective demo sweep
+    "test_one_gpu.py",  # ~10: one-GPU sweeps
     "test_sweep_tablestage.py",  # ~7: a demo sweep with the per-size stage
     "test_bad_input.py",  # ~5: a process per malformed input, forked from one interpreter
     "test_verify_one_gpu.py",

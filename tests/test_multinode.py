@@ -313,7 +313,7 @@ def test_the_torchrun_command_line() -> None:
     assert argv == ["/opt/py/bin/python", "-I", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "8",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29400", "--rdzv-id", "nccltune-ab12cd34-7",
                     "--rdzv-conf", "is_host=0,join_timeout=180,read_timeout=10", "--max-restarts", "0",
-                    "--monitor-interval", "0.5", str(RANKEXEC), str(WORKER), "--backend", "nccl", "--sizes", "1024"]
+                    "--monitor-interval", "0.1", str(RANKEXEC), str(WORKER), "--backend", "nccl", "--sizes", "1024"]
     v6 = torchrun_argv("py", nnodes=2, nproc_per_node=1, endpoint=("fe80::1", 5), rdzv_id="x", is_host=True,
                        timeout_s=10, args=[], local_addr="127.0.0.1")
     assert v6[v6.index("--rdzv-endpoint") + 1] == "[fe80::1]:5"

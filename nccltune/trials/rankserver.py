@@ -40,6 +40,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 # Variables read after a rank has started (NCCL at communicator init, torch's process group when it
 # is built, the worker and the rendezvous), and the rank's own identity and directories. Anything
@@ -129,12 +130,18 @@ def _rank(worker: ModuleType, request: dict[str, object], fds: list[int], sock: 
         traceback.print_exc()
         code = 1
     finally:
-        # As an interpreter that ends: what was registered to run at exit runs (in this rank).
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        _end(code)  # in this rank: nothing of the server's runs after its work
+
+
+def _end(code: int) -> NoReturn:
+    """End this process as an interpreter ends, less the teardown of torch's modules and objects
+    (half a second of CPU, which a forked rank's trial and the runner closing the server would
+    wait for): what was registered to run at exit runs, the streams are flushed, then it exits."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:
@@ -208,4 +215,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # The runner closing its end waits for this exit (forkedranks.RankServer.close); an exception
+    # out of main ends the interpreter as usual.
+    _end(main(sys.argv[1:]))

@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 CONTROL_PORT_OFFSET = 1  # the control channel listens next to the rendezvous port
 RETRY_S = 0.5  # a joining node's wait before it connects again, after a connection closed unanswered
+# A joining node's wait between attempts while the coordinator does not listen yet: it listens from
+# its first trial on, and the nodes of a job start together, so the joiner usually comes first.
+CONNECT_RETRY_S = 0.2
 REPLY_WAIT_S = 60.0  # for a joiner to hear the coordinator's challenge and welcome
 
 
@@ -227,7 +230,7 @@ def connect(host: str, port: int, wait_s: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise UnavailableError(f"cannot reach the coordinator at {host_port(host, port)}: {exc}",
                                        hint="start `nccltune sweep --nodes N --rdzv-endpoint HOST:PORT` there") from exc
-            time.sleep(1.0)
+            time.sleep(CONNECT_RETRY_S)
 
 
 def version() -> str:
