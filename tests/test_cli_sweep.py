@@ -85,6 +85,20 @@ def config(tmp_path: Path) -> Path:
 # -- the plan ---------------------------------------------------------------------------------------
 
 
+def test_the_plan_says_how_many_trials_the_final_check_may_add(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.replace("finalist_repeats: 1", "finalist_repeats: 2\n  max_finalist_repeats: 6"))
+    doc = cli_json("sweep", "--plan", "--demo", "--config", config, "--state-dir", tmp_path / "state")
+    # 2 baselines, 2 screening runs, then the finalist, the topology file and the defaults: 2
+    # rounds at the first look, 6 at the last (sweep.max_final_trials 0: no bound).
+    estimate = doc["estimate"]
+    assert (estimate["trials"], estimate["most_trials"]) == (2 + 2 + 3 * 2, 2 + 2 + 3 * 6)
+    assert estimate["most_seconds"] > estimate["seconds"] > 0
+    rc, out, _err = cli("sweep", "--plan", "--demo", "--config", config, "--state-dir", tmp_path / "state")
+    assert rc == 0
+    assert "Estimate: about 10 trials" in out and "At most 22 trials" in out
+
+
 def test_plan_json_lists_what_is_measured_pruned_and_the_estimate(config: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     doc = cli_json("sweep", "--plan", "--demo", "--config", config, "--state-dir", state)
@@ -100,6 +114,8 @@ def test_plan_json_lists_what_is_measured_pruned_and_the_estimate(config: Path, 
     # the topology file and the defaults.
     assert doc["estimate"]["trials"] == 2 + 2 + 2 + 1
     assert doc["estimate"]["seconds"] > 0
+    # One finalist round asked for: the final check adds none, so the most is the estimate.
+    assert (doc["estimate"]["most_trials"], doc["estimate"]["most_seconds"]) == (7, doc["estimate"]["seconds"])
     assert doc["policy"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     # A plan measures nothing and keeps no state.
     assert not state.exists()

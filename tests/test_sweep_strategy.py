@@ -24,6 +24,7 @@ from nccltune.sweep.strategy import (
     Search,
     SearchResult,
     Settings,
+    final_check_trials,
     label_of,
     rank_screened,
     round_measure,
@@ -519,3 +520,30 @@ def test_the_final_check_keeps_to_sweep_max_final_trials() -> None:
     assert result.final.trials <= 12
     first = bench.phases().index("final")
     assert len(bench.phases()[first:]) == result.final.trials
+
+
+@pytest.mark.parametrize("max_final_trials", [0, 12, 40])
+def test_the_most_trials_bound_holds_when_the_final_check_adds_every_round(max_final_trials: int) -> None:
+    # Gains within the noise: every finalist stays open to the last look, so the check makes the
+    # most trials it can; the first-look estimate counts fewer.
+    bench = Bench({("NCCL_ALGO", "Tree"): 1.02, ("NCCL_ALGO", "Ring"): 1.015}, noise_pct=3.0)
+    s = search({"NCCL_ALGO": ["Ring", "Tree"]}, bench, baseline_repeats=2, finalist_repeats=2,
+               max_finalist_repeats=8, max_finalists=2, max_final_trials=max_final_trials)
+    about, most = s.trial_bounds()
+    result = s.run()
+    assert about == s.estimate_trials() == 2 + 2 + 1 + (3 + 1) * 2
+    assert len(bench.calls) <= most and most > about
+    if max_final_trials:
+        assert result.final.trials <= max_final_trials
+        assert most - about <= max_final_trials - (3 + 1) * 2
+
+
+def test_final_check_trials_counts_the_first_look_and_every_planned_look() -> None:
+    # 3 finalists and the defaults: 2 rounds at the first look, 8 at the last.
+    assert final_check_trials(3, first=2, last=8) == (8, 32)
+    # The bound: the first look always; later looks only within it.
+    assert final_check_trials(3, first=2, last=8, max_trials=12) == (8, 12)
+    assert final_check_trials(3, first=2, last=8, max_trials=5) == (8, 8)
+    # One round asked for adds none; no rounds, no check.
+    assert final_check_trials(3, first=1, last=8) == (4, 4)
+    assert final_check_trials(3, first=0, last=8) == (0, 0)

@@ -189,12 +189,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.plan:
         plan, search = pipe.plan()
-        trials = pipe.estimate_trials(plan, search)
+        trials, most_trials = pipe.trial_bounds(plan, search)
         seconds = pipe.estimate_seconds(plan, trials)
+        most = (most_trials, pipe.estimate_seconds(plan, most_trials))
         if args.json:
-            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan))))
+            out(dumps(plan_doc(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan), most=most)))
         else:
-            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan)))
+            out(plan_text(plan, pipe.node(), trials, seconds, pipe.profile, pipe.workload(plan), most=most))
         return EXIT_OK
     node = pipe.node()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

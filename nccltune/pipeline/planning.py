@@ -23,7 +23,7 @@ from ..sweep import profiles
 from ..sweep.plan import JobShape, Plan, build_plan, plan_per_size
 from ..sweep.select import Key
 from ..sweep.space import CATALOGUE, unknown_variable_hint
-from ..sweep.strategy import Search, Settings
+from ..sweep.strategy import Search, Settings, final_check_trials
 from ..tuner.build import find_compiler, prebuilt_plugin
 
 log = logging.getLogger(__name__)
@@ -186,20 +186,31 @@ def settings(cfg: Config, plan: Plan | None = None) -> Settings:
     return out
 
 
-def final_check_trials(cfg: Config, plan: Plan) -> int:
-    """Trials of the final check: the whole result and the environment part alone (one of them on the
-    CPU demo, where the table is not loaded), and the defaults, each sweep.finalist_repeats times."""
+def table_check_trials(cfg: Config, plan: Plan) -> tuple[int, int]:
+    """Trials of the per-size stage's final check (sweep.strategy.final_check_trials): the whole
+    result and the environment part alone (one of them on the CPU demo, where the table is not
+    loaded) against the defaults, each sweep.finalist_repeats times at the first look."""
     ps = plan.per_size
     if ps is None or not ps.active:
-        return 0
-    candidates = 2 if ps.measured_with_nccl else 1
-    return cfg.sweep.finalist_repeats * (candidates + 1)
+        return 0, 0
+    s = cfg.sweep
+    return final_check_trials(2 if ps.measured_with_nccl else 1, first=s.finalist_repeats,
+                              last=max(s.finalist_repeats, s.max_finalist_repeats), max_trials=s.max_final_trials)
+
+
+def trial_bounds(cfg: Config, plan: Plan, search: Search) -> tuple[int, int]:
+    """Every trial of the sweep, the search's, the per-size candidates' and the final check's: (when
+    the final check decides at its first look, at most)."""
+    ps = plan.per_size
+    candidates = ps.trial_count() if ps else 0
+    about, most = search.trial_bounds()
+    check_about, check_most = table_check_trials(cfg, plan)
+    return about + candidates + check_about, most + candidates + check_most
 
 
 def estimate_trials(cfg: Config, plan: Plan, search: Search) -> int:
-    """Every trial of the sweep: the search's, the per-size candidates' and the final check's."""
-    ps = plan.per_size
-    return search.estimate_trials() + (ps.trial_count() if ps else 0) + final_check_trials(cfg, plan)
+    """Every trial of the sweep when the final check decides at its first look."""
+    return trial_bounds(cfg, plan, search)[0]
 
 
 # A trial's start on an idle node without a sweep of its own to go by, keyed (several nodes, CPU

@@ -70,6 +70,7 @@ from .planning import (
     estimate_trials,
     make_plan,
     settings,
+    trial_bounds,
     workload,
 )
 from .tablestage import TableOutcome, TableStage
@@ -235,8 +236,13 @@ class SweepPipeline:
         return workload(self.cfg, self.node(), plan.sizes)
 
     def estimate_trials(self, plan: Plan, search: Search) -> int:
-        """Every trial the sweep makes: the search's, the per-size candidates' and the final check's."""
+        """Every trial the sweep makes: the search's, the per-size candidates' and the final check's,
+        when the final check decides at its first look."""
         return estimate_trials(self.cfg, plan, search)
+
+    def trial_bounds(self, plan: Plan, search: Search) -> tuple[int, int]:
+        """(estimate_trials, the most the sweep can make: the final check adding every round it may)."""
+        return trial_bounds(self.cfg, plan, search)
 
     def estimate_seconds(self, plan: Plan, trials: int) -> float:
         return estimate_seconds(plan, trials, self.cfg, self.node(), len(self.workload(plan).collectives))

@@ -125,9 +125,13 @@ def table_lines(table: TableOutcome) -> list[str]:
 
 
 def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
-             workload: Workload | None = None, *, unmeasured: str | None = None) -> dict[str, Any]:
+             workload: Workload | None = None, *, unmeasured: str | None = None,
+             most: tuple[int, float] | None = None) -> dict[str, Any]:
     """The plan as one document. `unmeasured`: why nothing is measured on this node (one GPU):
-    the same document then measures nothing, estimates no trial and says why under `reason`."""
+    the same document then measures nothing, estimates no trial and says why under `reason`.
+    `trials`, `seconds`: when the final check decides at its first look; `most`: the trials and
+    seconds when it adds every round it may (the same as those without)."""
+    most_trials, most_seconds = most or (trials, seconds)
     return {
         "kind": "plan",
         "reason": unmeasured,
@@ -147,13 +151,15 @@ def plan_doc(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
         "policy": plan.policy,
         "notes": plan.notes,
         "per_size": per_size_plan_doc(plan),
-        "estimate": {"trials": trials, "seconds": round(seconds, 1)},
+        "estimate": {"trials": trials, "seconds": round(seconds, 1),
+                     "most_trials": most_trials, "most_seconds": round(most_seconds, 1)},
         **(workload_doc(workload) if workload is not None else {}),
     }
 
 
 def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
-              workload: Workload | None = None) -> str:
+              workload: Workload | None = None, *, most: tuple[int, float] | None = None) -> str:
+    """The plan for a reader; `trials`, `seconds` and `most` as plan_doc's."""
     lines = []
     if node.demo:
         lines.append(f"*** {DEMO_LABEL} ***")
@@ -204,6 +210,9 @@ def plan_text(plan: Plan, node: Node, trials: int, seconds: float, profile: str,
     lines.append("")
     per = f" of {len(workload.collectives)} collectives each" if workload and len(workload.collectives) > 1 else ""
     lines.append(f"Estimate: about {trials} trials{per}, {_fmt_s(seconds)}.")
+    if most is not None and most[0] > trials:
+        lines.append(f"  At most {most[0]} trials, {_fmt_s(most[1])}, where the final check adds its rounds "
+                     "(finalists that its first look leaves undecided).")
     return "\n".join(lines)
 
 

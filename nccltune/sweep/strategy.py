@@ -92,6 +92,29 @@ def round_measure(trial: Callable[[Env, RoundPhase, str], dict[Key, float] | Non
     return measure
 
 
+def planned_looks(candidates: int, *, first: int, last: int, max_trials: int = 0) -> list[int]:
+    """The looks a final check of `candidates` finalists plans, fixed before anything is measured
+    (final_check's arguments). With `max_trials`, for what the bound lets the leader alone reach
+    (the first look's rounds for every finalist, then one finalist and the defaults per round):
+    alpha is never spent on a look that cannot come. Fewer than two rounds asked for: no extension
+    either (one run cannot show a gain, and the configuration said so)."""
+    if first <= 0:
+        return []
+    if max_trials:
+        last = min(last, first + max(0, max_trials - first * (candidates + 1)) // 2)
+    return decision.looks(first, last if first >= 2 else first)
+
+
+def final_check_trials(candidates: int, *, first: int, last: int, max_trials: int = 0) -> tuple[int, int]:
+    """The trials of a final check of `candidates` finalists: (when every one is decided at the first
+    look, at most: every look's rounds while all stay open, within `max_trials`)."""
+    looks = planned_looks(candidates, first=first, last=last, max_trials=max_trials)
+    if not looks:
+        return 0, 0
+    first_look, every = looks[0] * (candidates + 1), looks[-1] * (candidates + 1)
+    return first_look, max(first_look, min(every, max_trials)) if max_trials else every
+
+
 def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, int], dict[Key, float] | None],
                 weights: Mapping[Key, float], rule: decision.Rule, *, first: int, last: int,
                 max_trials: int = 0) -> FinalCheck:
@@ -104,14 +127,7 @@ def final_check(finalists: list[Finalist], measure: Callable[[Finalist | None, i
     after the first are measured only when all of them fit within that many trials of the check.
     `measure(finalist, round)`, None for the defaults' run of the round, returns busbw per key or
     None for a failed trial. Each finalist ends with its verdict at its last look."""
-    if max_trials and first > 0:
-        # The looks are planned for what the bound lets the leader alone reach (the first look's
-        # rounds for every finalist, then one finalist and the defaults per round): alpha is never
-        # spent on a look that cannot come. Fixed before anything is measured.
-        last = min(last, first + max(0, max_trials - first * (len(finalists) + 1)) // 2)
-    # Fewer than two rounds asked for: no extension either (one run cannot show a gain, and the
-    # configuration said so).
-    out = FinalCheck(looks=decision.looks(first, last if first >= 2 else first) if first > 0 else [])
+    out = FinalCheck(looks=planned_looks(len(finalists), first=first, last=last, max_trials=max_trials))
     still = list(finalists)
     shown: dict[str, decision.Shown[Key]] = {}
     won = 0  # only a win frees a place in Holm's family (sweep.decision's docstring)
@@ -228,22 +244,28 @@ class Search:
         self.worst_pct: dict[str, float] = {}
 
     def estimate_trials(self) -> int:
-        """Trials `run()` makes when every candidate helps in screening: exact then for the
-        exhaustive grid, an upper bound for the staged search (combining stops early when fewer
-        variables help, and only candidates that helped become finalists)."""
-        b = self.s.baseline_repeats
-        fr = self.s.finalist_repeats
+        """Trials `run()` makes when every candidate helps in screening and the final check decides
+        at its first look: exact then for the exhaustive grid, an upper bound for the staged search
+        (combining stops early when fewer variables help, and only candidates that helped become
+        finalists)."""
+        return self.trial_bounds()[0]
+
+    def trial_bounds(self) -> tuple[int, int]:
+        """(estimate_trials(), the most trials `run()` can make: the final check's every look while
+        all its finalists stay undecided, within sweep.max_final_trials)."""
         topo = 1 if self.common else 0
         if self.s.exhaustive:
             # Every grid point but the all-unset one, plus the topology file alone.
             points = self.grid_points() - 1
-            finalists = min(self.s.max_finalists, points) + topo
-            return b + points + topo + finalists * fr + fr
-        singles = self.plan.screening_count()
-        combine = min(self.s.max_combine, max(0, len(self.plan.variables) - 1))
-        finalists = min(self.s.max_finalists, singles + combine) + topo
-        # Finalists and one more run of the defaults per round.
-        return b + singles + topo + combine + finalists * fr + fr
+            before, finalists = points + topo, min(self.s.max_finalists, points) + topo
+        else:
+            singles = self.plan.screening_count()
+            combine = min(self.s.max_combine, max(0, len(self.plan.variables) - 1))
+            before, finalists = singles + topo + combine, min(self.s.max_finalists, singles + combine) + topo
+        fr = self.s.finalist_repeats
+        about, most = final_check_trials(finalists, first=fr, last=max(fr, self.s.max_finalist_repeats),
+                                         max_trials=self.s.max_final_trials)
+        return self.s.baseline_repeats + before + about, self.s.baseline_repeats + before + most
 
     def grid_points(self) -> int:
         """Points of the exhaustive grid, the all-unset one included."""
