@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..collectives import COLLECTIVES
 from ..logsetup import escaped
@@ -225,17 +225,14 @@ _FAILURE_WARN_RES = (
 _BENIGN_WARN_RE = re.compile(r"plugin", _A | re.IGNORECASE)
 
 
-def _int(text: str) -> int | None:
-    """int() that answers None instead of raising (a garbage line may hold 5000 digits)."""
-    try:
-        return int(text)
-    except ValueError:
-        return None
+Number = TypeVar("Number", int, float)
 
 
-def _float(text: str) -> float | None:
+def number(text: str, kind: type[Number]) -> Number | None:
+    """`kind(text)`, or None where the text is no such number: a line of a tool's output is read,
+    never trusted (a garbage line may hold 5000 digits, which int() refuses)."""
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
         return None
 
@@ -392,27 +389,27 @@ class _Builder:
         _keep(self.ignored_elements, m.group(1))
 
     def _system(self, m: re.Match[str]) -> None:
-        self.max_bw = _float(m.group(1))
-        self.total_bw = _float(m.group(2))
+        self.max_bw = number(m.group(1), float)
+        self.total_bw = number(m.group(2), float)
 
     def _driver(self, m: re.Match[str]) -> None:
-        self.cuda_driver = _int(m.group(1))
+        self.cuda_driver = number(m.group(1), int)
 
     def _network(self, m: re.Match[str]) -> None:
         self.network = m.group(1).strip()
 
     def _coll_channels(self, m: re.Match[str]) -> None:
-        self.coll_channels = _int(m.group(1))
+        self.coll_channels = number(m.group(1), int)
 
     def _init_complete(self, m: re.Match[str]) -> None:
-        rank, nranks = _int(m.group(1)), _int(m.group(2))
+        rank, nranks = number(m.group(1), int), number(m.group(2), int)
         if rank is not None:
             self.init_complete_ranks.add(rank)
         if nranks is not None:
             self.nranks = nranks
 
     def _comm_summary(self, m: re.Match[str]) -> None:
-        nranks = _int(m.group(2))
+        nranks = number(m.group(2), int)
         if nranks is not None:
             self.nranks = nranks
 
@@ -425,17 +422,17 @@ class _Builder:
             self.topo_file = value
 
     def _tuning(self, m: re.Match[str]) -> None:
-        size, lo, hi = _int(m.group(2)), _int(m.group(5)), _int(m.group(6))
+        size, lo, hi = number(m.group(2), int), number(m.group(5), int), number(m.group(6), int)
         if size is None or lo is None or hi is None:
             return
         self.tuning.append(TuningChoice(m.group(1), size, m.group(3), m.group(4), lo, hi))
 
     def _graph(self, m: re.Match[str]) -> None:
-        pattern, crossnic, nchannels = _int(m.group(1)), _int(m.group(2)), _int(m.group(3))
-        bw_intra, bw_inter = _float(m.group(4)), _float(m.group(5))
+        pattern, crossnic, nchannels = number(m.group(1), int), number(m.group(2), int), number(m.group(3), int)
+        bw_intra, bw_inter = number(m.group(4), float), number(m.group(5), float)
         if pattern is None or crossnic is None or nchannels is None or bw_intra is None or bw_inter is None:
             return
-        same = _int(m.group(8)) if m.group(8) is not None else None
+        same = number(m.group(8), int) if m.group(8) is not None else None
         self.graphs.append(
             GraphSearch(pattern, crossnic, nchannels, bw_intra, bw_inter, m.group(6), m.group(7), same)
         )
@@ -443,12 +440,12 @@ class _Builder:
     def _path_line(self, m: re.Match[str]) -> None:
         row = self.paths.setdefault(m.group(1), {})
         for node, hops_text, bw_text, path_type in _PATH_ENTRY_RE.findall(m.group(2)):
-            hops, bw = _int(hops_text), _float(bw_text)
+            hops, bw = number(hops_text, int), number(bw_text, float)
             if hops is not None and bw is not None:
                 row[node] = (hops, bw, path_type)
 
     def _p2p_pair(self, m: re.Match[str]) -> None:
-        ga, gb = _int(m.group(1)), _int(m.group(2))
+        ga, gb = number(m.group(1), int), number(m.group(2), int)
         if ga is None or gb is None:
             return
         pair = (ga, gb)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..collectives import get as get_collective
+from ..nccl.debuglog import number
 
 BINARY = "all_reduce_perf"
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+(.*)$")
@@ -59,13 +60,6 @@ def command(binary: str, sizes: Sequence[int], nranks: int, warmup: int, iters: 
             "-g", str(nranks), "-w", str(warmup), "-n", str(iters), "-c", "1", "-d", "float", "-o", "sum"]
 
 
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def parse_output(text: str) -> tuple[list[PerfRow], str | None]:
     """Rows and the NCCL version from a `*_perf` binary's output. Lines that are not rows are skipped."""
     rows: list[PerfRow] = []
@@ -82,11 +76,11 @@ def parse_output(text: str) -> tuple[list[PerfRow], str | None]:
         fields = r.group(6).split()
         if len(fields) < 4:
             continue
-        t, algbw, busbw = _float(fields[0]), _float(fields[1]), _float(fields[2])
+        t, algbw, busbw = number(fields[0], float), number(fields[1], float), number(fields[2], float)
         if t is None or algbw is None or busbw is None:
             continue
         wrong = [w for w in (fields[3], fields[7] if len(fields) >= 8 else "0") if w.isdigit()]
         rows.append(PerfRow(size_bytes=int(r.group(1)), time_us=t, algbw_gbps=algbw, busbw_gbps=busbw,
                             correct=all(int(w) == 0 for w in wrong),
-                            inplace_busbw_gbps=_float(fields[6]) if len(fields) >= 8 else None))
+                            inplace_busbw_gbps=number(fields[6], float) if len(fields) >= 8 else None))
     return rows, version
