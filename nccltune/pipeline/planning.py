@@ -195,7 +195,7 @@ def table_check_trials(cfg: Config, plan: Plan) -> tuple[int, int]:
         return 0, 0
     s = cfg.sweep
     return final_check_trials(2 if ps.measured_with_nccl else 1, first=s.finalist_repeats,
-                              last=max(s.finalist_repeats, s.max_finalist_repeats), max_trials=s.max_final_trials)
+                              last=s.max_finalist_repeats, max_trials=s.max_final_trials)
 
 
 def trial_bounds(cfg: Config, plan: Plan, search: Search) -> tuple[int, int]:

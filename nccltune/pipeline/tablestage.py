@@ -246,7 +246,7 @@ class TableStage:
         s = self.cfg.sweep
         self.final = final_check(finalists, measure, result.weights,
                                  decision.Rule(s.min_gain_pct, s.max_regression_pct),
-                                 first=s.finalist_repeats, last=max(s.finalist_repeats, s.max_finalist_repeats),
+                                 first=s.finalist_repeats, last=s.max_finalist_repeats,
                                  max_trials=s.max_final_trials)
         self.baseline_runs = base_runs
         return finalists

@@ -94,10 +94,11 @@ def round_measure(trial: Callable[[Env, RoundPhase, str], dict[Key, float] | Non
 
 def planned_looks(candidates: int, *, first: int, last: int, max_trials: int = 0) -> list[int]:
     """The looks a final check of `candidates` finalists plans, fixed before anything is measured
-    (final_check's arguments). With `max_trials`, for what the bound lets the leader alone reach
-    (the first look's rounds for every finalist, then one finalist and the defaults per round):
-    alpha is never spent on a look that cannot come. Fewer than two rounds asked for: no extension
-    either (one run cannot show a gain, and the configuration said so)."""
+    (final_check's arguments; a `last` below `first` is `first`: no rounds added). With
+    `max_trials`, for what the bound lets the leader alone reach (the first look's rounds for every
+    finalist, then one finalist and the defaults per round): alpha is never spent on a look that
+    cannot come. Fewer than two rounds asked for: no extension either (one run cannot show a gain,
+    and the configuration said so)."""
     if first <= 0:
         return []
     if max_trials:
@@ -263,7 +264,7 @@ class Search:
             combine = min(self.s.max_combine, max(0, len(self.plan.variables) - 1))
             before, finalists = singles + topo + combine, min(self.s.max_finalists, singles + combine) + topo
         fr = self.s.finalist_repeats
-        about, most = final_check_trials(finalists, first=fr, last=max(fr, self.s.max_finalist_repeats),
+        about, most = final_check_trials(finalists, first=fr, last=self.s.max_finalist_repeats,
                                          max_trials=self.s.max_final_trials)
         return self.s.baseline_repeats + before + about, self.s.baseline_repeats + before + most
 
@@ -341,7 +342,7 @@ class Search:
         first_round = baseline_trials
         measure = round_measure(self._busbw, base_runs, lambda r: f"defaults #{first_round + r + 1}")
         check = final_check(finalists, measure, self.weights, self.rule, first=self.s.finalist_repeats,
-                            last=max(self.s.finalist_repeats, self.s.max_finalist_repeats),
+                            last=self.s.max_finalist_repeats,
                             max_trials=self.s.max_final_trials)
         self.final = check
         baseline = size_stats(base_runs)
