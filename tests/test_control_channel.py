@@ -517,8 +517,9 @@ def test_a_report_fits_one_line_whatever_rank_0_printed() -> None:
 
 def _trial(**fields: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"trial": 3, "rdzv_id": "nccltune-ab12-3", "env": {"NCCL_ALGO": "Ring"}, "files": {},
-                            "worker_args": ["--backend", "gloo", "--sizes", "4096,16384", "--warmup", "1", "--iters",
-                                            "2", "--timeout-s", "120"], "timeout_s": 120.0, "nccl_debug": False}
+                            "worker_args": ["--backend", "gloo", "--sizes", "4096,16384", "--warmup", "1",
+                                            "--start-warmup", "1", "--iters", "2", "--timeout-s", "120"],
+                            "timeout_s": 120.0, "nccl_debug": False}
     return {**base, **fields}
 
 
@@ -549,6 +550,7 @@ def test_a_well_formed_trial_passes() -> None:
     ({"worker_args": ["--sizes", "17179869185"]}, "--sizes"),
     ({"worker_args": ["--iters", "1e9"]}, "--iters"),
     ({"worker_args": ["--iters", "100000000"]}, "--iters"),
+    ({"worker_args": ["--start-warmup", "-1"]}, "--start-warmup"),
     ({"worker_args": ["--timeout-s", "nan"]}, "--timeout-s"),
     ({"worker_args": ["--backend", "mpi"]}, "--backend"),
     ({"worker_args": ["--python", "/tmp/py"]}, "not an argument of the worker"),

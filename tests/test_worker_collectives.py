@@ -111,3 +111,37 @@ def test_an_unknown_collective_is_a_setup_error_naming_the_known_ones(monkeypatc
     doc = json.loads(line)
     assert doc["event"] == "error" and doc["kind"] == "usage"
     assert "unknown collective 'alltoall' (known: all_reduce, all_gather" in doc["message"]
+
+
+def test_the_start_warmup_calls_the_largest_size_that_fits_before_any_is_timed() -> None:
+    import torch
+
+    from nccltune.trials.worker import Job, _arguments
+
+    calls: list[tuple[str, int]] = []
+
+    def job_with(start: int) -> Job:
+        args = _arguments(["--sizes", "1024,4096,16384", "--backend", "gloo", "--start-warmup", str(start)])
+        job = Job(torch, dist=None, args=args, rank=0, world=2, local_rank=0)
+        job.make_call = lambda name, src, dst, count: (lambda: calls.append((name, count)))  # type: ignore[method-assign]
+        return job
+
+    all_reduce = get("all_reduce")
+    job_with(3).warm_start(all_reduce, [1024, 4096, 16384], limit=1 << 20)
+    assert calls == [("all_reduce", 4096)] * 3  # 16384 bytes: 4096 floats
+    calls.clear()
+    job_with(2).warm_start(all_reduce, [1024, 4096, 16384], limit=8192)  # 16384 bytes do not fit
+    assert calls == [("all_reduce", 1024)] * 2
+    calls.clear()
+    job_with(0).warm_start(all_reduce, [1024, 4096, 16384], limit=1 << 20)
+    job_with(3).warm_start(all_reduce, [1024, 4096, 16384], limit=100)  # nothing fits
+    assert calls == []
+
+
+def test_a_trial_with_a_start_warmup_runs_and_measures_every_size(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL") and k != FAULT_VAR}
+    runner = Runner(python=sys.executable, backend="gloo", nranks=2, base_env=env, work_dir=tmp_path / "work",
+                    timeout_s=120.0)
+    result = runner.run({}, SIZES, warmup=1, iters=2, start_warmup=2)
+    assert result.ok, result.reason  # a worker without --start-warmup would exit on its usage error
+    assert [s.size_bytes for s in result.sizes] == SIZES and all(s.correct for s in result.sizes)

@@ -305,10 +305,13 @@ class Runner:
 
     def run(self, candidate: Mapping[str, str], sizes: Sequence[int], *, warmup: int, iters: int,
             check: bool = True, label: str = "", timing: str = "auto", prequeue: bool = True,
-            max_blocks: int = 1, collectives: Sequence[str] = ("all_reduce",)) -> TrialResult:
+            max_blocks: int = 1, collectives: Sequence[str] = ("all_reduce",),
+            start_warmup: int | None = None) -> TrialResult:
         """One trial. `timing`: the worker's GPU timing (auto, graph, direct or events); `prequeue` applies
         to events; `max_blocks`: timed blocks per size, the median reported (see worker.block_count);
-        `collectives`: what the worker measures (collectives.NAMES), each over all sizes."""
+        `collectives`: what the worker measures (collectives.NAMES), each over all sizes; `start_warmup`:
+        untimed calls at each collective's largest size before its first is timed (worker.Job.warm_start;
+        default `warmup`, as nccl-tests warms up at its largest size before its ladder of sizes)."""
         self._seq += 1
         trial_dir = self.work_dir / f"trial-{self._seq:03d}"
         ensure_dir(trial_dir, "trial directory")
@@ -330,6 +333,9 @@ class Runner:
             cmd += ["--max-blocks", str(max_blocks)]
         if not prequeue:
             cmd.append("--no-prequeue")
+        start = warmup if start_warmup is None else start_warmup
+        if start > 0:
+            cmd += ["--start-warmup", str(start)]
         if list(collectives) != ["all_reduce"]:
             cmd += ["--collectives", ",".join(collectives)]
         log.debug("trial %s %s: %s", self._seq, label, " ".join(f"{k}={v}" for k, v in candidate.items()))

@@ -399,6 +399,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-blocks", type=int, default=1,
                     help="time up to this many blocks of --iters per size and report the median block "
                          "(fewer for large sizes, see block_count)")
+    ap.add_argument("--start-warmup", type=int, default=0,
+                    help="calls at each collective's largest size before its first size is timed: a process's "
+                         "first calls set up NCCL's connections, helper threads and socket buffers")
     ap.add_argument("--no-prequeue", action="store_true",
                     help="events timing: do not hold the GPU while the host enqueues the timed iterations")
     return ap.parse_args(argv)
@@ -619,6 +622,23 @@ class Job:
         self.dist.all_reduce(flag)
         return int(flag.item()) == 0
 
+    def warm_start(self, c: Any, sizes: list[int], limit: int) -> None:
+        """--start-warmup calls of collective `c` at the largest of `sizes` that fits, untimed: what a
+        process sets up on its first calls (connections, NCCL's helper threads, socket buffers) is
+        then not charged to the smallest sizes, which are timed first."""
+        fitting = [s for s in sizes if max(c.counts(s, self.world)[1:]) * coll.ELEMENT_BYTES <= limit]
+        if self.args.start_warmup <= 0 or not fitting:
+            return
+        count, send_n, recv_n = c.counts(max(fitting), self.world)
+        send = self.torch.ones(send_n, dtype=self.torch.float32, device=self.device)
+        in_place = not self.through_nccl and c.name in TORCH_IN_PLACE
+        recv = send if in_place else self.torch.empty(recv_n, dtype=self.torch.float32, device=self.device)
+        op = self.make_call(c.name, send, recv, count)
+        for _ in range(self.args.start_warmup):
+            op()
+        if self.gpu:
+            self.torch.cuda.synchronize(self.device)
+
     def measure(self, c: Any, size: int, limit: int, fault: str | None) -> bool:
         """One size of collective `c`: timed, checked, rank 0's line written; False on a wrong result."""
         name, args = c.name, self.args
@@ -693,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 emit({"event": "not_measured", "collective": c.name, "backend": args.backend, "reason": reason})
             continue
+        job.warm_start(c, sizes, limit)
         for size in sizes:
             if not job.measure(c, size, limit, fault):
                 status = EXIT_WRONG_RESULT

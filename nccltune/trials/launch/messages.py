@@ -58,7 +58,8 @@ MAX_NCCL_LOG_CHARS = 384 << 10
 _RDZV_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _INT = re.compile(r"[0-9]{1,12}")
 _WORKER_CHOICES = {"--backend": ("nccl", "gloo"), "--timing": ("auto", "graph", "direct", "events")}
-_WORKER_INTS = {"--warmup": (0, MAX_ITERS), "--iters": (1, MAX_ITERS), "--max-blocks": (1, MAX_BLOCKS)}
+_WORKER_INTS = {"--warmup": (0, MAX_ITERS), "--start-warmup": (0, MAX_ITERS), "--iters": (1, MAX_ITERS),
+                "--max-blocks": (1, MAX_BLOCKS)}
 _WORKER_FLAGS = ("--no-check", "--no-prequeue")
 
 
