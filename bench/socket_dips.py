@@ -9,9 +9,10 @@ rank its own NCCL_HOSTID, NCCL's socket transport over loopback), timed in block
 reported, every block printed). Meanwhile a sampler reads /proc every 20 ms for the trial's
 processes: each thread's name, the CPUs it was seen on and its CPU time, so a slow trial can be
 matched with its threads' placement. Printed per trial: busbw per size, the blocks of the two
-smallest sizes, and the CPUs of NCCL's threads; then per setting and start the median, the lowest
-and the trials below 80% of the median. Run it with the CUDA MPS control daemon up (bench/gpu_env.sh's
-mps_start), else the ranks time-slice and the numbers are artifacts. Loopback is not a NIC.
+smallest sizes, the CPUs of NCCL's threads and what NCCL logged it ran per size
+(algorithm/protocol/channels); then per setting and start the median, the lowest and the trials
+below 80% of the median. Run it with the CUDA MPS control daemon up (bench/gpu_env.sh's mps_start),
+else the ranks time-slice and the numbers are artifacts. Loopback is not a NIC.
 """
 
 from __future__ import annotations
@@ -154,7 +155,9 @@ def main() -> int:
                 trial_dir = runner.work_dir / f"trial-{runner._seq:03d}"
                 rec = {"round": r + 1, "point": label(env, start), "status": res.status,
                        "busbw": {m.size_bytes: m.busbw_gbps for m in res.sizes} if res.ok else {},
-                       "blocks": trial_blocks(trial_dir), "threads": sampler.summary()}
+                       "blocks": trial_blocks(trial_dir), "threads": sampler.summary(),
+                       # what NCCL logged it ran per size: a slow size may be where its choice changes
+                       "nccl_ran": {m.size_bytes: f"{m.algo}/{m.proto}/{m.channels}" for m in res.sizes}}
                 trials.append(rec)
                 if args.json:  # after every trial: a run cut short keeps what it measured
                     Path(args.json).write_text(json.dumps({"hosts": args.hosts, "sizes": sizes, "trials": trials},
@@ -164,7 +167,8 @@ def main() -> int:
                 print(f"  r{r + 1} {rec['point']:<34} " + " ".join(f"{rec['busbw'].get(s, 0):6.2f}" for s in sizes)
                       + "  blocks " + " | ".join(",".join(f"{b:.2f}" for b in rec["blocks"].get(s, []))
                                                    for s in sizes[:2])
-                      + f"  {res.status if not res.ok else ''} threads {' '.join(nccl)}", flush=True)
+                      + f"  {res.status if not res.ok else ''} threads {' '.join(nccl)}"
+                      + "  ran " + " ".join(rec["nccl_ran"].get(s, "-") for s in sizes), flush=True)
     finally:
         runner.close()
     print()
