@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,7 +170,23 @@ class Launch:
         """At the end of the sweep."""
 
 
+# Where a rendezvous port is chosen: below Linux's default ephemeral range (32768-60999). A port
+# the kernel hands out from that range (bind to port 0) is free only until rank 0 binds it, and any
+# outgoing connection on the node may take it as its own source port meanwhile (rank 0 then fails
+# with EADDRINUSE); below the range only another listener can.
+RDZV_PORTS = range(20000, 32768)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at `host` now, from RDZV_PORTS (the kernel's choice where none is)."""
+    rng = random.SystemRandom()
+    for _ in range(32):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, rng.choice(RDZV_PORTS)))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
