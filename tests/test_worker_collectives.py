@@ -124,6 +124,7 @@ def test_the_start_warmup_calls_the_largest_size_that_fits_before_any_is_timed()
         args = _arguments(["--sizes", "1024,4096,16384", "--backend", "gloo", "--start-warmup", str(start)])
         job = Job(torch, dist=None, args=args, rank=0, world=2, local_rank=0)
         job.make_call = lambda name, src, dst, count: (lambda: calls.append((name, count)))  # type: ignore[method-assign]
+        job.everywhere = lambda ok: ok  # type: ignore[method-assign]  # one rank: its own answer
         return job
 
     all_reduce = get("all_reduce")
@@ -132,6 +133,16 @@ def test_the_start_warmup_calls_the_largest_size_that_fits_before_any_is_timed()
     calls.clear()
     job_with(2).warm_start(all_reduce, [1024, 4096, 16384], limit=8192)  # 16384 bytes do not fit
     assert calls == [("all_reduce", 1024)] * 2
+    calls.clear()
+    short = job_with(1)
+    short.everywhere = lambda ok: False  # type: ignore[method-assign]
+    short.warm_start(all_reduce, [1024, 4096, 16384], limit=1 << 20)  # no size fits on some other rank
+    assert calls == []
+    other = job_with(1)
+    asked: list[bool] = []
+    other.everywhere = lambda ok: asked.append(ok) or len(asked) > 1  # type: ignore[method-assign]
+    other.warm_start(all_reduce, [1024, 4096, 16384], limit=1 << 20)  # the largest does not fit elsewhere
+    assert calls == [("all_reduce", 1024)] and asked == [True, True]  # 4096 bytes: 1024 floats
     calls.clear()
     job_with(0).warm_start(all_reduce, [1024, 4096, 16384], limit=1 << 20)
     job_with(3).warm_start(all_reduce, [1024, 4096, 16384], limit=100)  # nothing fits
