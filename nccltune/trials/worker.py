@@ -626,19 +626,16 @@ class Job:
         """--start-warmup calls of collective `c` at the largest of `sizes` that fits, untimed: what a
         process sets up on its first calls (connections, NCCL's helper threads, socket buffers) is
         then not charged to the smallest sizes, which are timed first."""
-        if self.args.start_warmup <= 0:
-            return
         # The largest size whose buffers fit on every rank (free memory differs between ranks that
         # share a GPU): the ranks must make the same calls, or they would wait on each other.
-        size = next((s for s in sorted(sizes, reverse=True)
-                     if self.everywhere(max(c.counts(s, self.world)[1:]) * coll.ELEMENT_BYTES <= limit)), None)
+        size = next((s for s in sorted(sizes, reverse=True) if self.args.start_warmup > 0
+                     and self.everywhere(max(c.counts(s, self.world)[1:]) * coll.ELEMENT_BYTES <= limit)), None)
         if size is None:
             return
         count, send_n, recv_n = c.counts(size, self.world)
         send = self.torch.ones(send_n, dtype=self.torch.float32, device=self.device)
         in_place = not self.through_nccl and c.name in TORCH_IN_PLACE
-        recv = send if in_place else self.torch.empty(recv_n, dtype=self.torch.float32, device=self.device)
-        op = self.make_call(c.name, send, recv, count)
+        op = self.make_call(c.name, send, send if in_place else self.torch.empty(recv_n, device=self.device), count)
         for _ in range(self.args.start_warmup):
             op()
         if self.gpu:
