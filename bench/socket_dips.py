@@ -152,10 +152,9 @@ def main() -> int:
                                  max_blocks=args.max_blocks, start_warmup=start)
                 sampler.stop.set()
                 sampler.join()
-                trial_dir = runner.work_dir / f"trial-{runner._seq:03d}"
                 rec = {"round": r + 1, "point": label(env, start), "status": res.status,
                        "busbw": {m.size_bytes: m.busbw_gbps for m in res.sizes} if res.ok else {},
-                       "blocks": trial_blocks(trial_dir), "threads": sampler.summary(),
+                       "blocks": trial_blocks(Path(res.log_dir)) if res.log_dir else {}, "threads": sampler.summary(),
                        # what NCCL logged it ran per size: a slow size may be where its choice changes
                        "nccl_ran": {m.size_bytes: f"{m.algo}/{m.proto}/{m.channels}" for m in res.sizes}}
                 trials.append(rec)
